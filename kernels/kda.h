@@ -1,0 +1,32 @@
+// The KDA (Kimi Delta Attention) recurrence, in its token-by-token form and in
+// the chunkwise form used for prefill. Both carry the float32 state in and out
+// and agree to rounding. Per value head j (q/k head j / (v_heads / heads)):
+//   S = diag(exp(g_t)) S;  u = v_t - Sᵀk_t;  S += beta_t k_t uᵀ;  o_t = Sᵀ(scale·q_t)
+#pragma once
+
+#include <cstdint>
+
+namespace deltaserve::kernels {
+
+struct KdaShape {
+  int64_t t = 0;        // tokens
+  int64_t heads = 0;    // q/k heads H
+  int64_t v_heads = 0;  // value heads HV, a multiple of H
+  int64_t k_dim = 0;    // K
+  int64_t v_dim = 0;    // V
+};
+
+// q, k: [T, H, K], already L2-normalised (q unscaled; scale is applied here).
+// v: [T, HV, V]. g: [T, HV, K] log-decay, <= 0, any magnitude. beta: [T, HV].
+// state: [HV, K, V] in/out. o: [T, HV, V], must not alias the inputs.
+void KdaRecurrent(const KdaShape& shape, const float* q, const float* k,
+                  const float* v, const float* g, const float* beta,
+                  float scale, float* state, float* o);
+
+// Same contract, computed in chunks of chunk_size tokens with the safe-exponent
+// form of MODEL.md (only differences <= 0 are exponentiated), any T.
+void KdaChunk(const KdaShape& shape, const float* q, const float* k,
+              const float* v, const float* g, const float* beta, float scale,
+              float* state, float* o, int64_t chunk_size = 64);
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,37 @@
+// Token sampling: greedy, temperature, top-k and top-p (nucleus), seeded and
+// reproducible across platforms (own generator, no std distributions).
+#pragma once
+
+#include <cstdint>
+
+namespace deltaserve::kernels {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy (argmax, lowest id on ties)
+  int64_t top_k = 0;         // 0 = no limit
+  float top_p = 1.0f;        // in (0, 1]; 1 = no limit
+};
+
+// splitmix64-seeded xoshiro256**; the same seed gives the same draws anywhere.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed);
+  uint64_t Next();
+  double Uniform();  // in [0, 1), 53 random bits
+ private:
+  uint64_t s_[4];
+};
+
+// The distribution Sample draws from: softmax(logits / temperature) restricted
+// to the top_k highest logits, then to the smallest set of highest
+// probabilities whose sum reaches top_p, renormalised. probs: [vocab].
+// Greedy (temperature 0) gives a one-hot distribution.
+void SamplingDistribution(const float* logits, int64_t vocab,
+                          const SamplingParams& params, double* probs);
+
+// Draws one token id from SamplingDistribution(...), advancing rng once
+// (greedy does not touch rng).
+int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params,
+               Rng& rng);
+
+}  // namespace deltaserve::kernels

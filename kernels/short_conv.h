@@ -1,0 +1,17 @@
+// KDA's causal depthwise short convolution, for prefill (any T) and one-step
+// decode (T = 1), carrying the last width-1 inputs per channel as state.
+#pragma once
+
+#include <cstdint>
+
+namespace deltaserve::kernels {
+
+// y[t, c] = act(sum_j w[c, j] · x̃[t - (width-1) + j, c]), where x̃ is the state
+// rows [width-1, channels] (oldest first; zeros for a fresh sequence)
+// followed by x[T, channels]. act is SiLU when silu, else identity.
+// On return state holds the last width-1 rows of x̃. w: [channels, width]
+// (PyTorch's [channels, 1, width]). y must not alias x or state. T may be 0.
+void ShortConv(const float* x, const float* w, int64_t t, int64_t channels,
+               int64_t width, bool silu, float* state, float* y);
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,118 @@
+#include "tests/test_util.h"
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <sstream>
+
+namespace deltaserve::testing {
+
+std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 gen(seed);
+  std::vector<float> out(n);
+  for (float& x : out) {
+    // Bits to [0,1) by hand: std distributions differ between libraries.
+    const double u = static_cast<double>(gen() >> 11) * 0x1.0p-53;
+    x = static_cast<float>(lo + (hi - lo) * u);
+  }
+  return out;
+}
+
+std::vector<double> ToDouble(const std::vector<float>& x) {
+  return std::vector<double>(x.begin(), x.end());
+}
+
+std::vector<float> ToFloat(const std::vector<double>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = static_cast<float>(x[i]);
+  return out;
+}
+
+std::vector<float> NaNs(size_t n) {
+  return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+template <typename A>
+static double RelL2Impl(const std::vector<A>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+double RelL2(const std::vector<float>& a, const std::vector<double>& b) {
+  return RelL2Impl(a, b);
+}
+double RelL2(const std::vector<double>& a, const std::vector<double>& b) {
+  return RelL2Impl(a, b);
+}
+
+::testing::AssertionResult AllClose(const std::vector<float>& a,
+                                    const std::vector<double>& b, double atol,
+                                    double rtol) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure()
+           << "size " << a.size() << " != " << b.size();
+  }
+  int failures = 0;
+  std::ostringstream msg;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double diff = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (!(diff <= atol + rtol * std::abs(b[i]))) {
+      if (failures < 5) {
+        msg << "\n  [" << i << "] got " << a[i] << " want " << b[i]
+            << " (diff " << diff << ")";
+      }
+      ++failures;
+    }
+  }
+  if (failures == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << failures << " of " << a.size() << " elements differ (atol " << atol
+         << ", rtol " << rtol << "):" << msg.str();
+}
+
+double ReductionTolerance(int64_t n, double factor) {
+  const double u = std::numeric_limits<float>::epsilon() / 2;
+  return factor * u * std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)));
+}
+
+std::string GoldenPath(const std::string& relative) {
+  return std::string(DELTASERVE_SOURCE_DIR) + "/../shared/golden/" + relative;
+}
+
+std::string BinPath(const std::string& name) {
+  return std::string(DELTASERVE_BIN_DIR) + "/" + name;
+}
+
+std::string TempDir(const std::string& tag) {
+  namespace fs = std::filesystem;
+  std::random_device rd;
+  fs::path dir = fs::temp_directory_path() /
+                 ("deltaserve_" + tag + "_" + std::to_string(rd()));
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  output->clear();
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace deltaserve::testing

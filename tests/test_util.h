@@ -1,0 +1,50 @@
+// Shared helpers for the tests: random inputs, float64 comparisons with
+// tolerances, NaN poisoning of outputs, and paths to the golden files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/model/safetensors.h"
+
+namespace deltaserve::testing {
+
+// Uniform values in [lo, hi), reproducible from the seed.
+std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f,
+                                float hi = 1.0f);
+std::vector<double> ToDouble(const std::vector<float>& x);
+std::vector<float> ToFloat(const std::vector<double>& x);
+
+// Filled with quiet NaN: an element a kernel fails to write stays NaN and
+// fails every comparison.
+std::vector<float> NaNs(size_t n);
+
+// ||a - b|| / ||b||, over all elements; NaN anywhere gives +inf.
+double RelL2(const std::vector<float>& a, const std::vector<double>& b);
+double RelL2(const std::vector<double>& a, const std::vector<double>& b);
+
+// Elementwise |a - b| <= atol + rtol * |b|; reports the first failures.
+::testing::AssertionResult AllClose(const std::vector<float>& a,
+                                    const std::vector<double>& b, double atol,
+                                    double rtol);
+
+// Tolerance for a float32 result of a reduction over `n` terms of magnitude
+// about 1: unit roundoff times sqrt(n) for the accumulation, times a safety
+// factor for the few sequential operations around it.
+double ReductionTolerance(int64_t n, double factor = 8.0);
+
+// `../shared/golden/<relative>`: tests run from the repository root.
+std::string GoldenPath(const std::string& relative);
+
+// Path of a built executable (build/bin/<name>).
+std::string BinPath(const std::string& name);
+
+// A fresh empty directory under the system temp dir, removed at exit.
+std::string TempDir(const std::string& tag);
+
+// Runs a shell command, returns its exit status; stdout+stderr in *output.
+int RunCommand(const std::string& command, std::string* output);
+
+}  // namespace deltaserve::testing
