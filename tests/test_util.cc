@@ -106,7 +106,8 @@ std::string TempDir(const std::string& tag) {
 
 int RunCommand(const std::string& command, std::string* output) {
   output->clear();
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  // Grouped so redirections inside `command` apply before the merge.
+  FILE* pipe = popen(("{ " + command + "\n} 2>&1").c_str(), "r");
   if (pipe == nullptr) return -1;
   char buffer[4096];
   size_t n;

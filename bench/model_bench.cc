@@ -1,0 +1,210 @@
+// Single-process model benchmark: prefill and decode speed of a model (by
+// default a fresh k3-small) next to limits measured in the same run: the
+// OpenBLAS sgemm rate (for model-FLOP utilisation) and the memory bandwidth
+// (for decode, which reads every active weight once per token).
+//
+//   build/bin/model_bench [--model DIR] [--prompts 4096,32768] [--decode 32]
+//                         [--threads N]
+// Prints a markdown report for docs/performance.md.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "kernels/sampling.h"
+#include "kernels/threads.h"
+#include "runtime/engine/session.h"
+#include "runtime/model/model.h"
+#include "runtime/model/presets.h"
+#include "runtime/model/random_checkpoint.h"
+
+namespace deltaserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Best-of-3 sgemm FLOP/s for y[m,n] = x[m,k]·w[n,k]ᵀ: the same call the model
+// makes for its projections.
+double SgemmFlops(int64_t m, int64_t n, int64_t k) {
+  std::vector<float> x(m * k, 0.5f), w(n * k, 0.25f), y(m * n);
+  kernels::Linear(x.data(), w.data(), m, n, k, y.data());  // warm-up
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    kernels::Linear(x.data(), w.data(), m, n, k, y.data());
+    best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
+  }
+  return best;
+}
+
+// Best-of-5 read bandwidth: a sum over an array far larger than the caches.
+double ReadBandwidth() {
+  const size_t n = size_t{1} << 27;  // 512 MiB of floats
+  std::vector<float> a(n, 1.0f);
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp parallel for reduction(+ : s0, s1, s2, s3)
+    for (size_t i = 0; i < n; i += 4) {
+      s0 += a[i]; s1 += a[i + 1]; s2 += a[i + 2]; s3 += a[i + 3];
+    }
+    sink = s0 + s1 + s2 + s3;
+    best = std::max(best, n * sizeof(float) / Seconds(t0, Clock::now()));
+  }
+  (void)sink;
+  return best;
+}
+
+// Weights each token multiplies by (MoE: routed experts counted top_k times
+// out of num_experts), excluding the embedding lookup.
+double ActiveMatmulParams(const ModelConfig& c) {
+  const double D = c.hidden_size, H = c.kda.num_heads, d = c.kda.head_dim;
+  const double HD = H * d, n = c.num_attention_heads;
+  const double P = c.qk_nope_head_dim, R = c.qk_rope_head_dim, Vd = c.v_head_dim;
+  const double C = c.kv_lora_rank;
+  double total = static_cast<double>(c.vocab_size) * D;  // LM head
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (c.layer_kinds[i] == LayerKind::kKda) {
+      const double r = d;  // f_a/f_b and g_a/g_b low rank = head_dim
+      total += 3 * HD * D + r * D + HD * r + H * D + D * HD;
+      total += c.kda.full_rank_gate ? HD * D : (r * D + HD * r);
+    } else {
+      const double ql = c.q_lora_rank;
+      total += ql > 0 ? ql * D + n * (P + R) * ql : n * (P + R) * D;
+      total += (C + R) * D + n * (P + Vd) * C + D * n * Vd;
+      if (c.mla_output_gate) total += n * Vd * D;
+    }
+    if (!c.IsMoeLayer(i)) {
+      total += 3.0 * c.intermediate_size * D;
+    } else {
+      const double din = c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : D;
+      total += static_cast<double>(c.num_experts) * D;
+      if (c.routed_expert_hidden_size > 0) total += 2 * din * D;
+      total += c.num_experts_per_token * 3.0 * c.moe_intermediate_size * din;
+      total += c.num_shared_experts * 3.0 * c.moe_intermediate_size * D;
+    }
+  }
+  return total;
+}
+
+// Model FLOPs of a one-shot prefill of T tokens: 2 per active weight per
+// token, causal MLA attention (q·k over P+R, p·v over Vd, average T/2 keys),
+// and the KDA state update (decay, read, write, output: ~8·K·V per head).
+double PrefillFlops(const ModelConfig& c, double T) {
+  double flops = 2 * ActiveMatmulParams(c) * T;
+  int64_t mla = 0, kda = 0;
+  for (LayerKind k : c.layer_kinds) (k == LayerKind::kMla ? mla : kda)++;
+  const double per_key = 2.0 * c.num_attention_heads *
+                         (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim);
+  flops += mla * per_key * T * (T + 1) / 2;
+  flops += kda * 8.0 * c.kda.num_heads * c.kda.head_dim * c.kda.head_dim * T;
+  return flops;
+}
+
+}  // namespace
+}  // namespace deltaserve
+
+int main(int argc, char** argv) {
+  using namespace deltaserve;
+  std::string model_dir;
+  std::vector<int64_t> prompts = {4096, 32768};
+  int64_t decode_tokens = 32;
+  int threads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--model") {
+      model_dir = value;
+    } else if (flag == "--prompts") {
+      prompts.clear();
+      for (size_t p = 0; p < value.size();) {
+        size_t q = value.find(',', p);
+        if (q == std::string::npos) q = value.size();
+        prompts.push_back(std::stoll(value.substr(p, q - p)));
+        p = q + 1;
+      }
+    } else if (flag == "--decode") {
+      decode_tokens = std::stoll(value);
+    } else if (flag == "--threads") {
+      threads = std::stoi(value);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  kernels::SetNumThreads(threads);
+  if (model_dir.empty()) {
+    model_dir = (std::filesystem::temp_directory_path() / "deltaserve_bench_k3_small").string();
+    if (!std::filesystem::exists(model_dir + "/model.safetensors")) {
+      auto config = PresetConfig("k3-small");
+      auto status = config.ok() ? WriteRandomCheckpoint(*config, model_dir, 1) : config.status();
+      if (!status.ok()) {
+        std::fprintf(stderr, "make k3-small: %s\n", std::string(status.message()).c_str());
+        return 1;
+      }
+    }
+  }
+  auto model = Model::Load(model_dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
+    return 1;
+  }
+  const ModelConfig& config = (*model)->config();
+  const double active = ActiveMatmulParams(config);
+
+  const double sgemm = SgemmFlops(4096, 1024, 1024);
+  const double bandwidth = ReadBandwidth();
+  std::printf("## model_bench: %s, %d threads\n\n", model_dir.c_str(), kernels::NumThreads());
+  std::printf("- active matmul parameters per token: %.1f M\n", active / 1e6);
+  std::printf("- OpenBLAS sgemm [4096 x 1024] x [1024 x 1024]: %.1f GFLOP/s\n", sgemm / 1e9);
+  std::printf("- memory read bandwidth: %.1f GB/s\n\n", bandwidth / 1e9);
+
+  std::printf("| prompt tokens | prefill s | tokens/s | model GFLOP/s | MFU (vs sgemm) |\n");
+  std::printf("|---|---|---|---|---|\n");
+  kernels::Rng rng(1);
+  for (int64_t T : prompts) {
+    std::vector<int32_t> tokens(T);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.Next() % config.vocab_size);
+    Session session(**model);
+    const auto t0 = Clock::now();
+    auto logits = session.Prefill(tokens);
+    const double s = Seconds(t0, Clock::now());
+    if (!logits.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(logits.status().message()).c_str());
+      return 1;
+    }
+    const double flops = PrefillFlops(config, static_cast<double>(T)) / s;
+    std::printf("| %lld | %.2f | %.0f | %.1f | %.1f%% |\n", static_cast<long long>(T), s,
+                T / s, flops / 1e9, 100 * flops / sgemm);
+    std::fflush(stdout);
+  }
+
+  // Decode after a short prompt: each step reads every active weight once.
+  Session session(**model);
+  std::vector<int32_t> prompt(128, 7);
+  auto logits = session.Prefill(prompt);
+  int32_t token = 1;
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < decode_tokens; ++i) {
+    logits = session.Decode(token);
+    token = kernels::Sample(logits->data(), config.vocab_size, {}, rng);
+  }
+  const double s = Seconds(t0, Clock::now());
+  const double bytes_per_token = active * sizeof(float);
+  std::printf("\n| decode | tokens/s | weight bytes/token | achieved GB/s | of read bandwidth |\n");
+  std::printf("|---|---|---|---|---|\n");
+  std::printf("| %lld steps after 128 tokens | %.1f | %.0f MB | %.1f | %.1f%% |\n",
+              static_cast<long long>(decode_tokens), decode_tokens / s,
+              bytes_per_token / 1e6, bytes_per_token * decode_tokens / s / 1e9,
+              100 * bytes_per_token * decode_tokens / s / bandwidth);
+  return 0;
+}

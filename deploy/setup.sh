@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages deltaserve builds and tests with, only those
+# missing. Run as root (or with sudo) on a fresh machine; safe to re-run.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-dev          # BLAS for the GEMMs (docs/architecture.md says why)
+  libabsl-dev              # absl::Status / StatusOr, strings
+  nlohmann-json3-dev       # config.json and safetensors headers
+  libgtest-dev             # tests
+  libopenmpi-dev openmpi-bin  # DELTASERVE_MPI (default ON)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[[ $(id -u) -eq 0 ]] || SUDO="sudo"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,18 @@
+// The subcommands of build/bin/deltaserve. Each takes the arguments after its
+// name and returns an absl::Status; main() prints errors and sets the exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace deltaserve {
+
+using Args = std::vector<std::string>;
+
+absl::Status RunMakeModel(const Args& args);
+absl::Status RunGenerate(const Args& args);
+absl::Status RunScore(const Args& args);
+
+}  // namespace deltaserve

@@ -1,0 +1,182 @@
+// make-model, generate and score: the single-process tools.
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/threads.h"
+#include "launcher/commands.h"
+#include "launcher/flags.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/engine/session.h"
+#include "runtime/model/model.h"
+#include "runtime/model/presets.h"
+#include "runtime/model/random_checkpoint.h"
+#include "runtime/model/safetensors.h"
+
+namespace deltaserve {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Model>> LoadModelWithThreads(const Flags& flags) {
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
+  kernels::SetNumThreads(static_cast<int>(threads));
+  DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
+  return Model::Load(dir);
+}
+
+// Byte-level tokens for the 256-token vocabularies: one token per byte.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags,
+                                                  const ModelConfig& config) {
+  const bool has_prompt = flags.Has("prompt"), has_tokens = flags.Has("tokens");
+  const bool has_file = flags.Has("tokens-file");
+  if (has_prompt + has_tokens + has_file != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt, --tokens, --tokens-file");
+  }
+  if (has_tokens) return ParseTokenList(flags.GetString("tokens"), "--tokens");
+  if (has_file) {
+    const std::string path = flags.GetString("tokens-file");
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    std::stringstream text;
+    text << in.rdbuf();
+    return ParseTokenList(text.str(), path);
+  }
+  if (config.vocab_size < 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt needs a byte-level vocabulary of at least 256 tokens; this "
+        "model has ", config.vocab_size, ": use --tokens"));
+  }
+  const std::string prompt = flags.GetString("prompt");
+  if (prompt.empty()) return absl::InvalidArgumentError("--prompt is empty");
+  std::vector<int32_t> tokens;
+  for (unsigned char c : prompt) tokens.push_back(c);
+  return tokens;
+}
+
+// A byte token as text; bytes that would disturb a terminal are escaped.
+std::string ByteText(int32_t token) {
+  if (token >= 0 && token < 256) {
+    const unsigned char c = static_cast<unsigned char>(token);
+    if (std::isprint(c) || c == '\n' || c == '\t' || c >= 0x80) {
+      return std::string(1, static_cast<char>(c));
+    }
+  }
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned>(token & 0xff));
+  return buf;
+}
+
+}  // namespace
+
+absl::Status RunMakeModel(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags, Flags::Parse("make-model", args, {"preset", "config", "out", "seed"}));
+  DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("out"));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
+  ModelConfig config;
+  if (flags.Has("preset") == flags.Has("config")) {
+    return absl::InvalidArgumentError("give exactly one of --preset, --config");
+  }
+  if (flags.Has("preset")) {
+    DELTASERVE_ASSIGN_OR_RETURN(config, PresetConfig(flags.GetString("preset")));
+  } else {
+    const std::string path = flags.GetString("config");
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    std::stringstream text;
+    text << in.rdbuf();
+    DELTASERVE_ASSIGN_OR_RETURN(config, ParseModelConfig(text.str(), path));
+  }
+  DELTASERVE_RETURN_IF_ERROR(
+      WriteRandomCheckpoint(config, out, static_cast<uint64_t>(seed)));
+  std::fprintf(stderr, "wrote %s (%s, %lld layers, hidden %lld)\n", out.c_str(),
+               config.model_type.c_str(), static_cast<long long>(config.num_layers),
+               static_cast<long long>(config.hidden_size));
+  return absl::OkStatus();
+}
+
+absl::Status RunGenerate(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags,
+      Flags::Parse("generate", args,
+                   {"model", "prompt", "tokens", "tokens-file", "max-tokens",
+                    "temperature", "top-k", "top-p", "seed", "prefill-chunk", "threads"},
+                   {"ids"}));
+  DELTASERVE_ASSIGN_OR_RETURN(auto model, LoadModelWithThreads(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+                              PromptTokens(flags, model->config()));
+  GenerateOptions options;
+  DELTASERVE_ASSIGN_OR_RETURN(options.max_tokens, flags.GetInt("max-tokens", 32));
+  DELTASERVE_ASSIGN_OR_RETURN(double temperature, flags.GetDouble("temperature", 0.0));
+  DELTASERVE_ASSIGN_OR_RETURN(options.sampling.top_k, flags.GetInt("top-k", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(double top_p, flags.GetDouble("top-p", 1.0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(options.prefill_chunk, flags.GetInt("prefill-chunk", 0));
+  if (options.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
+  if (!(temperature >= 0)) return absl::InvalidArgumentError("--temperature must be >= 0");
+  if (options.sampling.top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0");
+  if (!(top_p > 0 && top_p <= 1)) return absl::InvalidArgumentError("--top-p must be in (0, 1]");
+  if (options.prefill_chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
+  options.sampling.temperature = static_cast<float>(temperature);
+  options.sampling.top_p = static_cast<float>(top_p);
+  options.seed = static_cast<uint64_t>(seed);
+
+  const bool ids = flags.Has("ids");
+  bool first = true;
+  DELTASERVE_ASSIGN_OR_RETURN(
+      GenerateStats stats,
+      Generate(*model, prompt, options, [&](int32_t token) {
+        if (ids) {
+          std::printf(first ? "%d" : " %d", token);
+        } else {
+          std::fputs(ByteText(token).c_str(), stdout);
+        }
+        first = false;
+        std::fflush(stdout);
+      }));
+  std::printf("\n");
+  std::fflush(stdout);
+  const double decode_rate =
+      stats.generated_tokens > 1 && stats.decode_s > 0
+          ? (stats.generated_tokens - 1) / stats.decode_s : 0.0;
+  std::fprintf(stderr,
+               "prompt tokens: %lld, generated: %lld, time to first token: %.1f ms, "
+               "prefill: %.1f tokens/s, decode: %.1f tokens/s\n",
+               static_cast<long long>(stats.prompt_tokens),
+               static_cast<long long>(stats.generated_tokens),
+               stats.time_to_first_token_s * 1e3,
+               stats.prompt_tokens / std::max(stats.time_to_first_token_s, 1e-9),
+               decode_rate);
+  return absl::OkStatus();
+}
+
+absl::Status RunScore(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags, Flags::Parse("score", args,
+                                {"model", "tokens", "tokens-file", "logits-out",
+                                 "prefill-chunk", "threads"}));
+  DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("logits-out"));
+  DELTASERVE_ASSIGN_OR_RETURN(auto model, LoadModelWithThreads(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                              PromptTokens(flags, model->config()));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t chunk, flags.GetInt("prefill-chunk", 0));
+  if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
+  Session session(*model);
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> logits,
+                              session.Prefill(tokens, chunk, /*all_logits=*/true));
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  std::vector<uint8_t> token_bytes(T * 8);
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t v = tokens[i];
+    std::memcpy(token_bytes.data() + 8 * i, &v, 8);
+  }
+  return WriteSafetensors(
+      out, {MakeF32Tensor("logits", {T, model->config().vocab_size}, logits),
+            TensorData{"tokens", DType::kI64, {T}, token_bytes}});
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,97 @@
+// Dense and MoE FFNs (MODEL.md, "FFN"), including K3's latent MoE where the
+// routed experts work in a smaller latent space between a down and an up
+// projection, with an RMSNorm on the latent sum.
+#include <cstdint>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/gemm.h"
+#include "kernels/moe.h"
+#include "kernels/norm.h"
+#include "runtime/model/layers.h"
+
+namespace deltaserve {
+namespace {
+
+kernels::ActivationParams ActivationOf(const ModelConfig& config) {
+  kernels::ActivationParams p;
+  p.kind = config.hidden_act == "situ" ? kernels::Activation::kSitu
+                                       : kernels::Activation::kSilu;
+  p.situ_beta = config.situ_beta;
+  p.situ_linear_beta = config.situ_linear_beta;
+  return p;
+}
+
+// out (+)= down(act(gate_up x)).
+void GatedMlp(const float* gate_up, const float* down, int64_t width,
+              int64_t rows, int64_t dim, const kernels::ActivationParams& act,
+              const float* x, float* out, bool accumulate) {
+  std::vector<float> gu(rows * 2 * width), h(rows * width);
+  kernels::Linear(x, gate_up, rows, 2 * width, dim, gu.data());
+  kernels::GatedActivation(gu.data(), rows, width, act, h.data());
+  kernels::Linear(h.data(), down, rows, dim, width, out, accumulate);
+}
+
+}  // namespace
+
+void FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
+                const float* x, float* out) {
+  const int64_t D = config.hidden_size;
+  const kernels::ActivationParams act = ActivationOf(config);
+  if (!w.moe) {
+    GatedMlp(w.gate_up.data(), w.down.data(), config.intermediate_size, rows, D,
+             act, x, out, /*accumulate=*/false);
+    return;
+  }
+  const int64_t E = config.num_experts, k = config.num_experts_per_token;
+  std::vector<float> logits(rows * E), weights(rows * k);
+  std::vector<int32_t> idx(rows * k);
+  kernels::Linear(x, w.router.data(), rows, E, D, logits.data());
+  kernels::MoeRoute(logits.data(), w.router_bias.data(), rows, E, k,
+                    config.moe_renormalize, config.routed_scaling_factor,
+                    idx.data(), weights.data());
+
+  const bool latent = !w.latent_down.empty();
+  const int64_t din = latent ? config.routed_expert_hidden_size : D;
+  std::vector<float> z;
+  if (latent) {
+    z.resize(rows * din);
+    kernels::Linear(x, w.latent_down.data(), rows, din, D, z.data());
+  }
+  std::vector<kernels::MoeExpert> experts(E);
+  for (int64_t e = 0; e < E; ++e) {
+    experts[e].w13 = w.expert_w13[e].data();
+    experts[e].w2 = w.expert_w2[e].data();
+  }
+  std::vector<float> routed(rows * din);
+  kernels::MoeExpertsArgs args;
+  args.t = rows;
+  args.din = din;
+  args.inter = config.moe_intermediate_size;
+  args.dout = din;
+  args.top_k = k;
+  args.n_experts = E;
+  args.z = latent ? z.data() : x;
+  args.experts = experts.data();
+  args.idx = idx.data();
+  args.weights = weights.data();
+  args.act = act;
+  args.out = latent ? routed.data() : out;
+  kernels::MoeExperts(args);
+  if (latent) {
+    // Under expert/tensor parallelism this latent sum is what gets reduced,
+    // before the norm (MODEL.md).
+    if (!w.latent_norm.empty()) {
+      kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din,
+                       config.rms_norm_eps, routed.data());
+    }
+    kernels::Linear(routed.data(), w.latent_up.data(), rows, D, din, out);
+  }
+  if (!w.shared_gate_up.empty()) {
+    GatedMlp(w.shared_gate_up.data(), w.shared_down.data(),
+             config.num_shared_experts * config.moe_intermediate_size, rows, D,
+             act, x, out, /*accumulate=*/true);
+  }
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,38 @@
+// The layers of both architectures, over a batch of sequences whose new tokens
+// are concatenated row-wise: sequence b owns rows [offsets[b], offsets[b+1]).
+// Token-independent work (projections, FFN) runs on all rows at once; the
+// token-mixing parts (short convolution, KDA recurrence, MLA attention) run
+// per sequence against that sequence's state.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model/config.h"
+#include "runtime/model/sequence_state.h"
+#include "runtime/model/weights.h"
+
+namespace deltaserve {
+
+struct BatchRows {
+  std::vector<int64_t> offsets;         // size sequences + 1, offsets[0] = 0
+  std::vector<SequenceState*> states;   // one per sequence
+
+  int64_t rows() const { return offsets.back(); }
+  int64_t sequences() const { return static_cast<int64_t>(states.size()); }
+  int64_t Begin(int64_t b) const { return offsets[b]; }
+  int64_t Count(int64_t b) const { return offsets[b + 1] - offsets[b]; }
+};
+
+// x: the normalised layer input [rows, D]; out: the mixer output [rows, D].
+// Each advances the per-layer state of every sequence by its rows.
+void KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
+                const BatchRows& batch, const float* x, float* out);
+void MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
+                const BatchRows& batch, const float* x, float* out);
+
+// Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
+void FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
+                const float* x, float* out);
+
+}  // namespace deltaserve

@@ -1,0 +1,138 @@
+// The gated MLA mixer (MODEL.md, "Gated MLA layer"). Prefill materialises
+// per-head keys and values from the latent cache; a single new token uses the
+// absorbed form, attending over the cached latents directly.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/gemm.h"
+#include "kernels/mla_attention.h"
+#include "kernels/norm.h"
+#include "runtime/model/layers.h"
+
+namespace deltaserve {
+namespace {
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+struct MlaDims {
+  int64_t n, P, R, Vd, C;
+  int64_t QkDim() const { return P + R; }
+  int64_t CacheWidth() const { return C + R; }
+};
+
+// o [t, n, Vd] for t >= 2 new tokens: kv_b over the whole cache, then causal
+// attention of the new queries.
+void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix,
+                   int64_t t, const float* q, const float* cache, float scale,
+                   float* o) {
+  const int64_t S = prefix + t;
+  std::vector<float> kv(S * m.n * (m.P + m.Vd));
+  kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b.data(), S,
+                         m.n * (m.P + m.Vd), m.C, kv.data(), m.n * (m.P + m.Vd));
+  kernels::MlaPrefillArgs args;
+  args.t = t;
+  args.prefix = prefix;
+  args.heads = m.n;
+  args.nope_dim = m.P;
+  args.rope_dim = m.R;
+  args.v_dim = m.Vd;
+  args.q = q;
+  args.kv = kv.data();
+  args.k_rope = cache + m.C;
+  args.k_rope_stride = m.CacheWidth();
+  args.scale = scale;
+  args.o = o;
+  kernels::MlaPrefillAttention(args);
+}
+
+// The absorbed form: q_latent_h = W_UK_hᵀ q_nope_h, attention over the cached
+// [c | kr], o_h = W_UV_h o_latent_h.
+void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix,
+                    int64_t t, const float* q, const float* cache, float scale,
+                    float* o) {
+  std::vector<float> q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
+  std::vector<float> o_latent(t * m.n * m.C);
+  for (int64_t h = 0; h < m.n; ++h) {
+    kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(),
+                           w.w_uk_t.data() + h * m.C * m.P, t, m.C, m.P,
+                           q_latent.data() + h * m.C, m.n * m.C);
+  }
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t h = 0; h < m.n; ++h)
+      std::memcpy(q_rope.data() + (i * m.n + h) * m.R,
+                  q + (i * m.n + h) * m.QkDim() + m.P, m.R * sizeof(float));
+  kernels::MlaAbsorbedArgs args;
+  args.t = t;
+  args.prefix = prefix;
+  args.heads = m.n;
+  args.latent_dim = m.C;
+  args.rope_dim = m.R;
+  args.q_latent = q_latent.data();
+  args.q_rope = q_rope.data();
+  args.cache = cache;
+  args.scale = scale;
+  args.o_latent = o_latent.data();
+  kernels::MlaAbsorbedAttention(args);
+  for (int64_t h = 0; h < m.n; ++h) {
+    const float* w_uv = w.kv_b.data() + (h * (m.P + m.Vd) + m.P) * m.C;  // [Vd, C]
+    kernels::LinearStrided(o_latent.data() + h * m.C, m.n * m.C, w_uv, t, m.Vd,
+                           m.C, o + h * m.Vd, m.n * m.Vd);
+  }
+}
+
+}  // namespace
+
+void MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
+                const BatchRows& batch, const float* x, float* out) {
+  using namespace kernels;
+  const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim,
+                  config.qk_rope_head_dim, config.v_head_dim, config.kv_lora_rank};
+  const int64_t rows = batch.rows(), D = config.hidden_size;
+  const float eps = config.rms_norm_eps;
+
+  // Queries [rows, n, P + R].
+  std::vector<float> q(rows * m.n * m.QkDim());
+  if (config.q_lora_rank > 0) {
+    const int64_t ql = config.q_lora_rank;
+    std::vector<float> qa(rows * ql);
+    Linear(x, w.q_a.data(), rows, ql, D, qa.data());
+    RmsNorm(qa.data(), w.q_a_norm.data(), rows, ql, eps, qa.data());
+    Linear(qa.data(), w.q_b.data(), rows, m.n * m.QkDim(), ql, q.data());
+  } else {
+    Linear(x, w.q_proj.data(), rows, m.n * m.QkDim(), D, q.data());
+  }
+  // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
+  std::vector<float> ckr(rows * m.CacheWidth());
+  Linear(x, w.kv_a.data(), rows, m.CacheWidth(), D, ckr.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = ckr.data() + r * m.CacheWidth();
+    RmsNorm(row, w.kv_a_norm.data(), 1, m.C, eps, row);
+  }
+
+  std::vector<float> o(rows * m.n * m.Vd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.QkDim()));
+  for (int64_t b = 0; b < batch.sequences(); ++b) {
+    const int64_t r0 = batch.Begin(b), t = batch.Count(b);
+    if (t == 0) continue;
+    std::vector<float>& cache = batch.states[b]->mla[layer].cache;
+    const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
+    cache.insert(cache.end(), ckr.begin() + r0 * m.CacheWidth(),
+                 ckr.begin() + (r0 + t) * m.CacheWidth());
+    const float* qb = q.data() + r0 * m.n * m.QkDim();
+    float* ob = o.data() + r0 * m.n * m.Vd;
+    if (t == 1) {
+      AttendAbsorbed(w, m, prefix, t, qb, cache.data(), scale, ob);
+    } else {
+      AttendPrefill(w, m, prefix, t, qb, cache.data(), scale, ob);
+    }
+  }
+
+  if (config.mla_output_gate) {
+    std::vector<float> gate(rows * m.n * m.Vd);
+    Linear(x, w.g_proj.data(), rows, m.n * m.Vd, D, gate.data());
+    for (size_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
+  }
+  Linear(o.data(), w.o_proj.data(), rows, D, m.n * m.Vd, out);
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,180 @@
+// The deltaserve executable as a user runs it: make-model, generate, score,
+// and its errors on bad input (exit code non-zero, message naming the problem).
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Deltaserve() { return testing::BinPath("deltaserve"); }
+
+struct Golden {
+  std::vector<int64_t> tokens;
+  std::vector<double> logits;
+};
+
+Golden LoadGolden(const std::string& name) {
+  auto file = SafetensorsFile::Open(
+      testing::GoldenPath("model/" + name + "/expected_logits.safetensors"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  return {*ToInt64(**(*file)->Get("tokens")), *ToFloat64(**(*file)->Get("logits"))};
+}
+
+class CliGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliGoldenTest, ScoreWritesGoldenLogits) {
+  const Golden golden = LoadGolden(GetParam());
+  const std::string dir = testing::TempDir("score");
+  for (const char* chunk : {"0", "64", "7"}) {
+    const std::string out = dir + "/logits_" + chunk + ".safetensors";
+    std::string output;
+    const int rc = testing::RunCommand(
+        absl::StrCat(Deltaserve(), " score --model ",
+                     testing::GoldenPath("model/" + GetParam()), " --tokens ",
+                     absl::StrJoin(golden.tokens, ","), " --prefill-chunk ", chunk,
+                     " --logits-out ", out),
+        &output);
+    ASSERT_EQ(rc, 0) << output;
+    auto file = SafetensorsFile::Open(out);
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto view = (*file)->Get("logits");
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ((*view)->dtype, DType::kF32);
+    EXPECT_EQ((*view)->shape,
+              (std::vector<int64_t>{static_cast<int64_t>(golden.tokens.size()), 256}));
+    EXPECT_LE(testing::RelL2(*ToFloat32(**view), golden.logits), 1e-4) << "chunk " << chunk;
+  }
+}
+
+TEST_P(CliGoldenTest, GreedyGenerateFollowsGoldenArgmax) {
+  // The first generated token after a prompt prefix is the argmax of the
+  // golden logits at the prefix's last position.
+  const Golden golden = LoadGolden(GetParam());
+  const int64_t V = 256;
+  int checked = 0;
+  for (int64_t t : {5, 40, 99, 149}) {
+    const double* row = golden.logits.data() + t * V;
+    int64_t best = 0, second = -1;
+    for (int64_t i = 1; i < V; ++i) {
+      if (row[i] > row[best]) { second = best; best = i; }
+      else if (second < 0 || row[i] > row[second]) second = i;
+    }
+    if (row[best] - row[second] <= 1e-3) continue;
+    std::vector<int64_t> prefix(golden.tokens.begin(), golden.tokens.begin() + t + 1);
+    std::string output;
+    const int rc = testing::RunCommand(
+        absl::StrCat(Deltaserve(), " generate --ids --max-tokens 3 --model ",
+                     testing::GoldenPath("model/" + GetParam()), " --tokens ",
+                     absl::StrJoin(prefix, ","), " 2>/dev/null"),
+        &output);
+    ASSERT_EQ(rc, 0) << output;
+    EXPECT_EQ(output.substr(0, output.find(' ')), std::to_string(best)) << output;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CliGoldenTest,
+                         ::testing::Values("k3-tiny", "kimi-linear-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST(CliTest, MakeModelThenGenerateStreamsWithTimings) {
+  const std::string dir = testing::TempDir("make_model");
+  for (const char* preset : {"k3-tiny", "kimi-linear-tiny"}) {
+    const std::string model = dir + "/" + preset;
+    std::string output;
+    ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " make-model --preset ",
+                                               preset, " --out ", model, " --seed 3"),
+                                  &output), 0) << output;
+    ASSERT_EQ(testing::RunCommand(
+                  absl::StrCat(Deltaserve(), " generate --model ", model,
+                               " --prompt 'hello' --max-tokens 8 --temperature 0.7 "
+                               "--top-k 40 --top-p 0.9 --seed 5"),
+                  &output), 0) << output;
+    EXPECT_NE(output.find("time to first token"), std::string::npos) << output;
+    EXPECT_NE(output.find("tokens/s"), std::string::npos) << output;
+    // Same seed, same tokens.
+    std::string a, b;
+    const std::string cmd = absl::StrCat(
+        Deltaserve(), " generate --ids --model ", model,
+        " --tokens 1,2,3 --max-tokens 6 --temperature 1.0 --seed 9 2>/dev/null");
+    ASSERT_EQ(testing::RunCommand(cmd, &a), 0);
+    ASSERT_EQ(testing::RunCommand(cmd, &b), 0);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(std::count(a.begin(), a.end(), ' '), 5) << a;
+  }
+}
+
+// Runs a command that must fail; returns its output.
+std::string ExpectFailure(const std::string& args) {
+  std::string output;
+  const int rc = testing::RunCommand(Deltaserve() + " " + args, &output);
+  EXPECT_NE(rc, 0) << output;
+  EXPECT_LT(rc, 128) << "crashed: " << output;
+  return output;
+}
+
+TEST(CliTest, BadInputGivesClearErrors) {
+  const std::string golden = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("cli_errors");
+
+  EXPECT_NE(ExpectFailure("score --model " + golden + " --tokens 1,2,256 --logits-out " +
+                          dir + "/x.safetensors")
+                .find("token id 256 at position 2"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --tokens 1,-3").find("token id -3"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --tokens 1,x").find("'x'"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --bogus 1")
+                .find("unknown flag --bogus"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure("generate --model " + dir + "/nowhere --prompt hi").find("nowhere"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --top-p 0")
+                .find("--top-p"),
+            std::string::npos);
+
+  // A truncated checkpoint names the file.
+  const std::string truncated = dir + "/truncated";
+  fs::create_directories(truncated);
+  fs::copy_file(golden + "/config.json", truncated + "/config.json");
+  {
+    std::ifstream in(golden + "/model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(truncated + "/model.safetensors", std::ios::binary)
+        << bytes.substr(0, bytes.size() / 2);
+  }
+  EXPECT_NE(ExpectFailure("generate --model " + truncated + " --prompt hi")
+                .find(truncated + "/model.safetensors"),
+            std::string::npos);
+
+  // A config missing a required K3 key names the key.
+  const std::string no_key = dir + "/no_key";
+  fs::create_directories(no_key);
+  fs::copy_file(golden + "/model.safetensors", no_key + "/model.safetensors");
+  {
+    std::ifstream in(golden + "/config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"attn_res_block_size\"");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, std::string("\"attn_res_block_size\"").size(), "\"renamed_key\"");
+    std::ofstream(no_key + "/config.json") << text;
+  }
+  EXPECT_NE(ExpectFailure("generate --model " + no_key + " --prompt hi")
+                .find("attn_res_block_size"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace deltaserve

@@ -1,0 +1,160 @@
+// However a prompt is cut (pieces, prefill then decode, batched with other
+// sequences), the logits equal those of one process running it all at once.
+#include <algorithm>
+#include <numeric>
+
+#include "runtime/engine/session.h"
+#include "runtime/model/model.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+// Chunked and recurrent KDA, prefill and absorbed MLA, and GEMMs over
+// different row counts agree to float32 rounding, not bitwise. The bound is the
+// float32-vs-float64 error the models reach on their golden prompts (k3-tiny
+// 4.1e-5, whose random weights amplify rounding most; kimi-linear-tiny 1.7e-6),
+// rounded up: cutting a prompt differently may change the rounding but must
+// not add error beyond what float32 evaluation already has.
+constexpr double kTolerance = 5e-5;
+
+std::vector<int32_t> Prompt(int64_t n, uint64_t seed) {
+  std::vector<int32_t> tokens(n);
+  uint64_t x = seed;
+  for (auto& t : tokens) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<int32_t>((x >> 33) % 256);
+  }
+  return tokens;
+}
+
+class InvarianceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto model = Model::Load(testing::GoldenPath("model/" + GetParam()));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+  std::vector<float> OneShot(const std::vector<int32_t>& tokens) {
+    Session s(*model_);
+    auto logits = s.Prefill(tokens, 0, true);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return *logits;
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_P(InvarianceTest, PiecesEqualOneShot) {
+  const auto tokens = Prompt(300, 1);
+  const auto reference = testing::ToDouble(OneShot(tokens));
+  for (int64_t chunk : {1, 7, 64, 100}) {
+    Session s(*model_);
+    auto logits = s.Prefill(tokens, chunk, true);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_LE(testing::RelL2(*logits, reference), kTolerance) << "chunk " << chunk;
+  }
+  // Mixed piece sizes.
+  Session s(*model_);
+  std::vector<float> logits;
+  size_t begin = 0;
+  for (size_t piece : {1, 7, 64, 100, 3, 1, 50, 74}) {
+    auto part = s.Prefill(std::span(tokens).subspan(begin, piece), 0, true);
+    ASSERT_TRUE(part.ok()) << part.status();
+    logits.insert(logits.end(), part->begin(), part->end());
+    begin += piece;
+  }
+  ASSERT_EQ(begin, tokens.size());
+  EXPECT_LE(testing::RelL2(logits, reference), kTolerance);
+}
+
+TEST_P(InvarianceTest, PrefillThenDecodeEqualsOneShot) {
+  const auto tokens = Prompt(160, 2);
+  const auto reference = testing::ToDouble(OneShot(tokens));
+  const int64_t V = model_->config().vocab_size;
+  for (size_t split : {1, 65, 130}) {
+    Session s(*model_);
+    auto logits = s.Prefill(std::span(tokens).first(split), 0, true);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    for (size_t i = split; i < tokens.size(); ++i) {
+      auto step = s.Decode(tokens[i]);
+      ASSERT_TRUE(step.ok()) << step.status();
+      ASSERT_EQ(static_cast<int64_t>(step->size()), V);
+      logits->insert(logits->end(), step->begin(), step->end());
+    }
+    EXPECT_LE(testing::RelL2(*logits, reference), kTolerance) << "split " << split;
+  }
+}
+
+TEST_P(InvarianceTest, BatchOfDifferentLengthsEqualsEachAlone) {
+  // Three sequences: different prompt lengths, one already part-way through,
+  // stepped together in one Forward call, then decoded together.
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(37, 3), Prompt(1, 4),
+                                                     Prompt(90, 5)};
+  std::vector<std::vector<double>> alone;
+  for (const auto& p : prompts) alone.push_back(testing::ToDouble(OneShot(p)));
+
+  std::vector<std::unique_ptr<SequenceState>> states;
+  for (size_t b = 0; b < prompts.size(); ++b) states.push_back(model_->NewSequence());
+  // Sequence 2 first consumes 10 tokens on its own.
+  const ForwardInput warm{states[2].get(), std::span(prompts[2]).first(10), true};
+  auto warm_logits = model_->Forward(std::span(&warm, 1));
+  ASSERT_TRUE(warm_logits.ok()) << warm_logits.status();
+  std::vector<ForwardInput> inputs = {
+      {states[0].get(), std::span(prompts[0]).first(30), true},
+      {states[1].get(), std::span(prompts[1]), true},
+      {states[2].get(), std::span(prompts[2]).subspan(10, 70), true}};
+  auto batch = model_->Forward(inputs);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  // Then a decode step for 0 and 2 together, and the rest of 2 and 0.
+  std::vector<ForwardInput> step = {
+      {states[0].get(), std::span(prompts[0]).subspan(30, 1), true},
+      {states[2].get(), std::span(prompts[2]).subspan(80, 1), true}};
+  auto decode = model_->Forward(step);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  std::vector<ForwardInput> rest = {
+      {states[2].get(), std::span(prompts[2]).subspan(81), true},
+      {states[0].get(), std::span(prompts[0]).subspan(31), true}};
+  auto tail = model_->Forward(rest);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+
+  const int64_t V = model_->config().vocab_size;
+  auto rows = [&](const std::vector<float>& all, int64_t from, int64_t n) {
+    return std::vector<float>(all.begin() + from * V, all.begin() + (from + n) * V);
+  };
+  std::vector<float> got0 = rows(*batch, 0, 30), got1 = rows(*batch, 30, 1);
+  std::vector<float> got2 = *warm_logits;
+  auto append = [](std::vector<float>& a, const std::vector<float>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+  };
+  append(got2, rows(*batch, 31, 70));
+  append(got0, rows(*decode, 0, 1));
+  append(got2, rows(*decode, 1, 1));
+  append(got2, rows(*tail, 0, 9));
+  append(got0, rows(*tail, 9, 6));
+  EXPECT_LE(testing::RelL2(got0, alone[0]), kTolerance);
+  EXPECT_LE(testing::RelL2(got1, alone[1]), kTolerance);
+  EXPECT_LE(testing::RelL2(got2, alone[2]), kTolerance);
+}
+
+TEST_P(InvarianceTest, BadInputLeavesStateUntouched) {
+  auto state = model_->NewSequence();
+  const std::vector<int32_t> bad = {1, 2, 256};
+  const ForwardInput input{state.get(), bad, false};
+  auto result = model_->Forward(std::span(&input, 1));
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("token id 256 at position 2"),
+            std::string::npos)
+      << result.status();
+  EXPECT_EQ(state->length, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, InvarianceTest,
+                         ::testing::Values("k3-tiny", "kimi-linear-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace deltaserve

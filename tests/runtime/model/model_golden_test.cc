@@ -1,0 +1,73 @@
+// The whole model against the float64 golden logits of ../shared/golden/model.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "runtime/engine/session.h"
+#include "runtime/model/model.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+struct Golden {
+  std::vector<int32_t> tokens;
+  std::vector<double> logits;  // [T, V]
+};
+
+Golden LoadGolden(const std::string& name) {
+  Golden g;
+  auto file = SafetensorsFile::Open(
+      testing::GoldenPath("model/" + name + "/expected_logits.safetensors"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return g;
+  auto tokens = ToInt64(**(*file)->Get("tokens"));
+  auto logits = ToFloat64(**(*file)->Get("logits"));
+  EXPECT_TRUE(tokens.ok() && logits.ok());
+  g.tokens.assign(tokens->begin(), tokens->end());
+  g.logits = *logits;
+  return g;
+}
+
+class ModelGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelGoldenTest, LogitsMatchFloat64Reference) {
+  const Golden golden = LoadGolden(GetParam());
+  ASSERT_FALSE(golden.tokens.empty());
+  auto model = Model::Load(testing::GoldenPath("model/" + GetParam()));
+  ASSERT_TRUE(model.ok()) << model.status();
+  Session session(**model);
+  auto logits = session.Prefill(golden.tokens, 0, /*all_logits=*/true);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  // float32 compute against float64 from the same (bf16-stored) weights.
+  const double err = testing::RelL2(*logits, golden.logits);
+  EXPECT_LE(err, 1e-4);
+  std::printf("%s: relative L2 error of all logits %.3g\n", GetParam().c_str(), err);
+
+  const int64_t V = (*model)->config().vocab_size;
+  const int64_t T = static_cast<int64_t>(golden.tokens.size());
+  int64_t compared = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const double* want = golden.logits.data() + t * V;
+    std::vector<int64_t> order(V);
+    for (int64_t i = 0; i < V; ++i) order[i] = i;
+    std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                      [&](int64_t a, int64_t b) { return want[a] > want[b]; });
+    if (want[order[0]] - want[order[1]] <= 1e-3) continue;
+    const float* got = logits->data() + t * V;
+    EXPECT_EQ(std::max_element(got, got + V) - got, order[0]) << "position " << t;
+    ++compared;
+  }
+  EXPECT_GT(compared, T / 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest,
+                         ::testing::Values("k3-tiny", "kimi-linear-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace deltaserve
