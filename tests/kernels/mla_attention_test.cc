@@ -1,0 +1,350 @@
+#include "kernels/mla_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/reference/mla_attention_ref.h"
+#include "kernels/threads.h"
+#include "tests/test_util.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+using ::deltaserve::testing::AllClose;
+using ::deltaserve::testing::NaNs;
+using ::deltaserve::testing::RandomFloats;
+using ::deltaserve::testing::ReductionTolerance;
+using ::deltaserve::testing::ToDouble;
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+struct PrefillCase {
+  int64_t t, prefix, heads, nope, rope, v;
+  float scale;
+};
+
+// Random inputs for one prefill call; k_rope rows are strided (rope + 3) as
+// when they sit inside the [c | kr] latent cache.
+struct PrefillInputs {
+  PrefillInputs(const PrefillCase& c, uint64_t seed)
+      : s(c.prefix + c.t),
+        stride(c.rope + 3),
+        q(RandomFloats(c.t * c.heads * (c.nope + c.rope), seed)),
+        kv(RandomFloats(s * c.heads * (c.nope + c.v), seed + 1)),
+        k_rope(RandomFloats(s * stride, seed + 2)) {}
+  int64_t s, stride;
+  std::vector<float> q, kv, k_rope;
+};
+
+std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
+  std::vector<float> o = NaNs(c.t * c.heads * c.v);
+  MlaPrefillArgs args;
+  args.t = c.t;
+  args.prefix = c.prefix;
+  args.heads = c.heads;
+  args.nope_dim = c.nope;
+  args.rope_dim = c.rope;
+  args.v_dim = c.v;
+  args.q = in.q.data();
+  args.kv = in.kv.data();
+  args.k_rope = in.k_rope.data();
+  args.k_rope_stride = in.stride;
+  args.scale = c.scale;
+  args.o = o.data();
+  MlaPrefillAttention(args);
+  return o;
+}
+
+std::vector<double> RefPrefill(const PrefillCase& c, const PrefillInputs& in) {
+  const std::vector<double> q = ToDouble(in.q), kv = ToDouble(in.kv),
+                            k_rope = ToDouble(in.k_rope);
+  std::vector<double> o(c.t * c.heads * c.v);
+  ref::MlaPrefillArgs args;
+  args.t = c.t;
+  args.prefix = c.prefix;
+  args.heads = c.heads;
+  args.nope_dim = c.nope;
+  args.rope_dim = c.rope;
+  args.v_dim = c.v;
+  args.q = q.data();
+  args.kv = kv.data();
+  args.k_rope = k_rope.data();
+  args.k_rope_stride = in.stride;
+  args.scale = c.scale;
+  args.o = o.data();
+  ref::MlaPrefillAttention(args);
+  return o;
+}
+
+// Inputs are O(1): the scores are float32 dot products of P+R terms and the
+// output a convex combination of S values, each error bounded by its
+// reduction length.
+double PrefillTolerance(const PrefillCase& c) {
+  return ReductionTolerance(c.prefix + c.t + c.nope + c.rope);
+}
+
+TEST(MlaPrefillAttention, MatchesReferenceOverShapes) {
+  const int64_t dims[][3] = {
+      {3, 5, 12}, {16, 8, 16}, {12, 3, 5}, {5, 0, 3}, {0, 4, 7}};
+  uint64_t seed = 1;
+  double worst = 0.0;
+  for (int64_t t : {0, 1, 2, 7, 64, 65, 130}) {
+    for (int64_t prefix : {0, 1, 5, 100}) {
+      for (int64_t heads = 1; heads <= 4; ++heads) {
+        for (const auto& d : dims) {
+          const float scale =
+              1.0f / std::sqrt(static_cast<float>(d[0] + d[1] + 1));
+          const PrefillCase c{t, prefix, heads, d[0], d[1], d[2], scale};
+          const PrefillInputs in(c, seed += 3);
+          const std::vector<float> o = RunPrefill(c, in);
+          const std::vector<double> want = RefPrefill(c, in);
+          const double tol = PrefillTolerance(c);
+          ASSERT_TRUE(AllClose(o, want, tol, tol))
+              << "T=" << t << " prefix=" << prefix << " heads=" << heads
+              << " P,R,Vd=" << d[0] << "," << d[1] << "," << d[2];
+          worst = std::max(worst, MaxAbsDiff(o, want));
+        }
+      }
+    }
+  }
+  std::printf("max abs error over the sweep: %.3g\n", worst);
+}
+
+// Sharp softmax (large scale): the running max changes often between key
+// blocks, so the online rescaling is exercised; the real model's dims.
+TEST(MlaPrefillAttention, SharpSoftmaxAndModelDims) {
+  for (const PrefillCase& c : {PrefillCase{70, 40, 2, 128, 64, 128, 0.5f},
+                               PrefillCase{130, 200, 3, 7, 5, 9, 4.0f},
+                               PrefillCase{1, 3000, 2, 16, 8, 16, 2.0f},
+                               PrefillCase{3, 2000, 1, 12, 4, 20, 1.0f}}) {
+    const PrefillInputs in(c, 77);
+    const std::vector<float> o = RunPrefill(c, in);
+    const std::vector<double> want = RefPrefill(c, in);
+    // Scores reach |scale| * (P+R) / 3; their float32 rounding grows with
+    // them, so the tolerance does too.
+    const double tol = PrefillTolerance(c) * std::max(1.0f, c.scale * 4);
+    EXPECT_TRUE(AllClose(o, want, tol, tol))
+        << "T=" << c.t << " prefix=" << c.prefix;
+    std::printf("T=%ld prefix=%ld: max abs error %.3g\n",
+                static_cast<long>(c.t), static_cast<long>(c.prefix),
+                MaxAbsDiff(o, want));
+  }
+}
+
+// Few query blocks and long caches split the keys across threads; the result
+// must not depend on the thread count.
+TEST(MlaPrefillAttention, KeySplitsMatchReference) {
+  const int saved = NumThreads();
+  const PrefillCase c{5, 2500, 2, 16, 8, 12, 0.3f};
+  const PrefillInputs in(c, 91);
+  const std::vector<double> want = RefPrefill(c, in);
+  for (int threads : {1, 3, 16}) {
+    SetNumThreads(threads);
+    const std::vector<float> o = RunPrefill(c, in);
+    const double tol = PrefillTolerance(c);
+    EXPECT_TRUE(AllClose(o, want, tol, tol)) << threads << " threads";
+  }
+  SetNumThreads(saved);
+}
+
+// A chunk computed in one call equals the chunk computed in two pieces, the
+// second one seeing the first as prefix.
+TEST(MlaPrefillAttention, PiecesEqualOneCall) {
+  const int64_t L = 37, T = 130, heads = 2, P = 12, R = 6, Vd = 10;
+  const PrefillCase whole{T, L, heads, P, R, Vd, 0.25f};
+  const PrefillInputs in(whole, 5);
+  const std::vector<float> o = RunPrefill(whole, in);
+  for (int64_t t1 : {1, 50, 64, 129}) {
+    std::vector<float> pieces = NaNs(o.size());
+    for (int piece = 0; piece < 2; ++piece) {
+      const int64_t t0 = piece == 0 ? 0 : t1;
+      MlaPrefillArgs args;
+      args.t = piece == 0 ? t1 : T - t1;
+      args.prefix = L + t0;
+      args.heads = heads;
+      args.nope_dim = P;
+      args.rope_dim = R;
+      args.v_dim = Vd;
+      args.q = in.q.data() + t0 * heads * (P + R);
+      args.kv = in.kv.data();
+      args.k_rope = in.k_rope.data();
+      args.k_rope_stride = in.stride;
+      args.scale = whole.scale;
+      args.o = pieces.data() + t0 * heads * Vd;
+      MlaPrefillAttention(args);
+    }
+    const double tol = ReductionTolerance(L + T);
+    EXPECT_TRUE(AllClose(pieces, ToDouble(o), tol, tol)) << "split at " << t1;
+  }
+}
+
+struct AbsorbedCase {
+  int64_t t, prefix, heads, latent, rope;
+};
+
+TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
+  const int64_t dims[][2] = {{3, 5}, {12, 0}, {32, 8}, {17, 3}};
+  uint64_t seed = 1000;
+  double worst = 0.0;
+  const int saved = NumThreads();
+  for (int threads :
+       {saved, 5}) {  // 5 threads split decode keys even on small hosts
+    SetNumThreads(threads);
+    for (int64_t t : {0, 1, 2, 7, 64, 65, 130}) {
+      for (int64_t prefix : {0, 1, 5, 100, 1500}) {
+        if (prefix == 1500 && t > 7) continue;  // long caches: decode-like only
+        for (int64_t heads = 1; heads <= 4; ++heads) {
+          for (const auto& d : dims) {
+            const AbsorbedCase c{t, prefix, heads, d[0], d[1]};
+            const int64_t s = prefix + t, w = c.latent + c.rope;
+            const std::vector<float> ql =
+                RandomFloats(t * heads * c.latent, seed += 3);
+            const std::vector<float> qr =
+                RandomFloats(t * heads * c.rope, seed + 1);
+            const std::vector<float> cache = RandomFloats(s * w, seed + 2);
+            const float scale = 1.0f / std::sqrt(static_cast<float>(w));
+            std::vector<float> o = NaNs(t * heads * c.latent);
+            MlaAbsorbedArgs args;
+            args.t = t;
+            args.prefix = prefix;
+            args.heads = heads;
+            args.latent_dim = c.latent;
+            args.rope_dim = c.rope;
+            args.q_latent = ql.data();
+            args.q_rope = qr.data();
+            args.cache = cache.data();
+            args.scale = scale;
+            args.o_latent = o.data();
+            MlaAbsorbedAttention(args);
+
+            const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr),
+                                      cached = ToDouble(cache);
+            std::vector<double> want(o.size());
+            ref::MlaAbsorbedArgs ra;
+            ra.t = t;
+            ra.prefix = prefix;
+            ra.heads = heads;
+            ra.latent_dim = c.latent;
+            ra.rope_dim = c.rope;
+            ra.q_latent = qld.data();
+            ra.q_rope = qrd.data();
+            ra.cache = cached.data();
+            ra.scale = scale;
+            ra.o_latent = want.data();
+            ref::MlaAbsorbedAttention(ra);
+            const double tol = ReductionTolerance(s + w);
+            ASSERT_TRUE(AllClose(o, want, tol, tol))
+                << threads << " threads, T=" << t << " prefix=" << prefix
+                << " heads=" << heads << " C,R=" << d[0] << "," << d[1];
+            worst = std::max(worst, MaxAbsDiff(o, want));
+          }
+        }
+      }
+    }
+  }
+  SetNumThreads(saved);
+  std::printf("max abs error over the sweep: %.3g\n", worst);
+}
+
+// The absorbed form over the latent cache equals the prefill form over the
+// materialised keys and values: kv = c·Wᵀ, q_latent_h = W_UK_hᵀ q_nope_h,
+// o_h = W_UV_h o_latent_h.
+TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
+  const int64_t T = 9, L = 150, n = 3, P = 16, R = 8, Vd = 12, C = 40;
+  const int64_t S = L + T, kvw = P + Vd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(P + R));
+  // W [n * (P + Vd), C] scaled so that kv entries stay O(1).
+  std::vector<float> w = RandomFloats(n * kvw * C, 11, -1.0f, 1.0f);
+  for (float& x : w) x *= 1.7f / std::sqrt(static_cast<float>(C));
+  const std::vector<float> c = RandomFloats(S * C, 12);
+  const std::vector<float> kr = RandomFloats(S * R, 13);
+  const std::vector<float> q =
+      RandomFloats(T * n * (P + R), 14);  // [T, n, P+R]
+
+  // Materialised kv [S, n, P + Vd] = c·Wᵀ, in float64.
+  std::vector<double> kv(S * n * kvw, 0.0);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t r = 0; r < n * kvw; ++r)
+      for (int64_t j = 0; j < C; ++j)
+        kv[s * n * kvw + r] += double{c[s * C + j]} * w[r * C + j];
+  // Absorbed queries and the [c | kr] cache.
+  std::vector<double> q_latent(T * n * C, 0.0), q_rope(T * n * R);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < n; ++h) {
+      const float* qh = q.data() + (t * n + h) * (P + R);
+      for (int64_t j = 0; j < C; ++j)
+        for (int64_t p = 0; p < P; ++p)
+          q_latent[(t * n + h) * C + j] +=
+              double{w[(h * kvw + p) * C + j]} * qh[p];
+      for (int64_t r = 0; r < R; ++r) q_rope[(t * n + h) * R + r] = qh[P + r];
+    }
+  std::vector<double> cache(S * (C + R));
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t j = 0; j < C; ++j) cache[s * (C + R) + j] = c[s * C + j];
+    for (int64_t r = 0; r < R; ++r) cache[s * (C + R) + C + r] = kr[s * R + r];
+  }
+  // o_h = W_UV_h o_latent_h.
+  auto up_project = [&](const auto& o_latent) {
+    std::vector<double> o(T * n * Vd, 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < n; ++h)
+        for (int64_t v = 0; v < Vd; ++v)
+          for (int64_t j = 0; j < C; ++j)
+            o[(t * n + h) * Vd + v] += double{w[(h * kvw + P + v) * C + j]} *
+                                       o_latent[(t * n + h) * C + j];
+    return o;
+  };
+
+  // Float64 references of both forms agree to float64 rounding: this checks
+  // the test's algebra.
+  std::vector<double> ref_prefill(T * n * Vd), ref_latent(T * n * C);
+  const std::vector<double> qd = ToDouble(q), krd = ToDouble(kr);
+  ref::MlaPrefillArgs rp{T,          L,  n,         P,
+                         R,          Vd, qd.data(), kv.data(),
+                         krd.data(), R,  scale,     ref_prefill.data()};
+  ref::MlaPrefillAttention(rp);
+  ref::MlaAbsorbedArgs ra{T,
+                          L,
+                          n,
+                          C,
+                          R,
+                          q_latent.data(),
+                          q_rope.data(),
+                          cache.data(),
+                          scale,
+                          ref_latent.data()};
+  ref::MlaAbsorbedAttention(ra);
+  const std::vector<double> ref_absorbed = up_project(ref_latent);
+  ASSERT_LT(testing::RelL2(ref_absorbed, ref_prefill), 1e-12);
+
+  // The two fast kernels on float32 inputs.
+  const std::vector<float> kv_f = testing::ToFloat(kv),
+                           cache_f = testing::ToFloat(cache),
+                           ql_f = testing::ToFloat(q_latent),
+                           qr_f = testing::ToFloat(q_rope);
+  std::vector<float> o_prefill = NaNs(T * n * Vd), o_latent = NaNs(T * n * C);
+  MlaPrefillAttention({T, L, n, P, R, Vd, q.data(), kv_f.data(), kr.data(), R,
+                       scale, o_prefill.data()});
+  MlaAbsorbedAttention({T, L, n, C, R, ql_f.data(), qr_f.data(), cache_f.data(),
+                        scale, o_latent.data()});
+  const std::vector<double> o_absorbed = up_project(o_latent);
+  // Both paths round their inputs (kv, q_latent) to float32 and reduce over
+  // S keys and C latent channels.
+  const double tol = ReductionTolerance(S + C + P + R);
+  EXPECT_TRUE(AllClose(o_prefill, o_absorbed, tol, tol));
+  EXPECT_TRUE(AllClose(o_prefill, ref_prefill, tol, tol));
+  std::printf("prefill vs absorbed: max abs diff %.3g (prefill vs ref %.3g)\n",
+              MaxAbsDiff(o_prefill, o_absorbed),
+              MaxAbsDiff(o_prefill, ref_prefill));
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
