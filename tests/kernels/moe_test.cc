@@ -1,0 +1,320 @@
+// kernels/moe.h: routing checked exactly where it can be, and the grouped
+// expert compute against a float64 reference that runs each token's experts
+// one by one.
+#include "kernels/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/reference/moe_ref.h"
+#include "tests/test_util.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::NaNs;
+using testing::RandomFloats;
+using testing::ReductionTolerance;
+using testing::ToDouble;
+
+constexpr double kFloatEps = 1.1920928955078125e-07;
+
+double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// ---------------------------------------------------------------- MoeRoute
+
+struct Routed {
+  std::vector<int32_t> idx;
+  std::vector<float> weights;
+};
+
+Routed Route(const std::vector<float>& logits, const std::vector<float>* bias,
+             int64_t t, int64_t e, int64_t k, bool renormalize, float scaling) {
+  Routed r{std::vector<int32_t>(t * k, -1), NaNs(t * k)};
+  MoeRoute(logits.data(), bias != nullptr ? bias->data() : nullptr, t, e, k,
+           renormalize, scaling, r.idx.data(), r.weights.data());
+  return r;
+}
+
+TEST(MoeRouteTest, MatchesReference) {
+  uint64_t seed = 1;
+  for (int64_t t : {1, 3, 40}) {  // 40 tokens route on several threads
+    for (int64_t e : {1, 4, 64}) {
+      for (int64_t k : {1, 2, 8}) {
+        if (k > e) continue;
+        for (bool with_bias : {false, true}) {
+          for (bool renormalize : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "t " << t << " e " << e << " k " << k << " bias "
+                         << with_bias << " renormalize " << renormalize);
+            const auto logits = RandomFloats(t * e, ++seed, -4.0f, 4.0f);
+            const auto bias = RandomFloats(e, ++seed, -0.5f, 0.5f);
+            const Routed got = Route(logits, with_bias ? &bias : nullptr, t, e,
+                                     k, renormalize, 2.5f);
+            std::vector<int32_t> want_idx(t * k, -1);
+            std::vector<double> want_w(t * k);
+            const auto bias_d = ToDouble(bias);
+            ref::MoeRoute(ToDouble(logits).data(),
+                          with_bias ? bias_d.data() : nullptr, t, e, k,
+                          renormalize, 2.5, want_idx.data(), want_w.data());
+            EXPECT_EQ(got.idx, want_idx);
+            // Computed in double, rounded once to float.
+            EXPECT_TRUE(AllClose(got.weights, want_w, 0.0, kFloatEps));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The bias decides which experts are picked; the weights still come from the
+// unbiased scores.
+TEST(MoeRouteTest, BiasOnlySelects) {
+  const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -1.0f};
+  const std::vector<float> bias = {0.0f, 0.0f, 5.0f, 0.0f};
+  const Routed r = Route(logits, &bias, 1, 4, 2, /*renormalize=*/true, 1.0f);
+  EXPECT_EQ(r.idx, (std::vector<int32_t>{2, 0}));
+  const double s2 = Sigmoid(0.0), s0 = Sigmoid(2.0);
+  EXPECT_NEAR(r.weights[0], s2 / (s2 + s0), 1e-7);
+  EXPECT_NEAR(r.weights[1], s0 / (s2 + s0), 1e-7);
+  // Without the bias the two highest logits win.
+  const Routed plain = Route(logits, nullptr, 1, 4, 2, true, 1.0f);
+  EXPECT_EQ(plain.idx, (std::vector<int32_t>{0, 1}));
+}
+
+// sigmoid(0) = 0.5 exactly, so equal logits give exact ties and exact weights.
+TEST(MoeRouteTest, TiesGoToLowerIndex) {
+  const std::vector<float> zeros(6, 0.0f);
+  const Routed r = Route(zeros, nullptr, 1, 6, 3, /*renormalize=*/false, 2.5f);
+  EXPECT_EQ(r.idx, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(r.weights, (std::vector<float>{1.25f, 1.25f, 1.25f}));
+
+  // Keys 0.5, 1.5, 0.5, 1.5, 0.5, 1.5: the biased ones first, each tie group
+  // in index order.
+  const std::vector<float> bias = {0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 1.0f};
+  const Routed b = Route(zeros, &bias, 1, 6, 4, /*renormalize=*/true, 2.0f);
+  EXPECT_EQ(b.idx, (std::vector<int32_t>{1, 3, 5, 0}));
+  EXPECT_EQ(b.weights, (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+TEST(MoeRouteTest, SaturatedLogitsStayFinite) {
+  // sigmoid(-1000) = 0 in any precision; renormalising over the others.
+  const std::vector<float> logits = {-1000.0f, 1000.0f, 0.0f};
+  const Routed r = Route(logits, nullptr, 1, 3, 3, true, 1.0f);
+  EXPECT_EQ(r.idx, (std::vector<int32_t>{1, 2, 0}));
+  EXPECT_NEAR(r.weights[0], 1.0 / 1.5, 1e-7);
+  EXPECT_NEAR(r.weights[1], 0.5 / 1.5, 1e-7);
+  EXPECT_EQ(r.weights[2], 0.0f);
+}
+
+// ------------------------------------------------------------- MoeExperts
+
+// Random expert weights, scaled so activations stay O(1) at every width.
+struct ExpertSet {
+  int64_t n = 0, din = 0, inter = 0, dout = 0;
+  std::vector<std::vector<float>> w13, w2;  // per expert
+  std::vector<std::vector<double>> w13_d, w2_d;
+
+  ExpertSet(int64_t n_, int64_t din_, int64_t inter_, int64_t dout_,
+            uint64_t seed)
+      : n(n_), din(din_), inter(inter_), dout(dout_) {
+    const float a13 = 2.0f / std::sqrt(static_cast<float>(din));
+    const float a2 = 2.0f / std::sqrt(static_cast<float>(inter));
+    for (int64_t e = 0; e < n; ++e) {
+      w13.push_back(RandomFloats(2 * inter * din, seed + 2 * e, -a13, a13));
+      w2.push_back(RandomFloats(dout * inter, seed + 2 * e + 1, -a2, a2));
+      w13_d.push_back(ToDouble(w13.back()));
+      w2_d.push_back(ToDouble(w2.back()));
+    }
+  }
+  std::vector<MoeExpert> Fast() const {
+    std::vector<MoeExpert> out(n);
+    for (int64_t e = 0; e < n; ++e) out[e] = {w13[e].data(), w2[e].data()};
+    return out;
+  }
+  std::vector<ref::MoeExpert> Ref() const {
+    std::vector<ref::MoeExpert> out(n);
+    for (int64_t e = 0; e < n; ++e) out[e] = {w13_d[e].data(), w2_d[e].data()};
+    return out;
+  }
+};
+
+std::vector<float> RunFast(const ExpertSet& set,
+                           const std::vector<MoeExpert>& experts,
+                           const std::vector<float>& z, int64_t t, int64_t k,
+                           const std::vector<int32_t>& idx,
+                           const std::vector<float>& weights,
+                           const ActivationParams& act) {
+  auto out = NaNs(t * set.dout);
+  MoeExpertsArgs a;
+  a.t = t;
+  a.din = set.din;
+  a.inter = set.inter;
+  a.dout = set.dout;
+  a.top_k = k;
+  a.n_experts = set.n;
+  a.z = z.data();
+  a.experts = experts.data();
+  a.idx = idx.data();
+  a.weights = weights.data();
+  a.act = act;
+  a.out = out.data();
+  MoeExperts(a);
+  return out;
+}
+
+std::vector<double> RunRef(const ExpertSet& set, const std::vector<float>& z,
+                           int64_t t, int64_t k,
+                           const std::vector<int32_t>& idx,
+                           const std::vector<float>& weights,
+                           const ActivationParams& act) {
+  std::vector<double> out(t * set.dout);
+  const auto experts = set.Ref();
+  const auto zd = ToDouble(z);
+  const auto wd = ToDouble(weights);
+  ref::MoeExpertsArgs a;
+  a.t = t;
+  a.din = set.din;
+  a.inter = set.inter;
+  a.dout = set.dout;
+  a.top_k = k;
+  a.n_experts = set.n;
+  a.z = zd.data();
+  a.experts = experts.data();
+  a.idx = idx.data();
+  a.weights = wd.data();
+  a.act = act;
+  a.out = out.data();
+  ref::MoeExperts(a);
+  return out;
+}
+
+// Two GEMM reductions (din, then inter) with the activation between them, and
+// the sum over top_k: their tolerances add. Relative to the output's RMS for
+// the absolute part, since cancellation makes single elements small.
+::testing::AssertionResult MoeClose(const std::vector<float>& got,
+                                    const std::vector<double>& want,
+                                    int64_t din, int64_t inter, int64_t k) {
+  const double tol = ReductionTolerance(din) + ReductionTolerance(inter) +
+                     ReductionTolerance(k);
+  double sq = 0.0;
+  for (double v : want) sq += v * v;
+  const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
+  return AllClose(got, want, tol * rms, tol);
+}
+
+ActivationParams Situ() {
+  ActivationParams p;
+  p.kind = Activation::kSitu;
+  return p;
+}
+
+struct Case {
+  int64_t t, n_experts, top_k;
+};
+
+TEST(MoeExpertsTest, MatchesPerTokenReference) {
+  // T = 1; more experts than routed pairs; every expert chosen by every
+  // token; a single expert.
+  const Case cases[] = {
+      {1, 8, 2}, {3, 16, 2}, {17, 4, 4}, {64, 8, 3}, {5, 1, 1}};
+  const int64_t dims[][3] = {{1, 1, 1}, {7, 5, 9}, {64, 32, 48}, {129, 17, 3}};
+  uint64_t seed = 10;
+  for (const Case& c : cases) {
+    for (const auto& d : dims) {
+      for (const ActivationParams& act : {ActivationParams{}, Situ()}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "t " << c.t << " experts " << c.n_experts << " top_k "
+                     << c.top_k << " din " << d[0] << " inter " << d[1]
+                     << " dout " << d[2] << " act "
+                     << static_cast<int>(act.kind));
+        const ExpertSet set(c.n_experts, d[0], d[1], d[2], seed += 100);
+        const auto z = RandomFloats(c.t * set.din, ++seed);
+        // Route for realistic idx/weights; the bias keeps the last expert out
+        // whenever it can, so some expert always gets no tokens.
+        const auto logits =
+            RandomFloats(c.t * c.n_experts, ++seed, -3.0f, 3.0f);
+        std::vector<float> bias(c.n_experts, 0.0f);
+        if (c.n_experts > c.top_k) bias.back() = -10.0f;
+        const Routed r =
+            Route(logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
+        const auto got =
+            RunFast(set, set.Fast(), z, c.t, c.top_k, r.idx, r.weights, act);
+        const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, act);
+        EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
+      }
+    }
+  }
+}
+
+// Experts that receive no tokens are never touched: give them no weights.
+TEST(MoeExpertsTest, SkipsExpertsWithoutTokens) {
+  const ExpertSet set(16, 24, 12, 20, 500);
+  const int64_t t = 3, k = 2;
+  const std::vector<int32_t> idx = {5, 2, 2, 9, 14, 5};
+  const auto weights = RandomFloats(t * k, 501, 0.1f, 1.0f);
+  auto experts = set.Fast();
+  for (int64_t e = 0; e < set.n; ++e) {
+    if (std::find(idx.begin(), idx.end(), e) == idx.end()) experts[e] = {};
+  }
+  const auto z = RandomFloats(t * set.din, 502);
+  const auto got = RunFast(set, experts, z, t, k, idx, weights, Situ());
+  EXPECT_TRUE(MoeClose(got, RunRef(set, z, t, k, idx, weights, Situ()), set.din,
+                       set.inter, k));
+}
+
+// The same expert twice for one token counts twice.
+TEST(MoeExpertsTest, RepeatedExpertAddsTwice) {
+  const ExpertSet set(4, 16, 8, 12, 600);
+  const int64_t t = 2, k = 2;
+  const std::vector<int32_t> idx = {3, 3, 0, 1};
+  const std::vector<float> weights = {0.25f, 0.75f, 0.5f, 0.5f};
+  const auto z = RandomFloats(t * set.din, 601);
+  const auto got =
+      RunFast(set, set.Fast(), z, t, k, idx, weights, ActivationParams{});
+  EXPECT_TRUE(MoeClose(got,
+                       RunRef(set, z, t, k, idx, weights, ActivationParams{}),
+                       set.din, set.inter, k));
+}
+
+// Each token's sum over its experts runs in a fixed order: repeating the call
+// and permuting the slots of a token give bitwise the same output.
+TEST(MoeExpertsTest, DeterministicAcrossSlotOrder) {
+  const ExpertSet set(8, 32, 16, 24, 700);
+  const int64_t t = 20, k = 3;
+  const auto z = RandomFloats(t * set.din, 701);
+  const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
+  const Routed r = Route(logits, nullptr, t, set.n, k, true, 1.0f);
+  const auto first =
+      RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
+  const auto again =
+      RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
+  EXPECT_EQ(
+      0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)));
+
+  Routed rev = r;
+  for (int64_t i = 0; i < t; ++i) {
+    std::reverse(rev.idx.begin() + i * k, rev.idx.begin() + (i + 1) * k);
+    std::reverse(rev.weights.begin() + i * k,
+                 rev.weights.begin() + (i + 1) * k);
+  }
+  const auto permuted =
+      RunFast(set, set.Fast(), z, t, k, rev.idx, rev.weights, Situ());
+  EXPECT_EQ(0, std::memcmp(first.data(), permuted.data(),
+                           first.size() * sizeof(float)));
+}
+
+TEST(MoeExpertsTest, NoTokensIsNoOp) {
+  const ExpertSet set(2, 4, 4, 4, 800);
+  const auto out =
+      RunFast(set, set.Fast(), {}, 0, 1, {}, {}, ActivationParams{});
+  EXPECT_TRUE(out.empty());
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels

@@ -1,0 +1,122 @@
+// kernels/norm.h against the float64 reference.
+#include "kernels/norm.h"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/reference/norm_ref.h"
+#include "tests/test_util.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+using testing::AllClose;
+using testing::NaNs;
+using testing::RandomFloats;
+using testing::ReductionTolerance;
+using testing::ToDouble;
+
+constexpr int64_t kRows[] = {1, 3, 17, 64};
+// 4100 rows x 17 and 300 x 4096 below cross the OpenMP threshold.
+constexpr int64_t kDims[] = {1, 3, 7, 8, 17, 64, 129, 4096};
+
+// The sum of squares is a reduction over dim; the scaled write adds a few
+// roundings, covered by ReductionTolerance's safety factor.
+TEST(RmsNormTest, MatchesReference) {
+  uint64_t seed = 1;
+  for (int64_t rows : kRows) {
+    for (int64_t dim : kDims) {
+      for (bool gain : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "rows " << rows << " dim " << dim << " gain " << gain);
+        const auto x = RandomFloats(rows * dim, ++seed, -2.0f, 2.0f);
+        const auto w = RandomFloats(dim, ++seed, 0.5f, 1.5f);
+        const float eps = 1e-6f;
+        auto y = NaNs(rows * dim);
+        RmsNorm(x.data(), gain ? w.data() : nullptr, rows, dim, eps, y.data());
+        std::vector<double> want(rows * dim);
+        const auto wd = ToDouble(w);
+        ref::RmsNorm(ToDouble(x).data(), gain ? wd.data() : nullptr, rows, dim,
+                     eps, want.data());
+        const double tol = ReductionTolerance(dim);
+        EXPECT_TRUE(AllClose(y, want, tol, tol));
+      }
+    }
+  }
+}
+
+TEST(RmsNormTest, InPlaceAndThreaded) {
+  for (auto [rows, dim] :
+       {std::pair<int64_t, int64_t>{4100, 17}, {300, 4096}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows << " dim " << dim);
+    auto x = RandomFloats(rows * dim, 7 + rows);
+    const auto w = RandomFloats(dim, 8 + dim, 0.5f, 1.5f);
+    std::vector<double> want(rows * dim);
+    ref::RmsNorm(ToDouble(x).data(), ToDouble(w).data(), rows, dim, 1e-5f,
+                 want.data());
+    RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, x.data());
+    const double tol = ReductionTolerance(dim);
+    EXPECT_TRUE(AllClose(x, want, tol, tol));
+  }
+}
+
+// Squares of 1e20 overflow float32; the accumulation must not.
+TEST(RmsNormTest, HugeAndTinyRows) {
+  const int64_t dim = 256;
+  for (float scale : {1e20f, 1e-20f}) {
+    auto x = RandomFloats(dim, 3);
+    for (float& v : x) v *= scale;
+    auto y = NaNs(dim);
+    RmsNorm(x.data(), nullptr, 1, dim, 0.0f, y.data());
+    std::vector<double> want(dim);
+    ref::RmsNorm(ToDouble(x).data(), nullptr, 1, dim, 0.0, want.data());
+    const double tol = ReductionTolerance(dim);
+    EXPECT_TRUE(AllClose(y, want, tol, tol)) << "scale " << scale;
+  }
+}
+
+// An all-zero row normalises to zeros (eps keeps it finite).
+TEST(RmsNormTest, ZeroRowIsZero) {
+  const std::vector<float> x(5, 0.0f);
+  auto y = NaNs(5);
+  RmsNorm(x.data(), nullptr, 1, 5, 1e-6f, y.data());
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(L2NormTest, MatchesReference) {
+  uint64_t seed = 100;
+  for (int64_t rows : kRows) {
+    for (int64_t dim : kDims) {
+      for (float scale : {1.0f, 0.125f}) {
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " dim " << dim
+                                          << " scale " << scale);
+        const auto x = RandomFloats(rows * dim, ++seed);
+        auto y = NaNs(rows * dim);
+        L2Norm(x.data(), rows, dim, 1e-6f, scale, y.data());
+        std::vector<double> want(rows * dim);
+        ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f),
+                    scale, want.data());
+        // Outputs are O(scale / sqrt(dim)): the absolute part scales too.
+        const double tol = ReductionTolerance(dim);
+        EXPECT_TRUE(AllClose(y, want, tol * scale, tol));
+      }
+    }
+  }
+}
+
+TEST(L2NormTest, InPlaceAndThreaded) {
+  const int64_t rows = 2000, dim = 128;  // KDA: one row per head and token
+  auto x = RandomFloats(rows * dim, 11);
+  std::vector<double> want(rows * dim);
+  const double scale = 1.0 / std::sqrt(128.0);
+  ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f),
+              static_cast<float>(scale), want.data());
+  L2Norm(x.data(), rows, dim, 1e-6f, static_cast<float>(scale), x.data());
+  const double tol = ReductionTolerance(dim);
+  EXPECT_TRUE(AllClose(x, want, tol, tol));
+}
+
+}  // namespace
+}  // namespace deltaserve::kernels
