@@ -97,10 +97,20 @@ std::string BinPath(const std::string& name) {
 
 std::string TempDir(const std::string& tag) {
   namespace fs = std::filesystem;
+  // Removes every directory handed out when the test program exits.
+  struct Registry {
+    std::vector<fs::path> dirs;
+    ~Registry() {
+      std::error_code ec;
+      for (const fs::path& d : dirs) fs::remove_all(d, ec);
+    }
+  };
+  static Registry registry;
   std::random_device rd;
   fs::path dir = fs::temp_directory_path() /
                  ("deltaserve_" + tag + "_" + std::to_string(rd()));
   fs::create_directories(dir);
+  registry.dirs.push_back(dir);
   return dir.string();
 }
 

@@ -270,7 +270,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
   }
   const size_t data_size = size - 8 - header_len;
   const uint8_t* data = bytes + 8 + header_len;
-  std::vector<std::pair<size_t, size_t>> ranges;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+    bool operator<(const Range& o) const { return begin < o.begin; }
+  };
+  std::vector<Range> ranges;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) {
@@ -291,14 +296,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
         ParseTensorEntry(path, it.key(), it.value(), data_size, &view));
     const uint64_t begin = it.value()["data_offsets"][0].get<uint64_t>();
     view.data = data + begin;
-    ranges.emplace_back(begin, begin + view.nbytes);
+    ranges.push_back({begin, begin + view.nbytes, it.key()});
     file->tensors_.emplace(it.key(), std::move(view));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
+    if (ranges[i].begin < ranges[i - 1].end) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensors overlap in the data section"));
+          absl::StrCat(path, ": tensors '", ranges[i - 1].name, "' and '",
+                       ranges[i].name, "' overlap in the data section"));
     }
   }
   return file;

@@ -1,0 +1,480 @@
+#include "runtime/model/config.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "runtime/common/status_macros.h"
+
+namespace deltaserve {
+namespace {
+
+using json = nlohmann::json;
+
+// No real dimension comes near this; it keeps every product of two sizes
+// (tensor element counts) far from int64 overflow.
+constexpr int64_t kMaxSize = int64_t{1} << 24;
+// Counts that multiply the number of tensors; real models have 93 layers and
+// 384 experts.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxExperts = 65536;
+
+// Typed access to one JSON object of config.json. `path` is the key path of
+// the object ("", "text_config.", "text_config.linear_attn_config."), so
+// every error names the full key path and the file.
+class ConfigObject {
+ public:
+  ConfigObject(const json* object, std::string path, const std::string* source)
+      : object_(object), path_(std::move(path)), source_(source) {}
+
+  bool Contains(const std::string& key) const { return object_->contains(key); }
+  // Present and not null.
+  bool Has(const std::string& key) const {
+    return object_->contains(key) && !(*object_)[key].is_null();
+  }
+  std::string Path(const std::string& key) const { return path_ + key; }
+
+  absl::Status Missing(const std::string& key) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(*source_, ": missing required key '", Path(key), "'"));
+  }
+  absl::Status Bad(const std::string& key, const std::string& what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(*source_, ": key '", Path(key), "' ", what));
+  }
+
+  // An integer in [min, max].
+  absl::StatusOr<int64_t> Int(const std::string& key, int64_t min,
+                              int64_t max = kMaxSize) const {
+    if (!Has(key)) return Missing(key);
+    return IntValue(key, (*object_)[key], min, max);
+  }
+  absl::StatusOr<int64_t> IntOr(const std::string& key, int64_t min,
+                                int64_t fallback) const {
+    if (!Has(key)) return fallback;
+    return IntValue(key, (*object_)[key], min, kMaxSize);
+  }
+  // A finite number (integer or floating-point literal).
+  absl::StatusOr<double> Number(const std::string& key) const {
+    if (!Has(key)) return Missing(key);
+    const json& value = (*object_)[key];
+    if (!value.is_number()) return Bad(key, "must be a number, got " + Dump(value));
+    return value.get<double>();
+  }
+  absl::StatusOr<bool> Bool(const std::string& key) const {
+    if (!Has(key)) return Missing(key);
+    const json& value = (*object_)[key];
+    if (!value.is_boolean()) {
+      return Bad(key, "must be true or false, got " + Dump(value));
+    }
+    return value.get<bool>();
+  }
+  absl::StatusOr<bool> BoolOr(const std::string& key, bool fallback) const {
+    if (!Has(key)) return fallback;
+    return Bool(key);
+  }
+  absl::StatusOr<std::string> String(const std::string& key) const {
+    if (!Has(key)) return Missing(key);
+    const json& value = (*object_)[key];
+    if (!value.is_string()) return Bad(key, "must be a string, got " + Dump(value));
+    return value.get<std::string>();
+  }
+  absl::StatusOr<ConfigObject> Object(const std::string& key) const {
+    if (!Has(key)) return Missing(key);
+    const json& value = (*object_)[key];
+    if (!value.is_object()) return Bad(key, "must be an object");
+    return ConfigObject(&value, Path(key) + ".", source_);
+  }
+  // A list of integers (layer numbers), each in [min, max].
+  absl::StatusOr<std::vector<int64_t>> IntList(const std::string& key) const {
+    if (!object_->contains(key)) return Missing(key);
+    const json& value = (*object_)[key];
+    if (!value.is_array()) return Bad(key, "must be a list of layer numbers");
+    std::vector<int64_t> out;
+    for (const json& item : value) {
+      if (!item.is_number_integer()) {
+        return Bad(key, "must be a list of integers, has " + Dump(item));
+      }
+      out.push_back(item.get<int64_t>());
+    }
+    return out;
+  }
+
+ private:
+  static std::string Dump(const json& value) {
+    std::string text = value.dump();
+    if (text.size() > 40) text = text.substr(0, 37) + "...";
+    return text;
+  }
+  absl::StatusOr<int64_t> IntValue(const std::string& key, const json& value, int64_t min,
+                                   int64_t max) const {
+    if (!value.is_number_integer()) {
+      return Bad(key, "must be an integer, got " + Dump(value));
+    }
+    if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(max)) {
+      return Bad(key, absl::StrCat("is too large (at most ", max, ")"));
+    }
+    const int64_t v = value.get<int64_t>();
+    if (v < min) return Bad(key, absl::StrCat("must be at least ", min, ", got ", v));
+    if (v > max) return Bad(key, absl::StrCat("is too large (at most ", max, ")"));
+    return v;
+  }
+
+  const json* object_;
+  std::string path_;
+  const std::string* source_;
+};
+
+// Fills config->layer_kinds from the two 1-indexed layer lists.
+absl::Status ParseLayerLists(const ConfigObject& lin, const std::string& source,
+                             ModelConfig* config) {
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int64_t> kda, lin.IntList("kda_layers"));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int64_t> mla, lin.IntList("full_attn_layers"));
+  const int64_t n = config->num_layers;
+  // 0: unassigned, 1: KDA, 2: MLA.
+  std::vector<int> assigned(static_cast<size_t>(n), 0);
+  auto assign = [&](const std::vector<int64_t>& list, const std::string& key,
+                    int kind) -> absl::Status {
+    for (int64_t layer : list) {
+      if (layer < 1 || layer > n) {
+        return lin.Bad(
+            key, absl::StrCat("names layer ", layer, ", outside 1..", n,
+                              " (the layer lists are 1-indexed; num_hidden_layers is ", n,
+                              ")"));
+      }
+      int& slot = assigned[static_cast<size_t>(layer - 1)];
+      if (slot == kind) {
+        return lin.Bad(key, absl::StrCat("lists layer ", layer, " twice"));
+      }
+      if (slot != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": layer ", layer, " is in both '", lin.Path("kda_layers"), "' and '",
+            lin.Path("full_attn_layers"), "'"));
+      }
+      slot = kind;
+    }
+    return absl::OkStatus();
+  };
+  DELTASERVE_RETURN_IF_ERROR(assign(kda, "kda_layers", 1));
+  DELTASERVE_RETURN_IF_ERROR(assign(mla, "full_attn_layers", 2));
+  config->layer_kinds.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (assigned[static_cast<size_t>(i)] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": layer ", i + 1, " (1-indexed) is in neither '",
+          lin.Path("kda_layers"), "' nor '", lin.Path("full_attn_layers"), "' (",
+          kda.size(), " + ", mla.size(), " entries for ", n, " layers)"));
+    }
+    config->layer_kinds.push_back(
+        assigned[static_cast<size_t>(i)] == 1 ? LayerKind::kKda : LayerKind::kMla);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseMoe(const ConfigObject& t, ModelConfig* c) {
+  DELTASERVE_ASSIGN_OR_RETURN(c->num_experts, t.Int("num_experts", 0, kMaxExperts));
+  DELTASERVE_ASSIGN_OR_RETURN(c->first_k_dense_replace,
+                              t.Int("first_k_dense_replace", 0));
+  if (c->first_k_dense_replace > c->num_layers) {
+    return t.Bad("first_k_dense_replace",
+                 absl::StrCat("is ", c->first_k_dense_replace,
+                              ", more than num_hidden_layers (", c->num_layers, ")"));
+  }
+  if (c->num_experts == 0) return absl::OkStatus();  // dense FFN everywhere
+  DELTASERVE_ASSIGN_OR_RETURN(c->num_experts_per_token,
+                              t.Int("num_experts_per_token", 1));
+  if (c->num_experts_per_token > c->num_experts) {
+    return t.Bad("num_experts_per_token",
+                 absl::StrCat("is ", c->num_experts_per_token,
+                              ", more than num_experts (", c->num_experts, ")"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(c->moe_intermediate_size,
+                              t.Int("moe_intermediate_size", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c->num_shared_experts, t.Int("num_shared_experts", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(c->moe_renormalize, t.Bool("moe_renormalize"));
+  DELTASERVE_ASSIGN_OR_RETURN(double scale, t.Number("routed_scaling_factor"));
+  if (!(scale > 0)) return t.Bad("routed_scaling_factor", "must be positive");
+  c->routed_scaling_factor = static_cast<float>(scale);
+  // Routing variants the runtime does not implement are errors, not silently
+  // different models.
+  if (t.Has("moe_router_activation_func")) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::string act, t.String("moe_router_activation_func"));
+    if (act != "sigmoid") {
+      return t.Bad("moe_router_activation_func",
+                   "is '" + act + "'; only 'sigmoid' is supported");
+    }
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t freq, t.IntOr("moe_layer_freq", 1, 1));
+  if (freq != 1) {
+    return t.Bad("moe_layer_freq", absl::StrCat("is ", freq, "; only 1 is supported"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(bool grouped, t.BoolOr("use_grouped_topk", false));
+  if (grouped) {
+    DELTASERVE_ASSIGN_OR_RETURN(int64_t groups, t.IntOr("num_expert_group", 1, 1));
+    DELTASERVE_ASSIGN_OR_RETURN(int64_t topk_group, t.IntOr("topk_group", 1, groups));
+    if (topk_group < groups) {
+      return t.Bad("topk_group",
+                   absl::StrCat("is ", topk_group, " of ", groups,
+                                " expert groups; group-limited routing is not "
+                                "supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string& source,
+                                        ModelConfig c) {
+  const bool k3 = c.IsK3();
+  DELTASERVE_ASSIGN_OR_RETURN(c.hidden_size, t.Int("hidden_size", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c.num_layers, t.Int("num_hidden_layers", 1, kMaxLayers));
+  DELTASERVE_ASSIGN_OR_RETURN(c.vocab_size, t.Int("vocab_size", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(double eps, t.Number("rms_norm_eps"));
+  if (!(eps > 0)) return t.Bad("rms_norm_eps", "must be positive");
+  c.rms_norm_eps = static_cast<float>(eps);
+  DELTASERVE_ASSIGN_OR_RETURN(c.max_position_embeddings,
+                              t.IntOr("max_position_embeddings", 1, 0));
+  DELTASERVE_ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                              t.BoolOr("tie_word_embeddings", false));
+
+  // KDA.
+  DELTASERVE_ASSIGN_OR_RETURN(ConfigObject lin, t.Object("linear_attn_config"));
+  DELTASERVE_ASSIGN_OR_RETURN(c.kda.num_heads, lin.Int("num_heads", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c.kda.head_dim, lin.Int("head_dim", 1));
+  if (k3) {
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.conv_kernel_size,
+                                lin.Int("short_conv_kernel_size", 1));
+  } else {
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.conv_kernel_size,
+                                lin.IntOr("short_conv_kernel_size", 1, 4));
+  }
+  DELTASERVE_RETURN_IF_ERROR(ParseLayerLists(lin, source, &c));
+  // The K3 gate keys live in linear_attn_config; accept them one level up
+  // too, but name the linear_attn_config path when they are missing.
+  const ConfigObject& gate_keys =
+      (!lin.Has("use_full_rank_gate") && t.Has("use_full_rank_gate")) ? t : lin;
+  const ConfigObject& bound_keys =
+      (!lin.Has("gate_lower_bound") && t.Has("gate_lower_bound")) ? t : lin;
+  if (k3) {
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.full_rank_gate,
+                                gate_keys.Bool("use_full_rank_gate"));
+  } else {
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.full_rank_gate,
+                                gate_keys.BoolOr("use_full_rank_gate", false));
+  }
+  c.kda.has_lower_bound = k3 || bound_keys.Has("gate_lower_bound");
+  if (c.kda.has_lower_bound) {
+    DELTASERVE_ASSIGN_OR_RETURN(double lb, bound_keys.Number("gate_lower_bound"));
+    if (!(lb < 0)) {
+      return bound_keys.Bad("gate_lower_bound",
+                            "must be negative (the log-decay is <= 0)");
+    }
+    c.kda.gate_lower_bound = static_cast<float>(lb);
+  }
+
+  // MLA.
+  DELTASERVE_ASSIGN_OR_RETURN(c.num_attention_heads, t.Int("num_attention_heads", 1));
+  // Required, but null means a plain q_proj (Kimi Linear).
+  if (!t.Contains("q_lora_rank")) return t.Missing("q_lora_rank");
+  DELTASERVE_ASSIGN_OR_RETURN(c.q_lora_rank, t.IntOr("q_lora_rank", 1, 0));
+  DELTASERVE_ASSIGN_OR_RETURN(c.kv_lora_rank, t.Int("kv_lora_rank", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c.qk_nope_head_dim, t.Int("qk_nope_head_dim", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c.qk_rope_head_dim, t.Int("qk_rope_head_dim", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(c.v_head_dim, t.Int("v_head_dim", 1));
+  if (k3) {
+    DELTASERVE_ASSIGN_OR_RETURN(c.mla_output_gate, t.Bool("mla_use_output_gate"));
+  } else {
+    DELTASERVE_ASSIGN_OR_RETURN(c.mla_output_gate,
+                                t.BoolOr("mla_use_output_gate", false));
+  }
+
+  // FFN.
+  DELTASERVE_ASSIGN_OR_RETURN(c.hidden_act, t.String("hidden_act"));
+  if (c.hidden_act != "silu" && c.hidden_act != "situ") {
+    return t.Bad("hidden_act", "is '" + c.hidden_act + "'; expected 'silu' or 'situ'");
+  }
+  if (k3 || c.hidden_act == "situ") {
+    DELTASERVE_ASSIGN_OR_RETURN(double beta, t.Number("activation_situ_beta"));
+    if (!(beta > 0)) return t.Bad("activation_situ_beta", "must be positive");
+    DELTASERVE_ASSIGN_OR_RETURN(double linear_beta,
+                                t.Number("activation_situ_linear_beta"));
+    if (!(linear_beta > 0)) {
+      return t.Bad("activation_situ_linear_beta", "must be positive");
+    }
+    c.situ_beta = static_cast<float>(beta);
+    c.situ_linear_beta = static_cast<float>(linear_beta);
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(c.intermediate_size, t.Int("intermediate_size", 1));
+  DELTASERVE_RETURN_IF_ERROR(ParseMoe(t, &c));
+  if (k3) {
+    DELTASERVE_ASSIGN_OR_RETURN(c.routed_expert_hidden_size,
+                                t.Int("routed_expert_hidden_size", 1));
+    DELTASERVE_ASSIGN_OR_RETURN(c.latent_moe_use_norm, t.Bool("latent_moe_use_norm"));
+    DELTASERVE_ASSIGN_OR_RETURN(c.attn_res_block_size, t.Int("attn_res_block_size", 1));
+  } else {
+    DELTASERVE_ASSIGN_OR_RETURN(c.routed_expert_hidden_size,
+                                t.IntOr("routed_expert_hidden_size", 1, 0));
+    DELTASERVE_ASSIGN_OR_RETURN(c.latent_moe_use_norm,
+                                t.BoolOr("latent_moe_use_norm", false));
+    if (t.Has("attn_res_block_size")) {
+      return t.Bad("attn_res_block_size",
+                   "is a K3 key; model_type kimi_linear has a plain residual stream");
+    }
+    c.attn_res_block_size = 0;
+  }
+  return c;
+}
+
+// Shortest decimal that reads back as the same float: 1e-5f is written as
+// 1e-05, not 9.999999747378752e-06.
+double ShortestDouble(float value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer) - 1, value);
+  *result.ptr = '\0';
+  return std::strtod(buffer, nullptr);
+}
+
+std::vector<int64_t> LayerList(const ModelConfig& config, LayerKind kind) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < config.layer_kinds.size(); ++i) {
+    if (config.layer_kinds[i] == kind) out.push_back(static_cast<int64_t>(i) + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ModelConfig::ModelPrefix() const {
+  return IsK3() ? "language_model.model." : "model.";
+}
+
+std::string ModelConfig::LmHeadName() const {
+  // Tied embeddings have no lm_head tensor: the embedding is the head.
+  if (tie_word_embeddings) return ModelPrefix() + "embed_tokens.weight";
+  return IsK3() ? "language_model.lm_head.weight" : "lm_head.weight";
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source) {
+  const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": top level is not a JSON object"));
+  }
+  const ConfigObject top(&root, "", &source);
+  DELTASERVE_ASSIGN_OR_RETURN(std::string model_type, top.String("model_type"));
+  ModelConfig config;
+  config.model_type = model_type;
+  if (model_type == "kimi_k3") {
+    // The nested text_config says kimi_linear in real K3 checkpoints: the
+    // top-level model_type decides.
+    config.arch = Architecture::kKimiK3;
+    DELTASERVE_ASSIGN_OR_RETURN(ConfigObject text, top.Object("text_config"));
+    return ParseFields(text, source, std::move(config));
+  }
+  if (model_type == "kimi_linear") {
+    config.arch = Architecture::kKimiLinear;
+    return ParseFields(top, source, std::move(config));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": unsupported model_type '", model_type,
+                   "' (expected 'kimi_k3' or 'kimi_linear')"));
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  return ParseModelConfig(text.str(), path);
+}
+
+std::string ModelConfigToJson(const ModelConfig& c) {
+  using ojson = nlohmann::ordered_json;  // keeps the familiar key order
+  const bool k3 = c.IsK3();
+  ojson t = ojson::object();
+  t["hidden_size"] = c.hidden_size;
+  t["num_hidden_layers"] = c.num_layers;
+  t["vocab_size"] = c.vocab_size;
+  t["num_attention_heads"] = c.num_attention_heads;
+  t["num_key_value_heads"] = c.num_attention_heads;
+  t["q_lora_rank"] = c.q_lora_rank > 0 ? ojson(c.q_lora_rank) : ojson(nullptr);
+  t["kv_lora_rank"] = c.kv_lora_rank;
+  t["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  t["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  t["v_head_dim"] = c.v_head_dim;
+  t["mla_use_nope"] = true;
+  t["intermediate_size"] = c.intermediate_size;
+  t["first_k_dense_replace"] = c.first_k_dense_replace;
+  t["num_experts"] = c.num_experts;
+  if (c.num_experts > 0) {
+    t["moe_layer_freq"] = 1;
+    t["num_experts_per_token"] = c.num_experts_per_token;
+    t["num_shared_experts"] = c.num_shared_experts;
+    t["moe_intermediate_size"] = c.moe_intermediate_size;
+    t["moe_renormalize"] = c.moe_renormalize;
+    t["moe_router_activation_func"] = "sigmoid";
+    t["routed_scaling_factor"] = ShortestDouble(c.routed_scaling_factor);
+    t["use_grouped_topk"] = true;
+    t["num_expert_group"] = 1;
+    t["topk_group"] = 1;
+  }
+  t["rms_norm_eps"] = ShortestDouble(c.rms_norm_eps);
+  t["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.max_position_embeddings > 0) {
+    t["max_position_embeddings"] = c.max_position_embeddings;
+  }
+  ojson lin = ojson::object();
+  lin["num_heads"] = c.kda.num_heads;
+  lin["head_dim"] = c.kda.head_dim;
+  lin["short_conv_kernel_size"] = c.kda.conv_kernel_size;
+  lin["kda_layers"] = LayerList(c, LayerKind::kKda);
+  lin["full_attn_layers"] = LayerList(c, LayerKind::kMla);
+  if (k3 || c.kda.full_rank_gate) lin["use_full_rank_gate"] = c.kda.full_rank_gate;
+  if (c.kda.has_lower_bound) {
+    lin["gate_lower_bound"] = ShortestDouble(c.kda.gate_lower_bound);
+  }
+  t["linear_attn_config"] = std::move(lin);
+  t["hidden_act"] = c.hidden_act;
+  if (k3 || c.hidden_act == "situ") {
+    t["activation_situ_beta"] = ShortestDouble(c.situ_beta);
+    t["activation_situ_linear_beta"] = ShortestDouble(c.situ_linear_beta);
+  }
+  if (k3 || c.mla_output_gate) t["mla_use_output_gate"] = c.mla_output_gate;
+  if (k3 || c.routed_expert_hidden_size > 0) {
+    t["routed_expert_hidden_size"] = c.routed_expert_hidden_size;
+    t["latent_moe_use_norm"] = c.latent_moe_use_norm;
+  }
+  if (k3) t["attn_res_block_size"] = c.attn_res_block_size;
+
+  ojson root = ojson::object();
+  if (k3) {
+    // The real K3 layout: a multimodal wrapper whose text_config carries a
+    // Kimi Linear style decoder.
+    t["model_type"] = "kimi_linear";
+    t["architectures"] = ojson::array({"KimiLinearForCausalLM"});
+    root["architectures"] = ojson::array({"KimiK3ForConditionalGeneration"});
+    root["model_type"] = "kimi_k3";
+    root["text_config"] = std::move(t);
+  } else {
+    root = std::move(t);
+    root["model_type"] = "kimi_linear";
+    root["architectures"] = ojson::array({"KimiLinearForCausalLM"});
+  }
+  root["torch_dtype"] = "bfloat16";
+  return root.dump(2) + "\n";
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,198 @@
+#include "runtime/model/random_checkpoint.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/weight_spec.h"
+
+namespace deltaserve {
+namespace {
+
+// splitmix64: tiny, fast, and identical on every platform (the std
+// distributions are not).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // [0, 1)
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  double Uniform(double lo, double hi) { return lo + (hi - lo) * Uniform(); }
+  // Uniform with mean 0 and standard deviation `std`.
+  double Centered(double std) {
+    const double a = std * std::sqrt(3.0);
+    return Uniform(-a, a);
+  }
+  // Standard normal (Box-Muller; one of the pair is dropped for simplicity).
+  double Normal() {
+    const double u1 = 1.0 - Uniform();  // (0, 1]: log stays finite
+    const double u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+uint64_t HashName(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char ch : name) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// What a tensor holds, from its name (MODEL.md's roles).
+enum class Init {
+  kEmbedding,   // std 1, like a trained embedding's scale
+  kNorm,        // RMSNorm gains: 1 + small noise
+  kLinear,      // std 1/sqrt(fan_in): unit-scale outputs for unit inputs
+  kResProj,     // attention-residual query: mix scores of order 1
+  kConv,        // short convolution taps: std 1/sqrt(width)
+  kALog,        // log(U(1, 16)) per head, zero padding
+  kDtBias,      // decay-gate bias
+  kRouterBias,  // expert-selection bias: small
+};
+
+Init InitFor(const std::string& name) {
+  if (absl::EndsWith(name, "embed_tokens.weight")) return Init::kEmbedding;
+  if (absl::EndsWith(name, ".A_log")) return Init::kALog;
+  if (absl::EndsWith(name, ".dt_bias")) return Init::kDtBias;
+  if (absl::EndsWith(name, "e_score_correction_bias")) return Init::kRouterBias;
+  if (absl::EndsWith(name, "_conv1d.weight")) return Init::kConv;
+  if (absl::EndsWith(name, "_res_proj.weight")) return Init::kResProj;
+  if (absl::EndsWith(name, "norm.weight")) return Init::kNorm;  // *layernorm, *_norm
+  return Init::kLinear;
+}
+
+std::vector<float> RandomValues(const ModelConfig& c, const TensorSpec& spec,
+                                uint64_t seed) {
+  Rng rng(seed ^ HashName(spec.name));
+  rng.Next();  // decorrelate nearby seeds before the first value
+  const size_t n = static_cast<size_t>(spec.NumElements());
+  std::vector<float> v(n);
+  const Init init = InitFor(spec.name);
+  switch (init) {
+    case Init::kEmbedding:
+      for (float& x : v) x = static_cast<float>(rng.Normal());
+      break;
+    case Init::kNorm:
+      for (float& x : v) x = static_cast<float>(1.0 + rng.Centered(0.1));
+      break;
+    case Init::kLinear: {
+      const double fan_in = static_cast<double>(spec.shape.back());
+      for (float& x : v) x = static_cast<float>(rng.Centered(1.0 / std::sqrt(fan_in)));
+      break;
+    }
+    case Init::kResProj: {
+      const double dim = static_cast<double>(spec.shape.back());
+      for (float& x : v) x = static_cast<float>(rng.Centered(1.0 / std::sqrt(dim)));
+      break;
+    }
+    case Init::kConv: {
+      const double width = static_cast<double>(spec.shape.back());
+      for (float& x : v) x = static_cast<float>(rng.Centered(1.0 / std::sqrt(width)));
+      break;
+    }
+    case Init::kALog:
+      // Decay rates exp(A_log) in [1, 16]; K3's padding stays zero.
+      for (size_t i = 0; i < n; ++i) {
+        v[i] = static_cast<int64_t>(i) < c.kda.num_heads
+                   ? static_cast<float>(std::log(rng.Uniform(1.0, 16.0)))
+                   : 0.0f;
+      }
+      break;
+    case Init::kDtBias:
+      if (c.kda.has_lower_bound) {
+        // K3: g = lb * sigmoid(exp(A_log) * graw); a small bias keeps the
+        // gate's operating point near the middle of the sigmoid.
+        for (float& x : v) x = static_cast<float>(rng.Centered(0.3));
+      } else {
+        // Kimi Linear: g = -exp(A_log) * softplus(graw). A bias near 0
+        // would decay the state by up to e^-11 per token; instead the usual
+        // Mamba init: softplus(dt_bias) = dt, dt log-uniform in
+        // [1e-3, 1e-1], so states live for tens to thousands of tokens.
+        for (float& x : v) {
+          const double dt = std::exp(rng.Uniform(std::log(1e-3), std::log(1e-1)));
+          x = static_cast<float>(dt + std::log(-std::expm1(-dt)));  // softplus^-1
+        }
+      }
+      break;
+    case Init::kRouterBias:
+      for (float& x : v) x = static_cast<float>(rng.Centered(0.05));
+      break;
+  }
+  return v;
+}
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(tmp, ": cannot open for writing: ", std::strerror(errno)));
+    }
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::DataLossError(absl::StrCat(
+        path, ": cannot move the written file into place: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
+                                   uint64_t seed) {
+  namespace fs = std::filesystem;
+  const std::string config_text = ModelConfigToJson(config);
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  // Reading the JSON back checks everything ParseModelConfig checks.
+  DELTASERVE_ASSIGN_OR_RETURN(
+      ModelConfig checked,
+      ParseModelConfig(config_text, config_path + " (to be written)"));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(dir, ": cannot create directory: ", ec.message()));
+  }
+  std::vector<TensorData> tensors;
+  for (const TensorSpec& spec : ExpectedTensors(checked)) {
+    const std::vector<float> values = RandomValues(checked, spec, seed);
+    // Converted tensor by tensor: only the stored bytes of the whole model
+    // are ever held at once.
+    tensors.push_back(spec.dtype == DType::kF32
+                          ? MakeF32Tensor(spec.name, spec.shape, values)
+                          : MakeBF16Tensor(spec.name, spec.shape, values));
+  }
+  DELTASERVE_RETURN_IF_ERROR(WriteSafetensors(
+      (fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}}));
+  return WriteTextFile(config_path, config_text);
+}
+
+}  // namespace deltaserve
