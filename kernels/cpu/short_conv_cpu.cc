@@ -1,0 +1,144 @@
+// Fast float32 short convolution. Channels are independent, so the work is
+// split into blocks of channels, one per OpenMP iteration; inside a block the
+// loops run over contiguous channels and vectorise. Every output element is
+// computed by the same operations in the same order whatever T is, so prefill
+// in one call, in pieces or token by token gives bitwise the same result.
+#include "kernels/short_conv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/check.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define DELTASERVE_SHORT_CONV_AVX2 1
+#include <immintrin.h>
+#else
+#define DELTASERVE_SHORT_CONV_AVX2 0
+#endif
+
+namespace deltaserve::kernels {
+namespace {
+
+constexpr int64_t kChannelBlock = 64;
+// Below this many multiply-adds an OpenMP fork costs more than the work.
+constexpr int64_t kParallelMinWork = int64_t{1} << 15;
+
+// x·sigmoid(x) = x·num / (1 + e) with e = exp(-|x|) <= 1 (num = 1 for
+// x >= 0, else e), so nothing overflows.
+inline float Silu(float x) {
+  const float e = std::exp(-std::fabs(x));
+  return x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));
+}
+
+#if DELTASERVE_SHORT_CONV_AVX2
+// exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, degree-7 polynomial for
+// exp(r), within 2 ulp); flushes to 0 below ln(FLT_MIN). Written with
+// intrinsics because GCC will not if-convert (and so not vectorise) the
+// clamps of a scalar version under the default -ftrapping-math.
+inline __m256 Exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(
+      _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+                    _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow,
+                          _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+inline __m256 Silu8(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = Exp8(_mm256_or_ps(x, sign));  // exp(-|x|)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 num =
+      _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(one, e)));
+}
+#endif
+
+// y[c] = SiLU(x[c]).
+void SiluRow(const float* x, int64_t len, float* y) {
+  int64_t c = 0;
+#if DELTASERVE_SHORT_CONV_AVX2
+  for (; c + 8 <= len; c += 8) {
+    _mm256_storeu_ps(y + c, Silu8(_mm256_loadu_ps(x + c)));
+  }
+#endif
+  for (; c < len; ++c) y[c] = Silu(x[c]);
+}
+
+void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels,
+               int64_t width, bool silu, int64_t c0, int64_t nc, float* state,
+               float* y) {
+  const int64_t history = width - 1;
+  // Weights transposed to [width, nc] so the channel loop is contiguous.
+  float wt[kChannelBlock * 8];
+  std::vector<float> wt_heap;
+  float* wtp = wt;
+  if (width > 8) {
+    wt_heap.resize(width * kChannelBlock);
+    wtp = wt_heap.data();
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    for (int64_t c = 0; c < nc; ++c) wtp[j * nc + c] = w[(c0 + c) * width + j];
+  }
+  float acc[kChannelBlock];
+  for (int64_t s = 0; s < t; ++s) {
+    std::fill(acc, acc + nc, 0.0f);
+    for (int64_t j = 0; j < width; ++j) {
+      // Row s + j of x̃ = [state; x].
+      const int64_t row = s + j;
+      const float* src = row < history ? state + row * channels + c0
+                                       : x + (row - history) * channels + c0;
+      const float* wj = wtp + j * nc;
+      for (int64_t c = 0; c < nc; ++c) acc[c] += wj[c] * src[c];
+    }
+    float* ys = y + s * channels + c0;
+    if (silu) {
+      SiluRow(acc, nc, ys);
+    } else {
+      for (int64_t c = 0; c < nc; ++c) ys[c] = acc[c];
+    }
+  }
+  // New state row r is x̃ row t + r >= r: ascending r reads old rows that
+  // are not yet overwritten.
+  for (int64_t r = 0; r < history && t > 0; ++r) {
+    const int64_t row = t + r;
+    const float* src = row < history ? state + row * channels + c0
+                                     : x + (row - history) * channels + c0;
+    float* dst = state + r * channels + c0;
+    for (int64_t c = 0; c < nc; ++c) dst[c] = src[c];
+  }
+}
+
+}  // namespace
+
+void ShortConv(const float* x, const float* w, int64_t t, int64_t channels,
+               int64_t width, bool silu, float* state, float* y) {
+  DELTASERVE_CHECK(t >= 0 && channels >= 0 && width >= 1);
+  if (t == 0 || channels == 0) return;
+  const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
+  const bool parallel = t * channels * width >= kParallelMinWork && blocks > 1;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * kChannelBlock;
+    const int64_t nc = std::min(kChannelBlock, channels - c0);
+    ConvBlock(x, w, t, channels, width, silu, c0, nc, state, y);
+  }
+}
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,143 @@
+#include "kernels/kda_gate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/reference/kda_gate_ref.h"
+#include "runtime/model/safetensors.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+struct GateCase {
+  int64_t t, heads, head_dim;
+};
+
+// A gate is a handful of elementwise operations (exp, log1p, a product):
+// a few ulp, no reduction.
+const double kGateTolerance = testing::ReductionTolerance(1);
+
+// Elementwise check with the condition number of the gate: float32 rounds
+// the argument z of exp (relative error u), which exp turns into a relative
+// error |z|·u of the result, so the tolerance grows with 1 + |z|. Results
+// below float's normal range (exp(z) for z < -87) carry no relative precision.
+::testing::AssertionResult GateClose(const std::vector<float>& got,
+                                     const std::vector<double>& want,
+                                     const std::vector<double>& z) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = kGateTolerance * (1.0 + std::abs(z[i])) * std::abs(want[i]) +
+                       std::numeric_limits<float>::min();
+    if (!(std::abs(got[i] - want[i]) <= tol)) {
+      return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " want "
+                                           << want[i] << " (z " << z[i] << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(KdaGateTest, MatchesReference) {
+  uint64_t seed = 1;
+  double worst_lb = 0.0, worst_sp = 0.0;
+  for (const GateCase& c : {GateCase{0, 2, 4}, GateCase{1, 1, 1}, GateCase{3, 2, 5},
+                            GateCase{17, 3, 16}, GateCase{200, 4, 128}}) {
+    SCOPED_TRACE("t=" + std::to_string(c.t) + " heads=" + std::to_string(c.heads) +
+                 " head_dim=" + std::to_string(c.head_dim));
+    const int64_t width = c.heads * c.head_dim;
+    // graw spans both softplus branches (z > 20) and deep negatives.
+    const std::vector<float> graw = testing::RandomFloats(c.t * width, ++seed, -40, 40);
+    const std::vector<float> dt_bias = testing::RandomFloats(width, ++seed, -2, 2);
+    const std::vector<float> a_log = testing::RandomFloats(c.heads, ++seed, -3, 2);
+    const std::vector<double> graw_d = testing::ToDouble(graw);
+    const std::vector<double> dt_d = testing::ToDouble(dt_bias);
+    const std::vector<double> a_d = testing::ToDouble(a_log);
+
+    // The arguments of exp in each gate.
+    std::vector<double> z_lb(c.t * width), z_sp(c.t * width);
+    for (int64_t i = 0; i < c.t * width; ++i) {
+      z_sp[i] = graw_d[i] + dt_d[i % width];
+      z_lb[i] = std::exp(a_d[(i % width) / c.head_dim]) * z_sp[i];
+    }
+    std::vector<double> want(c.t * width);
+    kernels::ref::KdaGateLowerBound(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
+                                    c.head_dim, -5.0, want.data());
+    std::vector<float> got = testing::NaNs(c.t * width);
+    kernels::KdaGateLowerBound(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
+                               c.head_dim, -5.0f, got.data());
+    EXPECT_TRUE(GateClose(got, want, z_lb));
+    // In place (g == graw) is allowed.
+    std::vector<float> inplace = graw;
+    kernels::KdaGateLowerBound(inplace.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
+                               c.head_dim, -5.0f, inplace.data());
+    EXPECT_EQ(inplace, got);
+    if (c.t > 0) worst_lb = std::max(worst_lb, testing::RelL2(got, want));
+
+    kernels::ref::KdaGateSoftplus(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
+                                  c.head_dim, want.data());
+    got = testing::NaNs(c.t * width);
+    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
+                             c.head_dim, got.data());
+    EXPECT_TRUE(GateClose(got, want, z_sp));
+    inplace = graw;
+    kernels::KdaGateSoftplus(inplace.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
+                             c.head_dim, inplace.data());
+    EXPECT_EQ(inplace, got);
+    if (c.t > 0) worst_sp = std::max(worst_sp, testing::RelL2(got, want));
+  }
+  std::printf("KdaGateLowerBound max rel L2 %.3g, KdaGateSoftplus max rel L2 %.3g\n",
+              worst_lb, worst_sp);
+}
+
+TEST(KdaGateTest, SoftplusIsStableAtExtremes) {
+  const std::vector<float> graw = {-80.0f, -30.0f, 0.0f, 19.9f, 20.1f, 80.0f, 1e30f};
+  const std::vector<float> dt_bias(graw.size(), 0.0f);
+  const std::vector<float> a_log = {0.0f};  // exp(0) = 1: g = -softplus
+  std::vector<float> g = testing::NaNs(graw.size());
+  kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), 1, 1,
+                           static_cast<int64_t>(graw.size()), g.data());
+  std::vector<double> want;
+  for (float z : graw) want.push_back(z > 20.0f ? -double{z} : -std::log1p(std::exp(double{z})));
+  EXPECT_TRUE(testing::AllClose(g, want, 0.0, kGateTolerance));
+}
+
+// The golden g was computed in float32 from g_raw, dt_bias and A_log.
+TEST(KdaGateTest, SoftplusMatchesGolden) {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenPath("kda"))) {
+    if (entry.path().extension() != ".safetensors") continue;
+    ++files;
+    const std::string name = entry.path().stem().string();
+    auto file = SafetensorsFile::Open(entry.path().string());
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto load = [&](const char* tensor) {
+      auto view = (*file)->Get(tensor);
+      EXPECT_TRUE(view.ok()) << view.status();
+      auto values = ToFloat64(**view);
+      EXPECT_TRUE(values.ok()) << values.status();
+      return *values;
+    };
+    const std::vector<int64_t> shape = (*(*file)->Get("g_raw"))->shape;  // [B, T, HV, K]
+    const int64_t tokens = shape[0] * shape[1], heads = shape[2], head_dim = shape[3];
+    const std::vector<float> graw = testing::ToFloat(load("g_raw"));
+    const std::vector<float> dt_bias = testing::ToFloat(load("dt_bias"));
+    const std::vector<float> a_log = testing::ToFloat(load("A_log"));
+    const std::vector<double> want = load("g");
+    std::vector<float> g = testing::NaNs(want.size());
+    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), tokens, heads,
+                             head_dim, g.data());
+    // Both sides round to float32 along the way (inputs, exp(A_log), the
+    // softplus): a few ulp each, well inside 1e-5.
+    EXPECT_TRUE(testing::AllClose(g, want, 0.0, 1e-5)) << name;
+    std::printf("golden %-22s KdaGateSoftplus rel L2 %.3g\n", name.c_str(),
+                testing::RelL2(g, want));
+  }
+  EXPECT_GE(files, 6);
+}
+
+}  // namespace
+}  // namespace deltaserve
