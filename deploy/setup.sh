@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-dev          # BLAS for the GEMMs (docs/architecture.md says why)
+  libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build (docs/architecture.md)
   libabsl-dev              # absl::Status / StatusOr, strings
   nlohmann-json3-dev       # config.json and safetensors headers
   libgtest-dev             # tests
