@@ -41,6 +41,8 @@ constexpr int kBlockQ = kLanes * kPanels;
 constexpr int kBlockK = 64;   // keys per online-softmax step
 constexpr int kTileRows = 6;  // broadcast rows per register tile
 constexpr int64_t kMinSplitKeys = 512;
+// Multiply-adds below which a call runs on the calling thread alone.
+constexpr int64_t kMinParallelWork = int64_t{1} << 18;
 constexpr float kLog2E = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -359,8 +361,13 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
   const int64_t split_len =
       (rows.NumKeys() + nsplit - 1) / nsplit;  // keys per split
   std::vector<Partial> partials(nsplit > 1 ? nblocks * nsplit : 0);
+  // A fork costs microseconds, and far more when other processes hold the
+  // cores: small problems (a decode step over a short cache) run inline.
+  const bool parallel = nblocks * nsplit > 1 &&
+                        nblocks * kBlockQ * rows.NumKeys() * (dims.dk() + dims.dv) >=
+                            kMinParallelWork;
 
-#pragma omp parallel
+#pragma omp parallel if (parallel)
   {
     Workspace ws(dims);
     RowInfo info[kBlockQ];
