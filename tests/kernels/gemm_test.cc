@@ -19,7 +19,8 @@ using testing::RandomFloats;
 using testing::ReductionTolerance;
 using testing::ToDouble;
 
-constexpr int64_t kSizes[] = {0, 1, 3, 17, 64, 129};
+// 1 and 2 take the sgemv path, 3 and up sgemm.
+constexpr int64_t kSizes[] = {0, 1, 2, 3, 17, 64, 129};
 
 // Inputs in [-1, 1): each product is ~1/3 and partial sums grow like sqrt(k),
 // so the absolute error is ReductionTolerance(k) times that sqrt(k) scale.
@@ -56,7 +57,7 @@ TEST(LinearTest, MatchesReference) {
 
 TEST(LinearTest, Accumulates) {
   uint64_t seed = 1000;
-  for (int64_t m : {1, 17, 64}) {
+  for (int64_t m : {1, 2, 17, 64}) {
     for (int64_t n : {1, 3, 129}) {
       for (int64_t k : {0, 1, 17, 129}) {
         SCOPED_TRACE(::testing::Message()
