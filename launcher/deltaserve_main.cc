@@ -5,6 +5,9 @@
 
 #include "launcher/commands.h"
 #include "runtime/common/build_config.h"
+#if DELTASERVE_HAVE_CUDA
+#include "kernels/cuda/device_info.h"
+#endif
 
 namespace {
 
@@ -38,6 +41,15 @@ int main(int argc, char** argv) {
   } else if (command == "version") {
     std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION,
                 DELTASERVE_HAVE_CUDA, DELTASERVE_HAVE_MPI);
+#if DELTASERVE_HAVE_CUDA
+    std::string error;
+    const auto devices = deltaserve::kernels::ListCudaDevices(&error);
+    if (!error.empty()) std::printf("cuda: no usable device (%s)\n", error.c_str());
+    for (const auto& d : devices) {
+      std::printf("cuda device %d: %s, compute %d.%d, %.1f GiB\n", d.index, d.name.c_str(),
+                  d.compute_major, d.compute_minor, d.memory_bytes / 1073741824.0);
+    }
+#endif
   } else {
     std::fprintf(stderr, "deltaserve: unknown command '%s'\n%s", command.c_str(), kUsage);
     return 2;

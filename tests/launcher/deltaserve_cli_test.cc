@@ -115,6 +115,44 @@ TEST(CliTest, MakeModelThenGenerateStreamsWithTimings) {
   }
 }
 
+TEST(CliTest, MakeModelFromConfigFileAndScoreFromTokensFile) {
+  // Any shape through --config: the golden K3 config with wider KDA heads and
+  // a different block size, then score from a tokens file.
+  const std::string dir = testing::TempDir("config_model");
+  std::string text;
+  {
+    std::ifstream in(testing::GoldenPath("model/k3-tiny/config.json"));
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  };
+  replace("\"head_dim\": 8", "\"head_dim\": 16");
+  replace("\"attn_res_block_size\": 4", "\"attn_res_block_size\": 3");
+  std::ofstream(dir + "/config.json") << text;
+  std::string output;
+  ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " make-model --config ", dir,
+                                             "/config.json --out ", dir, "/model"),
+                                &output), 0) << output;
+  std::ofstream(dir + "/tokens.txt") << "5 6 7\n8, 9\n";
+  ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " score --model ", dir,
+                                             "/model --tokens-file ", dir,
+                                             "/tokens.txt --logits-out ", dir, "/out.safetensors"),
+                                &output), 0) << output;
+  auto file = SafetensorsFile::Open(dir + "/out.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((**(*file)->Get("logits")).shape, (std::vector<int64_t>{5, 256}));
+  EXPECT_EQ(*ToInt64(**(*file)->Get("tokens")), (std::vector<int64_t>{5, 6, 7, 8, 9}));
+  // The new shape really is in the checkpoint.
+  auto config = SafetensorsFile::Open(dir + "/model/model.safetensors");
+  ASSERT_TRUE(config.ok());
+  auto view = (*config)->Get("language_model.model.layers.0.self_attn.q_proj.weight");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ((*view)->shape, (std::vector<int64_t>{64, 64}));
+}
+
 // Runs a command that must fail; returns its output.
 std::string ExpectFailure(const std::string& args) {
   std::string output;
