@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -89,6 +90,27 @@ double ReductionTolerance(int64_t n, double factor) {
 
 std::string GoldenPath(const std::string& relative) {
   return std::string(DELTASERVE_SOURCE_DIR) + "/../shared/golden/" + relative;
+}
+
+GoldenLogits LoadGoldenLogits(const std::string& model) {
+  GoldenLogits golden;
+  auto file =
+      SafetensorsFile::Open(GoldenPath("model/" + model + "/expected_logits.safetensors"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return golden;
+  auto tokens = (*file)->Get("tokens");
+  auto logits = (*file)->Get("logits");
+  EXPECT_TRUE(tokens.ok() && logits.ok());
+  if (!tokens.ok() || !logits.ok()) return golden;
+  golden.tokens = *ToInt64(**tokens);
+  golden.logits = *ToFloat64(**logits);
+  return golden;
+}
+
+std::string GoldenTestName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
 }
 
 std::string BinPath(const std::string& name) {

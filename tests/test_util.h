@@ -38,6 +38,18 @@ double ReductionTolerance(int64_t n, double factor = 8.0);
 // `../shared/golden/<relative>`: tests run from the repository root.
 std::string GoldenPath(const std::string& relative);
 
+// ../shared/golden/model/<model>/expected_logits.safetensors: the prompt and
+// its float64 logits [T, vocab]. Fails the current test when unreadable.
+struct GoldenLogits {
+  std::vector<int64_t> tokens;
+  std::vector<double> logits;
+};
+GoldenLogits LoadGoldenLogits(const std::string& model);
+
+// The golden models, and their names as gtest parameter names.
+inline const std::string kGoldenModels[] = {"k3-tiny", "kimi-linear-tiny"};
+std::string GoldenTestName(const ::testing::TestParamInfo<std::string>& info);
+
 // Path of a built executable (build/bin/<name>).
 std::string BinPath(const std::string& name);
 

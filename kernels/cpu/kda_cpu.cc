@@ -25,14 +25,9 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/simd_math.h"
 #include "kernels/kda.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#define DELTASERVE_KDA_AVX2 1
-#include <immintrin.h>
-#else
-#define DELTASERVE_KDA_AVX2 0
-#endif
 
 namespace deltaserve::kernels {
 namespace {
@@ -43,31 +38,7 @@ constexpr int64_t kSub = 8;
 // Below this many state multiply-adds an OpenMP fork costs more than the work.
 constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
-#if DELTASERVE_KDA_AVX2
-// exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, degree-7 polynomial for
-// exp(r), within 2 ulp); flushes to 0 below ln(FLT_MIN).
-inline __m256 Exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.33f);
-  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
-  const __m256 n = _mm256_round_ps(
-      _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-                    _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow,
-                          _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
+#if DELTASERVE_CPU_AVX2
 
 // (float)(a - b) for 8 doubles.
 inline __m256 DiffToFloat8(const double* a, const double* b) {
@@ -84,12 +55,12 @@ inline float HorizontalSum(__m256 x) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-#endif  // DELTASERVE_KDA_AVX2
+#endif  // DELTASERVE_CPU_AVX2
 
 // out[c] = exp(x[c]), x <= 0.
 void ExpRow(const float* x, int64_t len, float* out) {
   int64_t c = 0;
-#if DELTASERVE_KDA_AVX2
+#if DELTASERVE_CPU_AVX2
   for (; c + 8 <= len; c += 8) {
     _mm256_storeu_ps(out + c, Exp8(_mm256_loadu_ps(x + c)));
   }
@@ -100,7 +71,7 @@ void ExpRow(const float* x, int64_t len, float* out) {
 // out[c] = exp((float)(a[c] - b[c])), a <= b.
 void ExpDiff(const double* a, const double* b, int64_t len, float* out) {
   int64_t c = 0;
-#if DELTASERVE_KDA_AVX2
+#if DELTASERVE_CPU_AVX2
   for (; c + 8 <= len; c += 8) {
     _mm256_storeu_ps(out + c, Exp8(DiffToFloat8(a + c, b + c)));
   }
@@ -111,7 +82,7 @@ void ExpDiff(const double* a, const double* b, int64_t len, float* out) {
 float Dot(const float* a, const float* b, int64_t len) {
   float sum = 0.0f;
   int64_t c = 0;
-#if DELTASERVE_KDA_AVX2
+#if DELTASERVE_CPU_AVX2
   __m256 acc = _mm256_setzero_ps();
   for (; c + 8 <= len; c += 8) {
     acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
@@ -131,7 +102,7 @@ void DecayDot(float* run, const float* decay, const float* ki, const float* qi,
               int64_t kd, float* l, float* aq) {
   float sl = 0.0f, sq = 0.0f;
   int64_t c = 0;
-#if DELTASERVE_KDA_AVX2
+#if DELTASERVE_CPU_AVX2
   __m256 al = _mm256_setzero_ps(), aqv = _mm256_setzero_ps();
   for (; c + 8 <= kd; c += 8) {
     const __m256 r =
@@ -157,7 +128,7 @@ void DecayDot(float* run, const float* decay, const float* ki, const float* qi,
 // layout, so Aᵀ costs nothing) and rows of b and c contiguous. lower: a is
 // lower triangular with zeros stored above the diagonal, so p stops after
 // the last row of each row block.
-#if DELTASERVE_KDA_AVX2
+#if DELTASERVE_CPU_AVX2
 constexpr int64_t kMr = 6;
 
 // An mr x (8·NV) block of c kept in registers over the whole p loop.
@@ -223,13 +194,13 @@ void ColumnPanel(int64_t m, int64_t kd, float alpha, const float* a,
                   c + i0 * ldc, ldc, accumulate);
   }
 }
-#endif  // DELTASERVE_KDA_AVX2
+#endif  // DELTASERVE_CPU_AVX2
 
 void GemmAcc(int64_t m, int64_t n, int64_t kd, float alpha, const float* a,
              int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
              int64_t ldc, bool accumulate, bool lower = false) {
   int64_t j = 0;
-#if DELTASERVE_KDA_AVX2
+#if DELTASERVE_CPU_AVX2
   for (; j + 16 <= n; j += 16) {
     ColumnPanel<2>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc,
                    accumulate, lower);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_spec.h"
@@ -141,28 +142,6 @@ std::vector<float> RandomValues(const ModelConfig& c, const TensorSpec& spec,
   return v;
 }
 
-absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(tmp, ": cannot open for writing: ", std::strerror(errno)));
-    }
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(
-        path, ": cannot move the written file into place: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -192,7 +171,8 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
   }
   DELTASERVE_RETURN_IF_ERROR(WriteSafetensors(
       (fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}}));
-  return WriteTextFile(config_path, config_text);
+  return WriteFileAtomically(config_path,
+                             [&](std::ostream& out) { out << config_text; });
 }
 
 }  // namespace deltaserve

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -434,13 +435,7 @@ absl::Status WriteSafetensors(const std::string& path,
   std::string header_text = header.dump();
   // Pad the header with spaces so the data section is 8-byte aligned.
   while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(tmp, ": cannot open for writing: ", std::strerror(errno)));
-    }
+  return WriteFileAtomically(path, [&](std::ostream& out) {
     const uint64_t header_len = header_text.size();
     out.write(reinterpret_cast<const char*>(&header_len), 8);
     out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
@@ -448,19 +443,7 @@ absl::Status WriteSafetensors(const std::string& path,
       out.write(reinterpret_cast<const char*>(t.bytes.data()),
                 static_cast<std::streamsize>(t.bytes.size()));
     }
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::DataLossError(
-        absl::StrCat(path, ": cannot move the written file into place: ",
-                     std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  });
 }
 
 }  // namespace deltaserve

@@ -14,22 +14,10 @@ namespace fs = std::filesystem;
 
 std::string Deltaserve() { return testing::BinPath("deltaserve"); }
 
-struct Golden {
-  std::vector<int64_t> tokens;
-  std::vector<double> logits;
-};
-
-Golden LoadGolden(const std::string& name) {
-  auto file = SafetensorsFile::Open(
-      testing::GoldenPath("model/" + name + "/expected_logits.safetensors"));
-  EXPECT_TRUE(file.ok()) << file.status();
-  return {*ToInt64(**(*file)->Get("tokens")), *ToFloat64(**(*file)->Get("logits"))};
-}
-
 class CliGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CliGoldenTest, ScoreWritesGoldenLogits) {
-  const Golden golden = LoadGolden(GetParam());
+  const testing::GoldenLogits golden = testing::LoadGoldenLogits(GetParam());
   const std::string dir = testing::TempDir("score");
   for (const char* chunk : {"0", "64", "7"}) {
     const std::string out = dir + "/logits_" + chunk + ".safetensors";
@@ -55,7 +43,7 @@ TEST_P(CliGoldenTest, ScoreWritesGoldenLogits) {
 TEST_P(CliGoldenTest, GreedyGenerateFollowsGoldenArgmax) {
   // The first generated token after a prompt prefix is the argmax of the
   // golden logits at the prefix's last position.
-  const Golden golden = LoadGolden(GetParam());
+  const testing::GoldenLogits golden = testing::LoadGoldenLogits(GetParam());
   const int64_t V = 256;
   int checked = 0;
   for (int64_t t : {5, 40, 99, 149}) {
@@ -81,12 +69,8 @@ TEST_P(CliGoldenTest, GreedyGenerateFollowsGoldenArgmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, CliGoldenTest,
-                         ::testing::Values("k3-tiny", "kimi-linear-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
 
 TEST(CliTest, MakeModelThenGenerateStreamsWithTimings) {
   const std::string dir = testing::TempDir("make_model");

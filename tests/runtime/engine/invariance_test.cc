@@ -149,12 +149,8 @@ TEST_P(InvarianceTest, BadInputLeavesStateUntouched) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, InvarianceTest,
-                         ::testing::Values("k3-tiny", "kimi-linear-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
 
 }  // namespace
 }  // namespace deltaserve

@@ -10,34 +10,16 @@
 namespace deltaserve {
 namespace {
 
-struct Golden {
-  std::vector<int32_t> tokens;
-  std::vector<double> logits;  // [T, V]
-};
-
-Golden LoadGolden(const std::string& name) {
-  Golden g;
-  auto file = SafetensorsFile::Open(
-      testing::GoldenPath("model/" + name + "/expected_logits.safetensors"));
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return g;
-  auto tokens = ToInt64(**(*file)->Get("tokens"));
-  auto logits = ToFloat64(**(*file)->Get("logits"));
-  EXPECT_TRUE(tokens.ok() && logits.ok());
-  g.tokens.assign(tokens->begin(), tokens->end());
-  g.logits = *logits;
-  return g;
-}
-
 class ModelGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelGoldenTest, LogitsMatchFloat64Reference) {
-  const Golden golden = LoadGolden(GetParam());
+  const testing::GoldenLogits golden = testing::LoadGoldenLogits(GetParam());
   ASSERT_FALSE(golden.tokens.empty());
   auto model = Model::Load(testing::GoldenPath("model/" + GetParam()));
   ASSERT_TRUE(model.ok()) << model.status();
   Session session(**model);
-  auto logits = session.Prefill(golden.tokens, 0, /*all_logits=*/true);
+  const std::vector<int32_t> tokens(golden.tokens.begin(), golden.tokens.end());
+  auto logits = session.Prefill(tokens, 0, /*all_logits=*/true);
   ASSERT_TRUE(logits.ok()) << logits.status();
   // float32 compute against float64 from the same (bf16-stored) weights.
   const double err = testing::RelL2(*logits, golden.logits);
@@ -62,12 +44,8 @@ TEST_P(ModelGoldenTest, LogitsMatchFloat64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest,
-                         ::testing::Values("k3-tiny", "kimi-linear-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
 
 }  // namespace
 }  // namespace deltaserve
