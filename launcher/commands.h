@@ -14,5 +14,6 @@ using Args = std::vector<std::string>;
 absl::Status RunMakeModel(const Args& args);
 absl::Status RunGenerate(const Args& args);
 absl::Status RunScore(const Args& args);
+absl::Status RunPlan(const Args& args);
 
 }  // namespace deltaserve

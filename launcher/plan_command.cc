@@ -1,0 +1,287 @@
+// deltaserve plan: the pipeline stages of a deployment and what one rank of
+// each stage holds, from the config alone (no weights are read).
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "launcher/commands.h"
+#include "launcher/flags.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/model/config.h"
+#include "runtime/model/weight_spec.h"
+#include "runtime/scheduler/stage_plan.h"
+
+namespace deltaserve {
+namespace {
+
+constexpr int64_t kDefaultContext = 4096;
+// Far above any real pipeline; keeps the value inside an int.
+constexpr int64_t kMaxParallelism = int64_t{1} << 20;
+
+// printf into a string, for the few numbers with a chosen precision.
+template <typename... T>
+std::string Printf(const char* format, T... values) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), format, values...);
+  return buffer;
+}
+
+absl::StatusOr<ModelConfig> ConfigFromFlags(const Flags& flags, std::string* source) {
+  if (flags.Has("model") == flags.Has("config")) {
+    return absl::InvalidArgumentError("give exactly one of --model DIR, --config FILE");
+  }
+  if (flags.Has("model")) {
+    *source = flags.GetString("model") + "/config.json";
+    return LoadModelConfig(flags.GetString("model"));
+  }
+  *source = flags.GetString("config");
+  std::ifstream in(*source, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(*source, ": cannot open (--config)"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseModelConfig(text.str(), *source);
+}
+
+absl::StatusOr<int64_t> IntInRange(const Flags& flags, const std::string& name, int64_t fallback,
+                                   int64_t min, int64_t max) {
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t value, flags.GetInt(name, fallback));
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be in ", min, "..", max, ", got ", value));
+  }
+  return value;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseCounts(const std::string& text) {
+  std::vector<int64_t> counts;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(item, &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage-layers: '", item, "' is not a layer count (expected e.g. 2,3,4)"));
+    }
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+// "1.50 GiB (1610612736 B)": a readable size and the exact count; "512 B"
+// below 1 KiB.
+std::string Bytes(int64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrCat(Printf("%.2f %s", value, kUnits[unit]), " (", bytes, " B)");
+}
+
+std::string Count(int64_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e12) return Printf("%.2fT", v / 1e12);
+  if (v >= 1e9) return Printf("%.2fB", v / 1e9);
+  if (v >= 1e6) return Printf("%.2fM", v / 1e6);
+  if (v >= 1e3) return Printf("%.2fK", v / 1e3);
+  return absl::StrCat(n);
+}
+
+void PrintModel(const ModelConfig& c, const std::string& source) {
+  std::vector<int64_t> mla;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (c.layer_kinds[static_cast<size_t>(i)] == LayerKind::kMla) mla.push_back(i);
+  }
+  const ParameterCount params = CountParameters(c);
+  std::printf("model: %s (%s)\n", c.model_type.c_str(), source.c_str());
+  std::printf("  %" PRId64 " layers: %" PRId64
+              " KDA + %zu MLA (MLA at %s, 0-indexed), hidden %" PRId64 ", vocab %" PRId64 "\n",
+              c.num_layers, c.num_layers - static_cast<int64_t>(mla.size()), mla.size(),
+              absl::StrJoin(mla, ",").c_str(), c.hidden_size, c.vocab_size);
+  std::printf("  KDA %" PRId64 " heads x %" PRId64 "; MLA %" PRId64 " heads, cache %" PRId64
+              " + %" PRId64 " values per token and layer\n",
+              c.kda.num_heads, c.kda.head_dim, c.num_attention_heads, c.kv_lora_rank,
+              c.qk_rope_head_dim);
+  if (c.num_experts > 0) {
+    std::printf("  FFN: %" PRId64 " dense (width %" PRId64 "), then %" PRId64 " experts, %" PRId64
+                " active + %" PRId64 " shared, width %" PRId64 "%s\n",
+                std::min(c.first_k_dense_replace, c.num_layers), c.intermediate_size, c.num_experts,
+                c.num_experts_per_token, c.num_shared_experts, c.moe_intermediate_size,
+                c.routed_expert_hidden_size > 0
+                    ? absl::StrCat(", latent ", c.routed_expert_hidden_size).c_str()
+                    : "");
+  } else {
+    std::printf("  FFN: dense, width %" PRId64 "\n", c.intermediate_size);
+  }
+  if (c.attn_res_block_size > 0) {
+    std::printf("  attention residuals in blocks of %" PRId64 " layers\n", c.attn_res_block_size);
+  }
+  std::printf("  parameters: %s total, %s active per token\n", Count(params.total).c_str(),
+              Count(params.active_per_token).c_str());
+}
+
+// Left-aligned text columns, numbers right-aligned, widths from the cells.
+void PrintTable(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right) {
+  std::vector<size_t> width(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const std::string pad(width[i] - row[i].size(), ' ');
+      line += right[i] ? pad + row[i] : row[i] + (i + 1 < row.size() ? pad : "");
+      if (i + 1 < row.size()) line += "  ";
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+std::string Layers(const StageRange& range) {
+  if (range.size() == 1) return absl::StrCat(range.begin);
+  return absl::StrCat(range.begin, "-", range.end - 1);
+}
+
+void PrintPlan(const ModelConfig& c, const std::vector<StageReport>& reports, int64_t context) {
+  double total_cost = 0, max_cost = 0;
+  for (const StageReport& r : reports) {
+    total_cost += r.cost;
+    max_cost = std::max(max_cost, r.cost);
+  }
+  auto share = [&](double cost) {
+    return Printf("%.1f%%", total_cost > 0 ? 100 * cost / total_cost : 0.0);
+  };
+  std::vector<std::vector<std::string>> rows = {
+      {"stage", "layers", "KDA", "MLA", "weights per rank", "KDA state per sequence",
+       absl::StrCat("MLA cache at ", context, " tokens"),
+       c.IsK3() ? "to next stage per token (prefix + bank)" : "to next stage per token", "cost"}};
+  StageReport total;
+  for (size_t s = 0; s < reports.size(); ++s) {
+    const StageReport& r = reports[s];
+    const bool last = s + 1 == reports.size();
+    rows.push_back({absl::StrCat(s), Layers(r.layers), absl::StrCat(r.kda_layers),
+                    absl::StrCat(r.mla_layers), Bytes(r.weight_bytes_per_rank),
+                    Bytes(r.kda_state_bytes_per_sequence), Bytes(r.mla_cache_bytes),
+                    last ? "-" : Bytes(r.boundary_bytes_per_token), share(r.cost)});
+    total.kda_layers += r.kda_layers;
+    total.mla_layers += r.mla_layers;
+    total.weight_bytes_per_rank += r.weight_bytes_per_rank;
+    total.kda_state_bytes_per_sequence += r.kda_state_bytes_per_sequence;
+    total.mla_cache_bytes += r.mla_cache_bytes;
+    total.boundary_bytes_per_token += r.boundary_bytes_per_token;
+  }
+  rows.push_back({"total", "", absl::StrCat(total.kda_layers), absl::StrCat(total.mla_layers),
+                  Bytes(total.weight_bytes_per_rank), Bytes(total.kda_state_bytes_per_sequence),
+                  Bytes(total.mla_cache_bytes), Bytes(total.boundary_bytes_per_token),
+                  share(total_cost)});
+  PrintTable(rows, {false, false, true, true, false, false, false, false, true});
+  std::printf(
+      "(totals add one TP rank of every stage; the boundary total is what one token "
+      "sends through the whole pipeline)\n");
+
+  size_t largest = 0;
+  int64_t largest_bytes = -1;
+  for (size_t s = 0; s < reports.size(); ++s) {
+    const StageReport& r = reports[s];
+    const int64_t bytes =
+        r.weight_bytes_per_rank + r.kda_state_bytes_per_sequence + r.mla_cache_bytes;
+    if (bytes > largest_bytes) {
+      largest = s;
+      largest_bytes = bytes;
+    }
+  }
+  std::printf("largest rank, one sequence of %" PRId64
+              " tokens: stage %zu, %s (weights + KDA state + MLA cache)\n",
+              context, largest, Bytes(largest_bytes).c_str());
+  const double ideal = total_cost / static_cast<double>(reports.size());
+  std::printf("prefill cost model at %" PRId64
+              " tokens: %.3g FLOP in all, slowest stage %.3f x the ideal (total / pp)\n",
+              context, total_cost, ideal > 0 ? max_cost / ideal : 1.0);
+}
+
+}  // namespace
+
+absl::Status RunPlan(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags,
+      Flags::Parse("plan", args,
+                   {"model", "config", "pp", "tp", "context", "stage-layers", "weight-bytes",
+                    "cache-bytes", "state-bytes", "activation-bytes"}));
+  std::string source;
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromFlags(flags, &source));
+  DELTASERVE_RETURN_IF_ERROR(flags.Required("pp").status());
+  DELTASERVE_RETURN_IF_ERROR(flags.Required("tp").status());
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, IntInRange(flags, "pp", 1, 1, kMaxParallelism));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, IntInRange(flags, "tp", 1, 1, kMaxParallelism));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t context,
+                              IntInRange(flags, "context", kDefaultContext, 1, int64_t{1} << 34));
+  PlanBytes bytes;
+  DELTASERVE_ASSIGN_OR_RETURN(bytes.weight, IntInRange(flags, "weight-bytes", 4, 1, 8));
+  DELTASERVE_ASSIGN_OR_RETURN(bytes.cache, IntInRange(flags, "cache-bytes", 4, 1, 8));
+  DELTASERVE_ASSIGN_OR_RETURN(bytes.state, IntInRange(flags, "state-bytes", 4, 1, 8));
+  DELTASERVE_ASSIGN_OR_RETURN(bytes.activation, IntInRange(flags, "activation-bytes", 4, 1, 8));
+
+  if (absl::Status s = CheckTensorParallel(config, static_cast<int>(tp)); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, ": ", s.message()));
+  }
+  StagePlan plan;
+  std::string how;
+  if (flags.Has("stage-layers")) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int64_t> counts,
+                                ParseCounts(flags.GetString("stage-layers")));
+    if (static_cast<int64_t>(counts.size()) != pp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage-layers gives ", counts.size(), " stages but --pp is ", pp));
+    }
+    auto from_counts = StagesFromCounts(config, counts);
+    if (!from_counts.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage-layers: ", from_counts.status().message()));
+    }
+    plan = *std::move(from_counts);
+    how = "as given by --stage-layers";
+  } else {
+    auto planned = PlanStages(config, static_cast<int>(pp), context);
+    if (!planned.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pp ", pp, ": ", planned.status().message()));
+    }
+    plan = *std::move(planned);
+    how = absl::StrCat("balanced by the prefill cost model at ", context, " tokens");
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<StageReport> reports,
+                              ReportPlan(config, plan, static_cast<int>(tp), context, bytes));
+
+  PrintModel(config, source);
+  std::printf("plan: %" PRId64 " pipeline stages x tensor parallelism %" PRId64 ", context %" PRId64
+              " tokens\n",
+              pp, tp, context);
+  std::printf("  bytes per element: weights %" PRId64 ", MLA cache %" PRId64 ", KDA state %" PRId64
+              ", activations %" PRId64 "\n",
+              bytes.weight, bytes.cache, bytes.state, bytes.activation);
+  std::printf("  stages %s", how.c_str());
+  if (config.attn_res_block_size > 0 && plan.stages.size() > 1) {
+    int64_t aligned = 0;
+    for (size_t s = 1; s < plan.stages.size(); ++s) {
+      aligned += plan.stages[s].begin % config.attn_res_block_size == 0;
+    }
+    std::printf("; %" PRId64 " of %zu boundaries on attention-residual block starts", aligned,
+                plan.stages.size() - 1);
+  }
+  std::printf("\n\n");
+  PrintPlan(config, reports, context);
+  return absl::OkStatus();
+}
+
+}  // namespace deltaserve
