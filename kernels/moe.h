@@ -32,6 +32,8 @@ struct MoeExpertsArgs {
 };
 
 // out[t] = sum_j weights[t, j] · w2_e(act(w1_e z[t], w3_e z[t])), e = idx[t, j].
+// An expert with null weights is held by another rank (expert parallelism):
+// its selections add nothing here, and the ranks' partial sums add up.
 void MoeExperts(const MoeExpertsArgs& args);
 
 }  // namespace deltaserve::kernels

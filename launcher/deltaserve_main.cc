@@ -4,6 +4,7 @@
 #include <string>
 
 #include "launcher/commands.h"
+#include "launcher/deployment.h"
 #include "runtime/common/build_config.h"
 #if DELTASERVE_HAVE_CUDA
 #include "kernels/cuda/device_info.h"
@@ -17,9 +18,15 @@ constexpr char kUsage[] =
     "  make-model --preset NAME|--config FILE --out DIR [--seed N]\n"
     "  generate   --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N]\n"
     "             [--temperature T --top-k K --top-p P --seed S]\n"
-    "             [--prefill-chunk N --threads N --ids]\n"
+    "             [--prefill-chunk N --threads N --ids --stats]\n"
     "  score      --model DIR (--tokens 1,2,3 | --tokens-file F)\n"
-    "             --logits-out OUT.safetensors [--prefill-chunk N --threads N]\n"
+    "             --logits-out OUT.safetensors [--prefill-chunk N --decode-from K]\n"
+    "             [--threads N --stats]\n"
+    "  (generate and score run distributed under mpirun/srun:\n"
+    "   --pp N --tp M [--stage-layers 2,3,4]; world size = N * M)\n"
+    "  plan       (--model DIR | --config FILE) --pp N --tp M [--context T]\n"
+    "             [--stage-layers 2,3,4] [--weight-bytes 4 --cache-bytes 4]\n"
+    "             [--state-bytes 4 --activation-bytes 4]\n"
     "  version\n";
 
 }  // namespace
@@ -38,6 +45,8 @@ int main(int argc, char** argv) {
     status = deltaserve::RunGenerate(args);
   } else if (command == "score") {
     status = deltaserve::RunScore(args);
+  } else if (command == "plan") {
+    status = deltaserve::RunPlan(args);
   } else if (command == "version") {
     std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION,
                 DELTASERVE_HAVE_CUDA, DELTASERVE_HAVE_MPI);
@@ -57,7 +66,7 @@ int main(int argc, char** argv) {
   if (!status.ok()) {
     std::fprintf(stderr, "deltaserve %s: error: %s\n", command.c_str(),
                  std::string(status.message()).c_str());
-    return 1;
   }
-  return 0;
+  deltaserve::EndDeployment(status.ok());
+  return status.ok() ? 0 : 1;
 }

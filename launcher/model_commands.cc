@@ -1,14 +1,15 @@
 // make-model, generate and score: the single-process tools.
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/threads.h"
 #include "launcher/commands.h"
+#include "launcher/deployment.h"
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/session.h"
@@ -19,13 +20,6 @@
 
 namespace deltaserve {
 namespace {
-
-absl::StatusOr<std::unique_ptr<Model>> LoadModelWithThreads(const Flags& flags) {
-  DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
-  kernels::SetNumThreads(static_cast<int>(threads));
-  DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
-  return Model::Load(dir);
-}
 
 // Byte-level tokens for the 256-token vocabularies: one token per byte.
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags,
@@ -99,16 +93,24 @@ absl::Status RunMakeModel(const Args& args) {
   return absl::OkStatus();
 }
 
+namespace {
+
+std::set<std::string> With(std::set<std::string> flags) {
+  flags.insert(kDeploymentFlags.begin(), kDeploymentFlags.end());
+  return flags;
+}
+
+}  // namespace
+
 absl::Status RunGenerate(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(
       Flags flags,
       Flags::Parse("generate", args,
-                   {"model", "prompt", "tokens", "tokens-file", "max-tokens",
-                    "temperature", "top-k", "top-p", "seed", "prefill-chunk", "threads"},
-                   {"ids"}));
-  DELTASERVE_ASSIGN_OR_RETURN(auto model, LoadModelWithThreads(flags));
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                              PromptTokens(flags, model->config()));
+                   With({"prompt", "tokens", "tokens-file", "max-tokens", "temperature",
+                         "top-k", "top-p", "seed", "prefill-chunk"}),
+                   {"ids", "stats"}));
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(flags, config));
   GenerateOptions options;
   DELTASERVE_ASSIGN_OR_RETURN(options.max_tokens, flags.GetInt("max-tokens", 32));
   DELTASERVE_ASSIGN_OR_RETURN(double temperature, flags.GetDouble("temperature", 0.0));
@@ -125,11 +127,17 @@ absl::Status RunGenerate(const Args& args) {
   options.sampling.top_p = static_cast<float>(top_p);
   options.seed = static_cast<uint64_t>(seed);
 
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Deployment deployment,
+      Deploy(flags, config, static_cast<int64_t>(prompt.size()) + options.max_tokens));
+  SequenceRunner& runner = *deployment.runner;
+  const bool print = runner.IsOutput();
   const bool ids = flags.Has("ids");
   bool first = true;
   DELTASERVE_ASSIGN_OR_RETURN(
       GenerateStats stats,
-      Generate(*model, prompt, options, [&](int32_t token) {
+      Generate(runner, config.vocab_size, prompt, options, [&](int32_t token) {
+        if (!print) return;
         if (ids) {
           std::printf(first ? "%d" : " %d", token);
         } else {
@@ -138,6 +146,8 @@ absl::Status RunGenerate(const Args& args) {
         first = false;
         std::fflush(stdout);
       }));
+  if (flags.Has("stats")) PrintPipelineStats(deployment);
+  if (!print) return absl::OkStatus();
   std::printf("\n");
   std::fflush(stdout);
   const double decode_rate =
@@ -157,17 +167,32 @@ absl::Status RunGenerate(const Args& args) {
 absl::Status RunScore(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(
       Flags flags, Flags::Parse("score", args,
-                                {"model", "tokens", "tokens-file", "logits-out",
-                                 "prefill-chunk", "threads"}));
+                                With({"tokens", "tokens-file", "logits-out", "prefill-chunk",
+                                      "decode-from"}),
+                                {"stats"}));
   DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("logits-out"));
-  DELTASERVE_ASSIGN_OR_RETURN(auto model, LoadModelWithThreads(flags));
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
-                              PromptTokens(flags, model->config()));
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, PromptTokens(flags, config));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t chunk, flags.GetInt("prefill-chunk", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t decode_from, flags.GetInt("decode-from", 0));
   if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
-  Session session(*model);
+  if (decode_from < 0) return absl::InvalidArgumentError("--decode-from must be >= 0");
+  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment,
+                              Deploy(flags, config, static_cast<int64_t>(tokens.size())));
+  const auto start = std::chrono::steady_clock::now();
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> logits,
-                              session.Prefill(tokens, chunk, /*all_logits=*/true));
+                              ScoreTokens(*deployment.runner, tokens, chunk, decode_from));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (flags.Has("stats")) {
+    PrintPipelineStats(deployment);
+    if (deployment.runner->IsOutput()) {
+      std::fprintf(stderr, "score: %zu tokens in %.3f s (%.1f tokens/s)\n", tokens.size(),
+                   seconds, tokens.size() / std::max(seconds, 1e-9));
+    }
+  }
+  // Written once, by the rank that holds the last stage (TP rank 0).
+  if (!deployment.runner->IsOutput()) return absl::OkStatus();
   const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<uint8_t> token_bytes(T * 8);
   for (int64_t i = 0; i < T; ++i) {
@@ -175,7 +200,7 @@ absl::Status RunScore(const Args& args) {
     std::memcpy(token_bytes.data() + 8 * i, &v, 8);
   }
   return WriteSafetensors(
-      out, {MakeF32Tensor("logits", {T, model->config().vocab_size}, logits),
+      out, {MakeF32Tensor("logits", {T, config.vocab_size}, logits),
             TensorData{"tokens", DType::kI64, {T}, token_bytes}});
 }
 

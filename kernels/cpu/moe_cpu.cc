@@ -101,7 +101,7 @@ void MoeExperts(const MoeExpertsArgs& a) {
   // fixed order, whatever other tokens share the batch.
   for (int64_t e = 0; e < a.n_experts; ++e) {
     const int64_t rows = offset[e + 1] - offset[e];
-    if (rows == 0) continue;
+    if (rows == 0 || a.experts[e].w13 == nullptr) continue;  // idle, or held elsewhere
     const int64_t* pair = order.data() + offset[e];  // [rows]
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(x.get() + r * a.din, a.z + (pair[r] / a.top_k) * a.din,

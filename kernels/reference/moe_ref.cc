@@ -50,6 +50,7 @@ void MoeExperts(const MoeExpertsArgs& a) {
     for (int64_t c = 0; c < a.dout; ++c) out[c] = 0.0;
     for (int64_t j = 0; j < a.top_k; ++j) {
       const MoeExpert& e = a.experts[a.idx[i * a.top_k + j]];
+      if (e.w13 == nullptr) continue;  // held by another rank
       Linear(a.z + i * a.din, e.w13, 1, 2 * a.inter, a.din, h.data());
       GatedActivation(h.data(), 1, a.inter, a.act, act.data());
       Linear(act.data(), e.w2, 1, a.dout, a.inter, y.data());

@@ -32,10 +32,10 @@ absl::StatusOr<std::vector<float>> Session::Decode(int32_t token) {
   return model_.Forward(std::span(&input, 1));
 }
 
-absl::StatusOr<GenerateStats> Generate(
-    const Model& model, std::span<const int32_t> prompt,
-    const GenerateOptions& options,
-    const std::function<void(int32_t)>& on_token) {
+absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
+                                       std::span<const int32_t> prompt,
+                                       const GenerateOptions& options,
+                                       const std::function<void(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
   const auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -43,25 +43,45 @@ absl::StatusOr<GenerateStats> Generate(
   GenerateStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   if (options.max_tokens <= 0) return stats;
-  const int64_t vocab = model.config().vocab_size;
   kernels::Rng rng(options.seed);
-  Session session(model);
+  // Runners with logits sample (the same draws everywhere, from the same
+  // seed); the output runner's choice is shared with the rest.
+  auto next = [&](const std::vector<float>& logits) -> absl::StatusOr<int32_t> {
+    const int32_t token = runner.HasLogits()
+                              ? kernels::Sample(logits.data(), vocab, options.sampling, rng)
+                              : 0;
+    return runner.ShareToken(token);
+  };
   const auto start = Clock::now();
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> logits,
-                              session.Prefill(prompt, options.prefill_chunk));
-  int32_t token = kernels::Sample(logits.data(), vocab, options.sampling, rng);
+                              runner.Prefill(prompt, options.prefill_chunk));
+  DELTASERVE_ASSIGN_OR_RETURN(int32_t token, next(logits));
   const auto first = Clock::now();
   stats.time_to_first_token_s = seconds(start, first);
   on_token(token);
   stats.generated_tokens = 1;
   while (stats.generated_tokens < options.max_tokens) {
-    DELTASERVE_ASSIGN_OR_RETURN(logits, session.Decode(token));
-    token = kernels::Sample(logits.data(), vocab, options.sampling, rng);
+    DELTASERVE_ASSIGN_OR_RETURN(logits, runner.Decode(token));
+    DELTASERVE_ASSIGN_OR_RETURN(token, next(logits));
     on_token(token);
     ++stats.generated_tokens;
   }
   stats.decode_s = seconds(first, Clock::now());
   return stats;
+}
+
+absl::StatusOr<std::vector<float>> ScoreTokens(SequenceRunner& runner,
+                                               std::span<const int32_t> tokens,
+                                               int64_t chunk, int64_t decode_from) {
+  const size_t split =
+      decode_from <= 0 ? tokens.size() : std::min<size_t>(decode_from, tokens.size());
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> logits,
+                              runner.Prefill(tokens.first(split), chunk, /*all_logits=*/true));
+  for (size_t i = split; i < tokens.size(); ++i) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> step, runner.Decode(tokens[i]));
+    logits.insert(logits.end(), step.begin(), step.end());
+  }
+  return logits;
 }
 
 }  // namespace deltaserve

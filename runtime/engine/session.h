@@ -1,5 +1,6 @@
-// One sequence's inference session: prefill any number of token pieces, then
-// decode token by token, with generation on top (sampling, timings).
+// One sequence's inference session in one process: prefill any number of
+// token pieces, then decode token by token; and generation on top of any
+// SequenceRunner (sampling, timings).
 #pragma once
 
 #include <cstdint>
@@ -10,23 +11,20 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/sampling.h"
+#include "runtime/engine/sequence_runner.h"
 #include "runtime/model/model.h"
 
 namespace deltaserve {
 
-class Session {
+class Session : public SequenceRunner {
  public:
   explicit Session(const Model& model)
       : model_(model), state_(model.NewSequence()) {}
 
-  // Feeds `tokens` in pieces of at most `chunk` tokens (0: all at once).
-  // Returns the logits of every token when all_logits ([T, vocab]), else of
-  // the last one ([vocab]).
   absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
                                              int64_t chunk = 0,
-                                             bool all_logits = false);
-  // One token; returns its logits [vocab].
-  absl::StatusOr<std::vector<float>> Decode(int32_t token);
+                                             bool all_logits = false) override;
+  absl::StatusOr<std::vector<float>> Decode(int32_t token) override;
 
   const SequenceState& state() const { return *state_; }
   int64_t length() const { return state_->length; }
@@ -51,10 +49,17 @@ struct GenerateStats {
 };
 
 // Prefills `prompt`, then samples up to max_tokens tokens, calling on_token
-// for each as soon as it is chosen.
-absl::StatusOr<GenerateStats> Generate(
-    const Model& model, std::span<const int32_t> prompt,
-    const GenerateOptions& options,
-    const std::function<void(int32_t)>& on_token);
+// for each as soon as it is chosen (on every runner, after ShareToken).
+absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
+                                       std::span<const int32_t> prompt,
+                                       const GenerateOptions& options,
+                                       const std::function<void(int32_t)>& on_token);
+
+// Logits of every token: the first `decode_from` tokens (all when <= 0) by
+// prefill in pieces of `chunk`, the rest one decode step each. [T, vocab] on
+// runners with logits.
+absl::StatusOr<std::vector<float>> ScoreTokens(SequenceRunner& runner,
+                                               std::span<const int32_t> tokens,
+                                               int64_t chunk, int64_t decode_from);
 
 }  // namespace deltaserve

@@ -8,6 +8,7 @@
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/layers.h"
 
 namespace deltaserve {
@@ -34,15 +35,23 @@ void GatedMlp(const float* gate_up, const float* down, int64_t width,
 
 }  // namespace
 
-void FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
-                const float* x, float* out) {
+absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count) {
+  if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
+  return tp->AllReduceSum(data, static_cast<size_t>(count));
+}
+
+absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
+                        const float* x, float* out, Communicator* tp) {
   const int64_t D = config.hidden_size;
   const kernels::ActivationParams act = ActivationOf(config);
   if (!w.moe) {
-    GatedMlp(w.gate_up.data(), w.down.data(), config.intermediate_size, rows, D,
-             act, x, out, /*accumulate=*/false);
-    return;
+    // This rank's share of the width: gate/up rows and down columns.
+    const int64_t width = static_cast<int64_t>(w.down.size()) / D;
+    GatedMlp(w.gate_up.data(), w.down.data(), width, rows, D, act, x, out,
+             /*accumulate=*/false);
+    return TpAllReduce(tp, out, rows * D);
   }
+  // Routing is replicated: every rank computes the same selection.
   const int64_t E = config.num_experts, k = config.num_experts_per_token;
   std::vector<float> logits(rows * E), weights(rows * k);
   std::vector<int32_t> idx(rows * k);
@@ -58,12 +67,14 @@ void FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
     z.resize(rows * din);
     kernels::Linear(x, w.latent_down.data(), rows, din, D, z.data());
   }
+  // Experts held by other TP ranks stay null: their selections add nothing.
   std::vector<kernels::MoeExpert> experts(E);
   for (int64_t e = 0; e < E; ++e) {
+    if (w.expert_w13[e].empty()) continue;
     experts[e].w13 = w.expert_w13[e].data();
     experts[e].w2 = w.expert_w2[e].data();
   }
-  std::vector<float> routed(rows * din);
+  std::vector<float> routed(latent ? rows * din : 0);
   kernels::MoeExpertsArgs args;
   args.t = rows;
   args.din = din;
@@ -78,20 +89,36 @@ void FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
   args.act = act;
   args.out = latent ? routed.data() : out;
   kernels::MoeExperts(args);
-  if (latent) {
-    // Under expert/tensor parallelism this latent sum is what gets reduced,
-    // before the norm (MODEL.md).
-    if (!w.latent_norm.empty()) {
-      kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din,
-                       config.rms_norm_eps, routed.data());
+  const int64_t shared_width =
+      w.shared_down.empty() ? 0 : static_cast<int64_t>(w.shared_down.size()) / D;
+  if (!latent) {
+    // Routed and shared partial sums reduce together.
+    if (shared_width > 0) {
+      GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D,
+               act, x, out, /*accumulate=*/true);
     }
-    kernels::Linear(routed.data(), w.latent_up.data(), rows, D, din, out);
+    return TpAllReduce(tp, out, rows * D);
   }
-  if (!w.shared_gate_up.empty()) {
-    GatedMlp(w.shared_gate_up.data(), w.shared_down.data(),
-             config.num_shared_experts * config.moe_intermediate_size, rows, D,
-             act, x, out, /*accumulate=*/true);
+  // K3 latent MoE: the routed sum is reduced in the latent space, before its
+  // RMSNorm (MODEL.md); the up-projection is then the same on every rank.
+  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed.data(), rows * din));
+  if (!w.latent_norm.empty()) {
+    kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din,
+                     config.rms_norm_eps, routed.data());
   }
+  kernels::Linear(routed.data(), w.latent_up.data(), rows, D, din, out);
+  if (shared_width == 0) return absl::OkStatus();
+  if (tp == nullptr || tp->size() == 1) {
+    GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act,
+             x, out, /*accumulate=*/true);
+    return absl::OkStatus();
+  }
+  std::vector<float> shared(rows * D);
+  GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act, x,
+           shared.data(), /*accumulate=*/false);
+  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared.data(), rows * D));
+  for (int64_t i = 0; i < rows * D; ++i) out[i] += shared[i];
+  return absl::OkStatus();
 }
 
 }  // namespace deltaserve

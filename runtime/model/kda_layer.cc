@@ -20,8 +20,9 @@ float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-void KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                const BatchRows& batch, const float* x, float* out) {
+absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
+                        const BatchRows& batch, const float* x, float* out,
+                        Communicator* tp) {
   using namespace kernels;
   const int64_t rows = batch.rows(), D = config.hidden_size;
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
@@ -92,6 +93,7 @@ void KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
   }
   for (int64_t i = 0; i < rows * HD; ++i) o[i] *= Sigmoid(gate[i]);
   Linear(o.data(), w.o_proj.data(), rows, D, HD, out);
+  return TpAllReduce(tp, out, rows * D);
 }
 
 }  // namespace deltaserve

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/model/config.h"
 #include "runtime/model/sequence_state.h"
 #include "runtime/model/weights.h"
@@ -25,14 +27,22 @@ struct BatchRows {
 };
 
 // x: the normalised layer input [rows, D]; out: the mixer output [rows, D].
-// Each advances the per-layer state of every sequence by its rows.
-void KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                const BatchRows& batch, const float* x, float* out);
-void MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                const BatchRows& batch, const float* x, float* out);
+// Each advances the per-layer state of every sequence by its rows. `config`
+// is the rank's LocalConfig (its share of the heads); with a tensor-parallel
+// group `tp` (null: one rank) the partial outputs are summed across it, so
+// every rank ends with the whole result. Errors come from the communicator.
+absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
+                        const BatchRows& batch, const float* x, float* out,
+                        Communicator* tp);
+absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
+                        const BatchRows& batch, const float* x, float* out,
+                        Communicator* tp);
 
 // Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
-void FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
-                const float* x, float* out);
+absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
+                        const float* x, float* out, Communicator* tp);
+
+// Sums data[count] across `tp` in place; nothing without a group.
+absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count);
 
 }  // namespace deltaserve

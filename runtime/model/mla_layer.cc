@@ -82,8 +82,9 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix,
 
 }  // namespace
 
-void MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                const BatchRows& batch, const float* x, float* out) {
+absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
+                        const BatchRows& batch, const float* x, float* out,
+                        Communicator* tp) {
   using namespace kernels;
   const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim,
                   config.qk_rope_head_dim, config.v_head_dim, config.kv_lora_rank};
@@ -133,6 +134,7 @@ void MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
     for (size_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
   }
   Linear(o.data(), w.o_proj.data(), rows, D, m.n * m.Vd, out);
+  return TpAllReduce(tp, out, rows * D);
 }
 
 }  // namespace deltaserve

@@ -1,5 +1,6 @@
 #include "runtime/model/model.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,7 +9,6 @@
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "runtime/common/status_macros.h"
-#include "runtime/model/layers.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_spec.h"
 
@@ -17,95 +17,65 @@ namespace {
 
 using Floats = std::vector<float>;
 
-void Mixer(const ModelConfig& config, const LayerWeights& layer, int64_t i,
-           const BatchRows& batch, const float* x, float* out) {
-  if (layer.kind == LayerKind::kKda) {
-    KdaForward(config, layer.kda, i, batch, x, out);
-  } else {
-    MlaForward(config, layer.mla, i, batch, x, out);
-  }
+// The attention-residual mix over bank + [prefix], [rows, D].
+Floats Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float eps) {
+  std::vector<const float*> candidates;
+  for (const Floats& b : act.bank) candidates.push_back(b.data());
+  candidates.push_back(act.prefix.data());
+  Floats out(act.rows * dim);
+  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
+                      act.rows, dim, w.norm.data(), w.proj.data(), eps, out.data());
+  return out;
 }
 
-// The attention-residual mix over bank + [prefix], [rows, D].
-Floats Mix(const std::vector<Floats>& bank, const Floats& prefix,
-           const ResMixWeights& w, int64_t rows, int64_t dim, float eps) {
-  std::vector<const float*> candidates;
-  for (const Floats& b : bank) candidates.push_back(b.data());
-  candidates.push_back(prefix.data());
-  Floats out(rows * dim);
-  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
-                      rows, dim, w.norm.data(), w.proj.data(), eps, out.data());
-  return out;
+void Add(Floats& acc, const Floats& x) {
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
+Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
+             int64_t bytes_read)
+    : config_(std::move(config)),
+      local_(LocalConfig(config_, shard)),
+      shard_(shard),
+      weights_(std::move(weights)),
+      tp_(tp),
+      bytes_read_(bytes_read) {}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                                   const ModelShard& requested,
+                                                   Communicator* tp) {
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
+  if (shard.tp_size > 1 && (tp == nullptr || tp->size() != shard.tp_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a tensor-parallel shard of ", shard.tp_size, " ranks needs a communicator of that size"));
+  }
   DELTASERVE_ASSIGN_OR_RETURN(auto checkpoint, Checkpoint::Open(dir));
   DELTASERVE_RETURN_IF_ERROR(ValidateCheckpoint(config, *checkpoint));
-  DELTASERVE_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(config, *checkpoint));
-  return std::unique_ptr<Model>(new Model(std::move(config), std::move(weights)));
+  int64_t bytes_read = 0;
+  DELTASERVE_ASSIGN_OR_RETURN(ModelWeights weights,
+                              LoadWeights(config, *checkpoint, shard, &bytes_read));
+  return std::unique_ptr<Model>(
+      new Model(std::move(config), shard, std::move(weights), tp, bytes_read));
 }
 
 std::unique_ptr<SequenceState> Model::NewSequence() const {
-  return std::make_unique<SequenceState>(config_);
+  return std::make_unique<SequenceState>(local_, shard_);
 }
 
-std::vector<float> Model::Stack(const BatchRows& batch, Floats hidden) const {
-  const int64_t rows = batch.rows(), D = config_.hidden_size;
-  const float eps = config_.rms_norm_eps;
-  Floats normed(rows * D), delta(rows * D);
-  auto add = [](Floats& acc, const Floats& x) {
-    for (size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
-  };
-
-  if (!config_.IsK3()) {
-    // Plain pre-norm residual stream.
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      const LayerWeights& layer = weights_.layers[i];
-      kernels::RmsNorm(hidden.data(), layer.input_norm.data(), rows, D, eps, normed.data());
-      Mixer(config_, layer, i, batch, normed.data(), delta.data());
-      add(hidden, delta);
-      kernels::RmsNorm(hidden.data(), layer.post_attention_norm.data(), rows, D, eps,
-                       normed.data());
-      FfnForward(config_, layer.ffn, rows, normed.data(), delta.data());
-      add(hidden, delta);
-    }
-    return hidden;
-  }
-
-  // K3 Block Attention Residuals: `prefix` is the partial sum of the current
-  // block, `bank` the completed block sums (the embedding first).
-  std::vector<Floats> bank;
-  Floats& prefix = hidden;
-  for (int64_t i = 0; i < config_.num_layers; ++i) {
-    const LayerWeights& layer = weights_.layers[i];
-    Floats mixed = Mix(bank, prefix, layer.attn_res, rows, D, eps);
-    kernels::RmsNorm(mixed.data(), layer.input_norm.data(), rows, D, eps, normed.data());
-    Mixer(config_, layer, i, batch, normed.data(), delta.data());
-    if (i % config_.attn_res_block_size == 0) {
-      bank.push_back(prefix);  // bank the finished block before restarting the sum
-      prefix = delta;
-    } else {
-      add(prefix, delta);
-    }
-    mixed = Mix(bank, prefix, layer.mlp_res, rows, D, eps);
-    kernels::RmsNorm(mixed.data(), layer.post_attention_norm.data(), rows, D, eps,
-                     normed.data());
-    FfnForward(config_, layer.ffn, rows, normed.data(), delta.data());
-    add(prefix, delta);
-  }
-  return Mix(bank, prefix, weights_.output_res, rows, D, eps);
+int64_t Model::BankSizeBefore(int64_t layer) const {
+  if (!config_.IsK3()) return 0;
+  const int64_t block = config_.attn_res_block_size;
+  return (layer + block - 1) / block;  // layers i < layer with i % block == 0
 }
 
-absl::StatusOr<std::vector<float>> Model::Forward(
-    std::span<const ForwardInput> inputs) const {
-  const int64_t D = config_.hidden_size, V = config_.vocab_size;
-  BatchRows batch;
+absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> inputs) const {
+  const int64_t V = config_.vocab_size;
+  PreparedBatch prepared;
+  BatchRows& batch = prepared.rows;
   batch.offsets.push_back(0);
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> output_rows;
   for (size_t b = 0; b < inputs.size(); ++b) {
     const ForwardInput& in = inputs[b];
     if (in.state == nullptr) {
@@ -113,8 +83,8 @@ absl::StatusOr<std::vector<float>> Model::Forward(
     }
     for (size_t other = 0; other < b; ++other) {
       if (inputs[other].state == in.state) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "inputs ", other, " and ", b, " share one sequence state"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("inputs ", other, " and ", b, " share one sequence state"));
       }
     }
     if (in.tokens.empty()) {
@@ -136,33 +106,99 @@ absl::StatusOr<std::vector<float>> Model::Forward(
           config_.max_position_embeddings));
     }
     const int64_t begin = batch.offsets.back();
-    tokens.insert(tokens.end(), in.tokens.begin(), in.tokens.end());
+    prepared.tokens.insert(prepared.tokens.end(), in.tokens.begin(), in.tokens.end());
     batch.offsets.push_back(begin + static_cast<int64_t>(in.tokens.size()));
     batch.states.push_back(in.state);
     if (in.all_logits) {
-      for (int64_t r = begin; r < batch.offsets.back(); ++r) output_rows.push_back(r);
+      for (int64_t r = begin; r < batch.offsets.back(); ++r) prepared.output_rows.push_back(r);
     } else {
-      output_rows.push_back(batch.offsets.back() - 1);
+      prepared.output_rows.push_back(batch.offsets.back() - 1);
     }
   }
-  const int64_t rows = batch.rows();
-  Floats hidden(rows * D);
-  kernels::Embedding(weights_.embed.data(), V, D, tokens.data(), rows, hidden.data());
-  hidden = Stack(batch, std::move(hidden));
-  for (size_t b = 0; b < inputs.size(); ++b) {
-    inputs[b].state->length += batch.Count(static_cast<int64_t>(b));
-  }
+  return prepared;
+}
 
-  const int64_t out_rows = static_cast<int64_t>(output_rows.size());
-  Floats selected(out_rows * D);
-  for (int64_t i = 0; i < out_rows; ++i) {
-    std::copy_n(hidden.data() + output_rows[i] * D, D, selected.data() + i * D);
+Activations Model::Embed(const std::vector<int32_t>& tokens) const {
+  const int64_t D = config_.hidden_size;
+  Activations act;
+  act.rows = static_cast<int64_t>(tokens.size());
+  act.prefix.resize(act.rows * D);
+  kernels::Embedding(weights_.embed.data(), config_.vocab_size, D, tokens.data(), act.rows,
+                     act.prefix.data());
+  return act;
+}
+
+absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
+  const int64_t rows = act->rows, D = config_.hidden_size;
+  const float eps = config_.rms_norm_eps;
+  Floats normed(rows * D), delta(rows * D);
+  auto mixer = [&](const LayerWeights& layer, int64_t i, const float* x, float* out) {
+    return layer.kind == LayerKind::kKda
+               ? KdaForward(local_, layer.kda, i, batch, x, out, tp_)
+               : MlaForward(local_, layer.mla, i, batch, x, out, tp_);
+  };
+  for (int64_t i = shard_.layer_begin; i < shard_.layer_end; ++i) {
+    const LayerWeights& layer = weights_.layers[i];
+    if (!config_.IsK3()) {
+      // Plain pre-norm residual stream.
+      kernels::RmsNorm(act->prefix.data(), layer.input_norm.data(), rows, D, eps, normed.data());
+      DELTASERVE_RETURN_IF_ERROR(mixer(layer, i, normed.data(), delta.data()));
+      Add(act->prefix, delta);
+      kernels::RmsNorm(act->prefix.data(), layer.post_attention_norm.data(), rows, D, eps,
+                       normed.data());
+      DELTASERVE_RETURN_IF_ERROR(
+          FfnForward(local_, layer.ffn, rows, normed.data(), delta.data(), tp_));
+      Add(act->prefix, delta);
+      continue;
+    }
+    // K3 Block Attention Residuals: every residual read is a mix over the
+    // bank and the prefix; a block's first layer banks the finished sum.
+    Floats mixed = Mix(*act, layer.attn_res, D, eps);
+    kernels::RmsNorm(mixed.data(), layer.input_norm.data(), rows, D, eps, normed.data());
+    DELTASERVE_RETURN_IF_ERROR(mixer(layer, i, normed.data(), delta.data()));
+    if (i % config_.attn_res_block_size == 0) {
+      act->bank.push_back(std::move(act->prefix));
+      act->prefix = delta;
+    } else {
+      Add(act->prefix, delta);
+    }
+    mixed = Mix(*act, layer.mlp_res, D, eps);
+    kernels::RmsNorm(mixed.data(), layer.post_attention_norm.data(), rows, D, eps,
+                     normed.data());
+    DELTASERVE_RETURN_IF_ERROR(
+        FfnForward(local_, layer.ffn, rows, normed.data(), delta.data(), tp_));
+    Add(act->prefix, delta);
   }
-  kernels::RmsNorm(selected.data(), weights_.norm.data(), out_rows, D,
-                   config_.rms_norm_eps, selected.data());
-  Floats logits(out_rows * V);
-  kernels::Linear(selected.data(), weights_.lm_head.data(), out_rows, V, D, logits.data());
+  for (int64_t b = 0; b < batch.sequences(); ++b) batch.states[b]->length += batch.Count(b);
+  return absl::OkStatus();
+}
+
+std::vector<float> Model::Logits(const Activations& act,
+                                 const std::vector<int64_t>& rows) const {
+  const int64_t D = config_.hidden_size, V = config_.vocab_size;
+  const Floats hidden =
+      config_.IsK3() ? Mix(act, weights_.output_res, D, config_.rms_norm_eps) : act.prefix;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Floats selected(n * D);
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(hidden.data() + rows[i] * D, D, selected.data() + i * D);
+  }
+  kernels::RmsNorm(selected.data(), weights_.norm.data(), n, D, config_.rms_norm_eps,
+                   selected.data());
+  Floats logits(n * V);
+  kernels::Linear(selected.data(), weights_.lm_head.data(), n, V, D, logits.data());
   return logits;
+}
+
+absl::StatusOr<std::vector<float>> Model::Forward(std::span<const ForwardInput> inputs) const {
+  if (!shard_.HasEmbedding() || !HasHead(config_, shard_)) {
+    return absl::FailedPreconditionError(
+        "Forward needs the whole model; a pipeline stage runs RunLayers");
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(PreparedBatch batch, Prepare(inputs));
+  Activations act = Embed(batch.tokens);
+  DELTASERVE_RETURN_IF_ERROR(RunLayers(batch.rows, &act));
+  return Logits(act, batch.output_rows);
 }
 
 }  // namespace deltaserve

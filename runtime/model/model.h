@@ -1,5 +1,6 @@
-// A loaded model of either architecture and its forward pass over a batch of
-// sequences (each with its own state and any number of new tokens).
+// A loaded model of either architecture, or the part of it one rank holds
+// (a pipeline stage, a tensor-parallel slice), and its forward pass over a
+// batch of sequences (each with its own state and any number of new tokens).
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/model/config.h"
+#include "runtime/model/layers.h"
 #include "runtime/model/sequence_state.h"
+#include "runtime/model/shard.h"
 #include "runtime/model/weights.h"
 
 namespace deltaserve {
@@ -21,35 +25,67 @@ struct ForwardInput {
   bool all_logits = false;          // logits of every new token, else the last one
 };
 
+// What flows between layers for the rows of a batch: Kimi Linear's hidden
+// state is `prefix` with an empty bank; K3 carries the current block's partial
+// sum `prefix` and the completed block sums `bank` (the embedding first).
+// Between pipeline stages this is the packet, bank entries then prefix.
+struct Activations {
+  int64_t rows = 0;
+  std::vector<std::vector<float>> bank;  // each [rows, D]
+  std::vector<float> prefix;             // [rows, D]
+};
+
+// A validated batch: rows per sequence, the concatenated tokens, and which
+// rows need logits.
+struct PreparedBatch {
+  BatchRows rows;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> output_rows;
+};
+
 class Model {
  public:
   // Reads DIR/config.json and the checkpoint, validates every tensor against
-  // the config, and converts the weights to float32.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);
+  // the config, and converts the tensors `shard` owns to float32. `tp` is the
+  // tensor-parallel group of the shard (null or size 1 for none); it must
+  // outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     const ModelShard& shard = {},
+                                                     Communicator* tp = nullptr);
 
   const ModelConfig& config() const { return config_; }
-  const ModelWeights& weights() const { return weights_; }
+  const ModelShard& shard() const { return shard_; }
+  int64_t bytes_read() const { return bytes_read_; }  // from the checkpoint
   std::unique_ptr<SequenceState> NewSequence() const;
 
-  // Runs all inputs as one batch and advances each state by its tokens.
-  // Returns logits [rows, vocab]: per input in order, one row per new token
-  // when all_logits, else one row for its last token. Token ids out of range,
-  // an empty input, or a context past max_position_embeddings are errors
-  // naming the input, position and value; no state changes then.
-  absl::StatusOr<std::vector<float>> Forward(
-      std::span<const ForwardInput> inputs) const;
+  // The whole model at once (one stage holding every layer): runs all inputs
+  // as one batch and advances each state by its tokens. Returns logits
+  // [rows, vocab]: per input in order, one row per new token when
+  // all_logits, else one row for its last token. Token ids out of range, an
+  // empty input, a context past max_position_embeddings or one state twice
+  // are errors naming the input, position and value; no state changes then.
+  absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardInput> inputs) const;
+
+  // The pieces Forward is made of, for pipeline stages.
+  absl::StatusOr<PreparedBatch> Prepare(std::span<const ForwardInput> inputs) const;
+  Activations Embed(const std::vector<int32_t>& tokens) const;  // first stage only
+  // Runs the shard's layers over `act` and advances the batch's states.
+  absl::Status RunLayers(const BatchRows& batch, Activations* act) const;
+  // Final mix, norm and LM head for the given rows; last stage only.
+  std::vector<float> Logits(const Activations& act, const std::vector<int64_t>& rows) const;
+  // Bank entries K3 carries into layer `layer` (0 for Kimi Linear).
+  int64_t BankSizeBefore(int64_t layer) const;
 
  private:
-  Model(ModelConfig config, ModelWeights weights)
-      : config_(std::move(config)), weights_(std::move(weights)) {}
-
-  // The decoder stack on the embedded rows; returns the final hidden state
-  // before the output norm, [rows, D].
-  std::vector<float> Stack(const struct BatchRows& batch,
-                           std::vector<float> hidden) const;
+  Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
+        int64_t bytes_read);
 
   ModelConfig config_;
+  ModelConfig local_;  // head counts of this TP rank
+  ModelShard shard_;
   ModelWeights weights_;
+  Communicator* tp_;
+  int64_t bytes_read_;
 };
 
 }  // namespace deltaserve

@@ -2,11 +2,12 @@
 
 namespace deltaserve {
 
-SequenceState::SequenceState(const ModelConfig& config)
+SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard)
     : kda(static_cast<size_t>(config.num_layers)),
       mla(static_cast<size_t>(config.num_layers)) {
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+  const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
+  for (int64_t i = shard.layer_begin; i < end; ++i) {
     if (config.layer_kinds[i] != LayerKind::kKda) continue;
     kda[i].conv.assign(static_cast<size_t>((config.kda.conv_kernel_size - 1) * 3 * H * d), 0.0f);
     kda[i].state.assign(static_cast<size_t>(H * d * d), 0.0f);

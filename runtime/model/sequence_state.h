@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/model/config.h"
+#include "runtime/model/shard.h"
 
 namespace deltaserve {
 
@@ -21,7 +22,9 @@ struct MlaLayerState {
 };
 
 struct SequenceState {
-  explicit SequenceState(const ModelConfig& config);
+  // State for the layers `shard` holds, with `local` (its LocalConfig) head
+  // counts; the whole model by default.
+  explicit SequenceState(const ModelConfig& local, const ModelShard& shard = {});
 
   int64_t length = 0;  // tokens consumed so far
   // Indexed by layer; the entry of the other kind is empty.

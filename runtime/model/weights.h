@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/model/config.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/shard.h"
 
 namespace deltaserve {
 
@@ -48,7 +49,7 @@ struct FfnWeights {
   // MoE
   Floats router;        // [E, D]
   Floats router_bias;   // [E]
-  std::vector<Floats> expert_w13;  // each [2 * Ie, Din]
+  std::vector<Floats> expert_w13;  // each [2 * Ie, Din]; empty if on another TP rank
   std::vector<Floats> expert_w2;   // each [Din, Ie]
   Floats shared_gate_up;  // [2 * Is, D], empty without shared experts
   Floats shared_down;     // [D, Is]
@@ -77,12 +78,17 @@ struct ModelWeights {
   Floats norm;     // [D]
   Floats lm_head;  // [V, D] (the embedding when tied)
   ResMixWeights output_res;  // K3 only
-  std::vector<LayerWeights> layers;
+  std::vector<LayerWeights> layers;  // all layers; those of other stages empty
 };
 
-// Loads and converts every tensor. The checkpoint must have passed
-// ValidateCheckpoint for `config`.
+// Loads and converts the tensors `shard` owns: its layers, and of those its
+// TP slice (rows or columns of the split tensors, its routed experts; the
+// others stay empty); the embedding on the first stage, the head on the last.
+// Only those bytes are read from the mapped files; *bytes_read (optional)
+// receives their count. The checkpoint must have passed ValidateCheckpoint.
 absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
-                                         const Checkpoint& checkpoint);
+                                         const Checkpoint& checkpoint,
+                                         const ModelShard& shard,
+                                         int64_t* bytes_read = nullptr);
 
 }  // namespace deltaserve

@@ -252,6 +252,29 @@ TEST(MoeExpertsTest, MatchesPerTokenReference) {
   }
 }
 
+// Expert parallelism: each rank holds the experts e % ranks == rank (the
+// others null); the ranks' partial outputs add up to the whole.
+TEST(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
+  const ExpertSet set(8, 24, 12, 20, 700);
+  const int64_t t = 9, k = 3;
+  const auto z = RandomFloats(t * set.din, 701);
+  const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
+  const Routed r = Route(logits, nullptr, t, set.n, k, true, 1.5f);
+  const auto want = RunRef(set, z, t, k, r.idx, r.weights, ActivationParams{});
+  for (int ranks : {2, 3}) {
+    std::vector<float> sum(t * set.dout, 0.0f);
+    for (int rank = 0; rank < ranks; ++rank) {
+      auto experts = set.Fast();
+      for (int64_t e = 0; e < set.n; ++e) {
+        if (e % ranks != rank) experts[e] = {nullptr, nullptr};
+      }
+      const auto part = RunFast(set, experts, z, t, k, r.idx, r.weights, ActivationParams{});
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    EXPECT_TRUE(MoeClose(sum, want, set.din, set.inter, k)) << ranks << " ranks";
+  }
+}
+
 // Experts that receive no tokens are never touched: give them no weights.
 TEST(MoeExpertsTest, SkipsExpertsWithoutTokens) {
   const ExpertSet set(16, 24, 12, 20, 500);

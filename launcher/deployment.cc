@@ -1,0 +1,104 @@
+#include "launcher/deployment.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/threads.h"
+#include "runtime/comm/mpi_runtime.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/engine/pipeline.h"
+#include "runtime/engine/session.h"
+#include "runtime/scheduler/stage_plan.h"
+
+namespace deltaserve {
+namespace {
+
+bool mpi_started = false;
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> DeploymentConfig(const Flags& flags) {
+  DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
+  return LoadModelConfig(dir);
+}
+
+absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
+                                  int64_t context_tokens) {
+  Deployment d;
+  d.config = config;
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
+  kernels::SetNumThreads(static_cast<int>(threads));
+  DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(d.layout, WorldLayout::Make(1, static_cast<int>(pp),
+                                                          static_cast<int>(tp)));
+  d.distributed = LaunchedUnderMpi() || d.layout.WorldSize() > 1 || flags.Has("stage-layers");
+  if (!d.distributed) {
+    DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir));
+    d.runner = std::make_unique<Session>(*d.model);
+    d.description = "single process";
+    return d;
+  }
+
+  DELTASERVE_ASSIGN_OR_RETURN(d.world, InitMpiWorld(nullptr, nullptr));
+  mpi_started = true;
+  // Refuse a layout that does not match the world before any work.
+  DELTASERVE_RETURN_IF_ERROR(d.layout.CheckWorld(d.world->size()));
+  const RankCoord coord = d.layout.CoordOf(d.world->rank());
+
+  StagePlan plan;
+  if (flags.Has("stage-layers")) {
+    std::vector<int64_t> counts;
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> parsed,
+                                ParseTokenList(flags.GetString("stage-layers"),
+                                               "--stage-layers"));
+    counts.assign(parsed.begin(), parsed.end());
+    if (static_cast<int64_t>(counts.size()) != pp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--stage-layers gives ", counts.size(), " stages but --pp is ", pp));
+    }
+    DELTASERVE_ASSIGN_OR_RETURN(plan, StagesFromCounts(config, counts));
+  } else {
+    DELTASERVE_ASSIGN_OR_RETURN(plan, PlanStages(config, static_cast<int>(pp), context_tokens));
+  }
+  const StageRange range = plan.stages[coord.stage];
+  // The ranks of one stage of one replica form its tensor-parallel group.
+  DELTASERVE_ASSIGN_OR_RETURN(
+      d.tp, d.world->Split(coord.replica * d.layout.pp + coord.stage, coord.tp_rank));
+  ModelShard shard;
+  shard.layer_begin = range.begin;
+  shard.layer_end = range.end;
+  shard.tp_rank = coord.tp_rank;
+  shard.tp_size = d.layout.tp;
+  DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.tp.get()));
+  d.runner = std::make_unique<PipelineRunner>(*d.model, d.layout, *d.world);
+  d.description = absl::StrCat("rank ", d.world->rank(), ": stage ", coord.stage, " (layers ",
+                               range.begin, "-", range.end - 1, "), tp ", coord.tp_rank,
+                               " of ", d.layout.tp);
+  return d;
+}
+
+void EndDeployment(bool ok) {
+  if (!mpi_started) return;
+  if (ok) {
+    FinalizeMpi();
+  } else {
+    AbortMpi(1);
+  }
+}
+
+void PrintPipelineStats(const Deployment& d) {
+  const auto* pipeline = dynamic_cast<const PipelineRunner*>(d.runner.get());
+  if (pipeline == nullptr) return;
+  const PipelineStats& s = pipeline->stats();
+  std::fprintf(stderr,
+               "%s: read %lld checkpoint bytes; sent %lld bytes for %lld tokens to the next "
+               "stage (%lld bytes/token); compute %.3f s of %.3f s\n",
+               d.description.c_str(), static_cast<long long>(d.model->bytes_read()),
+               static_cast<long long>(s.bytes_sent), static_cast<long long>(s.tokens_sent),
+               static_cast<long long>(s.tokens_sent > 0 ? s.bytes_sent / s.tokens_sent : 0),
+               s.compute_s, s.busy_wall_s);
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,52 @@
+// What generate and score run on: the whole model in this process, or — when
+// started under mpirun/srun, or asked for --pp/--tp — this rank's part of a
+// pipeline- and tensor-parallel job, checked against the MPI world it got.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/flags.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/world_layout.h"
+#include "runtime/engine/sequence_runner.h"
+#include "runtime/model/config.h"
+#include "runtime/model/model.h"
+
+namespace deltaserve {
+
+// The flags every model command takes for this.
+inline const std::set<std::string> kDeploymentFlags = {"model", "threads", "pp", "tp",
+                                                       "stage-layers"};
+
+struct Deployment {
+  ModelConfig config;
+  bool distributed = false;
+  WorldLayout layout;
+  std::unique_ptr<Communicator> world, tp;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<SequenceRunner> runner;
+  std::string description;  // "rank 3: stage 1 (layers 5-8), tp 1 of 2"
+};
+
+// Reads the config (for validating a request before any loading).
+absl::StatusOr<ModelConfig> DeploymentConfig(const Flags& flags);
+
+// Sets threads, starts MPI when distributed, plans the stages (by
+// --stage-layers, else balanced for `context_tokens`), loads this rank's
+// shard and makes its runner.
+absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
+                                  int64_t context_tokens);
+
+// Ends the MPI job if one was started: cleanly after success; after an error
+// on this rank, by aborting every rank so none waits on it.
+void EndDeployment(bool ok);
+
+// Writes this rank's pipeline counters to stderr (distributed runs).
+void PrintPipelineStats(const Deployment& deployment);
+
+}  // namespace deltaserve
