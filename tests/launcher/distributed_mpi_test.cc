@@ -156,8 +156,17 @@ TEST_P(DistributedTest, BoundaryBytesAreWhatThePlannerPredicts) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     const auto report = ReportPlan(*config, *plan, 2, T, PlanBytes{});
     ASSERT_TRUE(report.ok()) << report.status();
+    const int64_t checkpoint_bytes =
+        static_cast<int64_t>(fs::file_size(model + "/model.safetensors"));
     for (int stage = 0; stage < 3; ++stage) {
       for (int tp = 0; tp < 2; ++tp) {
+        // Each rank reads only its layers' slices of the checkpoint.
+        const std::regex read(absl::StrCat("rank ", stage * 2 + tp,
+                                           ": .*read (\\d+) checkpoint bytes"));
+        std::smatch read_match;
+        ASSERT_TRUE(std::regex_search(log, read_match, read)) << log;
+        EXPECT_GT(std::stoll(read_match[1]), 0);
+        EXPECT_LT(std::stoll(read_match[1]), checkpoint_bytes / 2) << "rank " << stage * 2 + tp;
         // "rank R: stage S (...), tp X of 2: ... sent N bytes for M tokens"
         const std::regex line(absl::StrCat("rank ", stage * 2 + tp, ": stage ", stage,
                                            " .*sent (\\d+) bytes for (\\d+) tokens"));
@@ -169,6 +178,24 @@ TEST_P(DistributedTest, BoundaryBytesAreWhatThePlannerPredicts) {
             << "stage " << stage;
       }
     }
+  }
+}
+
+TEST_P(DistributedTest, GenerateStreamsTheSameTokens) {
+  const std::string model = testing::GoldenPath("model/" + GetParam());
+  const std::string args = absl::StrCat(" generate --threads 1 --ids --max-tokens 12 --model ",
+                                        model, " --tokens 5,17,99,3,250,8,1 ");
+  for (const std::string sampling : {"", "--temperature 0.9 --top-k 50 --top-p 0.95 --seed 4"}) {
+    std::string single, distributed;
+    ASSERT_EQ(testing::RunCommand(
+                  absl::StrCat(testing::BinPath("deltaserve"), args, sampling, " 2>/dev/null"),
+                  &single), 0) << single;
+    ASSERT_EQ(testing::RunCommand(absl::StrCat(Mpirun(4), args, sampling,
+                                               " --pp 2 --tp 2 --prefill-chunk 3 2>/dev/null"),
+                                  &distributed), 0) << distributed;
+    // Printed once, by the last stage's first TP rank.
+    EXPECT_EQ(distributed, single) << sampling;
+    EXPECT_EQ(std::count(single.begin(), single.end(), ' '), 11) << single;
   }
 }
 
@@ -212,12 +239,12 @@ pid_t FindRank(const std::string& marker, int rank) {
 }
 
 TEST(DistributedErrorsTest, DeadRankEndsTheJobNamingIt) {
-  // A long run (token-by-token prefill of 20000 tokens over 2 stages), one
+  // A long run (token-by-token prefill of 50000 tokens over 2 stages), one
   // rank killed once both are working: the job must end, non-zero, naming the
   // rank, within seconds.
   const std::string model = testing::GoldenPath("model/kimi-linear-tiny");
   const std::string dir = testing::TempDir("dist_dead");
-  const std::string tokens = WriteTokens(dir, Prompt(20000, 3));
+  const std::string tokens = WriteTokens(dir, Prompt(50000, 3));
   const std::string log = dir + "/job.log";
   const std::string cmd = absl::StrCat(
       Mpirun(2), " score --threads 1 --pp 2 --model ", model, " --tokens-file ", tokens,
