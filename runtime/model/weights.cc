@@ -33,6 +33,17 @@ class Loader {
     return Convert(part);
   }
 
+  // Elements [begin, end) of the tensor read flat, whatever its shape.
+  absl::StatusOr<Floats> Elements(const std::string& name, int64_t begin, int64_t end) const {
+    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, checkpoint_.Get(prefix_ + name));
+    const size_t elem = DTypeSize(view->dtype);
+    TensorView part = *view;
+    part.shape = {end - begin};
+    part.data += begin * elem;
+    part.nbytes = (end - begin) * elem;
+    return Convert(part);
+  }
+
   // Columns [begin, end) of a matrix.
   absl::StatusOr<Floats> Cols(const std::string& name, int64_t begin, int64_t end) const {
     DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, checkpoint_.Get(prefix_ + name));
@@ -89,8 +100,7 @@ absl::Status LoadKda(const ModelConfig& c, const ModelShard& s, const Loader& l,
   DELTASERVE_ASSIGN_OR_RETURN(w->b_proj, l.Rows(p + "b_proj.weight", h0, h1));
   // K3 pads A_log to a multiple of 128, Kimi Linear stores [1, 1, H, 1]: the
   // first H values are the heads' in both, so a flat view works for either.
-  DELTASERVE_ASSIGN_OR_RETURN(Floats a_log, l.Get(p + "A_log"));
-  w->a_log.assign(a_log.begin() + h0, a_log.begin() + h1);
+  DELTASERVE_ASSIGN_OR_RETURN(w->a_log, l.Elements(p + "A_log", h0, h1));
   DELTASERVE_ASSIGN_OR_RETURN(w->dt_bias, l.Rows(p + "dt_bias", h0 * d, h1 * d));
   if (c.kda.full_rank_gate) {
     DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Rows(p + "g_proj.weight", h0 * d, h1 * d));

@@ -1,0 +1,124 @@
+// A rank's shard as the loader builds it against the planner's figures for
+// the same stage: the tensor-parallel split rule is written twice (the
+// loader's row/column slices, the planner's byte counts), so they are held
+// to each other here, as are the per-sequence state sizes.
+#include "runtime/model/shard.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/model/config.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/model/sequence_state.h"
+#include "runtime/model/weights.h"
+#include "runtime/scheduler/stage_plan.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+// float32 elements the loader holds, without what it derives (the
+// transposed MLA key up-projection is a copy of kv_b_proj rows).
+int64_t HeldElements(const ModelWeights& w) {
+  int64_t n = w.embed.size() + w.norm.size() + w.lm_head.size() + w.output_res.norm.size() +
+              w.output_res.proj.size();
+  for (const LayerWeights& l : w.layers) {
+    n += l.input_norm.size() + l.post_attention_norm.size();
+    n += l.attn_res.norm.size() + l.attn_res.proj.size() + l.mlp_res.norm.size() +
+         l.mlp_res.proj.size();
+    const KdaWeights& k = l.kda;
+    for (const Floats* f : {&k.qkv_proj, &k.qkv_conv, &k.f_a, &k.f_b, &k.b_proj, &k.a_log,
+                            &k.dt_bias, &k.g_proj, &k.g_a, &k.g_b, &k.o_norm, &k.o_proj}) {
+      n += f->size();
+    }
+    const MlaWeights& m = l.mla;
+    for (const Floats* f : {&m.q_a, &m.q_a_norm, &m.q_b, &m.q_proj, &m.kv_a, &m.kv_a_norm,
+                            &m.kv_b, &m.g_proj, &m.o_proj}) {
+      n += f->size();
+    }
+    const FfnWeights& f = l.ffn;
+    for (const Floats* v : {&f.gate_up, &f.down, &f.router, &f.router_bias, &f.shared_gate_up,
+                            &f.shared_down, &f.latent_down, &f.latent_up, &f.latent_norm}) {
+      n += v->size();
+    }
+    for (const Floats& e : f.expert_w13) n += e.size();
+    for (const Floats& e : f.expert_w2) n += e.size();
+  }
+  return n;
+}
+
+class ShardTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardTest, LoadedShardsMatchThePlan) {
+  const std::string dir = testing::GoldenPath("model/" + GetParam());
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  int64_t checkpoint_bytes = 0;
+  int64_t a_log_padding_bytes = 0;
+  for (const auto& [name, view] : (*checkpoint)->tensors()) {
+    checkpoint_bytes += view->nbytes;
+    if (name.ends_with("A_log")) {
+      a_log_padding_bytes += (view->NumElements() - config->kda.num_heads) * 4;
+    }
+  }
+  const int64_t context = 300;
+  for (int pp : {1, 2, 3}) {
+    for (int tp : {1, 2, 4}) {
+      SCOPED_TRACE(absl::StrCat("pp ", pp, " tp ", tp));
+      auto plan = PlanStages(*config, pp, context);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      auto report = ReportPlan(*config, *plan, tp, context, PlanBytes{});
+      ASSERT_TRUE(report.ok()) << report.status();
+      int64_t read_by_all = 0;
+      for (int stage = 0; stage < pp; ++stage) {
+        for (int rank = 0; rank < tp; ++rank) {
+          ModelShard requested;
+          requested.layer_begin = plan->stages[stage].begin;
+          requested.layer_end = plan->stages[stage].end;
+          requested.tp_rank = rank;
+          requested.tp_size = tp;
+          auto shard = ResolveShard(*config, requested);
+          ASSERT_TRUE(shard.ok()) << shard.status();
+          int64_t bytes_read = 0;
+          auto weights = LoadWeights(*config, **checkpoint, *shard, &bytes_read);
+          ASSERT_TRUE(weights.ok()) << weights.status();
+          read_by_all += bytes_read;
+          // The golden models have as many experts as any tp here divides,
+          // so every rank holds what the report says rank 0 does.
+          EXPECT_EQ(HeldElements(*weights) * 4, (*report)[stage].weight_bytes_per_rank)
+              << "stage " << stage << " rank " << rank;
+          SequenceState state(LocalConfig(*config, *shard), *shard);
+          EXPECT_EQ(state.KdaBytes(), (*report)[stage].kda_state_bytes_per_sequence);
+        }
+      }
+      // With one TP rank every tensor is read exactly once, except the A_log
+      // padding (K3 pads to 128 entries) beyond the heads.
+      if (tp == 1) {
+        EXPECT_EQ(read_by_all, checkpoint_bytes - a_log_padding_bytes);
+      } else {
+        EXPECT_GT(read_by_all, checkpoint_bytes - a_log_padding_bytes);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, ShardTest, ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
+
+TEST(ShardTest, RefusesWhatCannotBeSplit) {
+  auto config = LoadModelConfig(testing::GoldenPath("model/k3-tiny"));
+  ASSERT_TRUE(config.ok());
+  ModelShard shard;
+  shard.tp_size = 3;
+  auto resolved = ResolveShard(*config, shard);
+  ASSERT_FALSE(resolved.ok());
+  EXPECT_NE(resolved.status().message().find("KDA heads"), std::string::npos)
+      << resolved.status();
+  shard.tp_size = 1;
+  shard.layer_begin = 5;
+  shard.layer_end = 12;
+  EXPECT_FALSE(ResolveShard(*config, shard).ok());
+}
+
+}  // namespace
+}  // namespace deltaserve
