@@ -21,6 +21,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
+#include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
 namespace {
@@ -65,36 +66,12 @@ double ReadBandwidth() {
   return best;
 }
 
-// Weights each token multiplies by (MoE: routed experts counted top_k times
-// out of num_experts), excluding the embedding lookup.
+// Weights each token multiplies by: the parameters one token reads
+// (weight_spec's count, routed experts at the share it is sent to) less the
+// embedding, which is a lookup.
 double ActiveMatmulParams(const ModelConfig& c) {
-  const double D = c.hidden_size, H = c.kda.num_heads, d = c.kda.head_dim;
-  const double HD = H * d, n = c.num_attention_heads;
-  const double P = c.qk_nope_head_dim, R = c.qk_rope_head_dim, Vd = c.v_head_dim;
-  const double C = c.kv_lora_rank;
-  double total = static_cast<double>(c.vocab_size) * D;  // LM head
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    if (c.layer_kinds[i] == LayerKind::kKda) {
-      const double r = d;  // f_a/f_b and g_a/g_b low rank = head_dim
-      total += 3 * HD * D + r * D + HD * r + H * D + D * HD;
-      total += c.kda.full_rank_gate ? HD * D : (r * D + HD * r);
-    } else {
-      const double ql = c.q_lora_rank;
-      total += ql > 0 ? ql * D + n * (P + R) * ql : n * (P + R) * D;
-      total += (C + R) * D + n * (P + Vd) * C + D * n * Vd;
-      if (c.mla_output_gate) total += n * Vd * D;
-    }
-    if (!c.IsMoeLayer(i)) {
-      total += 3.0 * c.intermediate_size * D;
-    } else {
-      const double din = c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : D;
-      total += static_cast<double>(c.num_experts) * D;
-      if (c.routed_expert_hidden_size > 0) total += 2 * din * D;
-      total += c.num_experts_per_token * 3.0 * c.moe_intermediate_size * din;
-      total += c.num_shared_experts * 3.0 * c.moe_intermediate_size * D;
-    }
-  }
-  return total;
+  const double embedding = c.tie_word_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.hidden_size;
+  return static_cast<double>(CountParameters(c).active_per_token) - embedding;
 }
 
 // Model FLOPs of a one-shot prefill of T tokens: 2 per active weight per

@@ -23,6 +23,16 @@ std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo, float hi) {
   return out;
 }
 
+std::vector<int32_t> RandomTokens(int64_t n, uint64_t seed, int64_t vocab) {
+  std::vector<int32_t> tokens(n);
+  uint64_t x = seed;
+  for (auto& t : tokens) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return tokens;
+}
+
 std::vector<double> ToDouble(const std::vector<float>& x) {
   return std::vector<double>(x.begin(), x.end());
 }

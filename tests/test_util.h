@@ -17,6 +17,9 @@ std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f,
 std::vector<double> ToDouble(const std::vector<float>& x);
 std::vector<float> ToFloat(const std::vector<double>& x);
 
+// n token ids in [0, vocab), reproducible from the seed.
+std::vector<int32_t> RandomTokens(int64_t n, uint64_t seed, int64_t vocab = 256);
+
 // Filled with quiet NaN: an element a kernel fails to write stays NaN and
 // fails every comparison.
 std::vector<float> NaNs(size_t n);

@@ -16,8 +16,6 @@ namespace {
 constexpr float kL2NormEps = 1e-6f;
 constexpr float kOutputNormEps = 1e-5f;
 
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
 }  // namespace
 
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,

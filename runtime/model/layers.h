@@ -5,6 +5,7 @@
 // per sequence against that sequence's state.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -41,6 +42,9 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
 // Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
                         const float* x, float* out, Communicator* tp);
+
+// The logistic function, for the layers' gates.
+inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Sums data[count] across `tp` in place; nothing without a group.
 absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count);

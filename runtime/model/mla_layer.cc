@@ -12,8 +12,6 @@
 namespace deltaserve {
 namespace {
 
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
 struct MlaDims {
   int64_t n, P, R, Vd, C;
   int64_t QkDim() const { return P + R; }

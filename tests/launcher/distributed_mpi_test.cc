@@ -32,16 +32,6 @@ std::string Mpirun(int np) {
                       testing::BinPath("deltaserve"));
 }
 
-std::vector<int32_t> Prompt(int64_t n, uint64_t seed) {
-  std::vector<int32_t> tokens(n);
-  uint64_t x = seed;
-  for (auto& t : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<int32_t>((x >> 33) % 256);
-  }
-  return tokens;
-}
-
 std::string WriteTokens(const std::string& dir, const std::vector<int32_t>& tokens) {
   const std::string path = dir + "/tokens.txt";
   std::ofstream(path) << absl::StrJoin(tokens, " ");
@@ -126,7 +116,7 @@ TEST_P(DistributedTest, EveryLayoutMatchesOneProcess) {
 TEST_P(DistributedTest, LongPromptInPipelinedChunksEqualsOneShot) {
   const std::string model = testing::GoldenPath("model/" + GetParam());
   const std::string dir = testing::TempDir("dist_long");
-  const std::string tokens = WriteTokens(dir, Prompt(5000, 11));
+  const std::string tokens = WriteTokens(dir, testing::RandomTokens(5000, 11));
   const auto one_shot =
       testing::ToDouble(Score(testing::BinPath("deltaserve"), model, tokens, ""));
   const auto pipelined =
@@ -142,7 +132,7 @@ TEST_P(DistributedTest, BoundaryBytesAreWhatThePlannerPredicts) {
   ASSERT_TRUE(config.ok()) << config.status();
   const std::string dir = testing::TempDir("dist_bytes");
   const int64_t T = 200;
-  const std::string tokens = WriteTokens(dir, Prompt(T, 5));
+  const std::string tokens = WriteTokens(dir, testing::RandomTokens(T, 5));
   for (const std::string counts : {"2,3,4", "5,2,2"}) {
     std::string log;
     Score(Mpirun(6), model, tokens,
@@ -244,7 +234,7 @@ TEST(DistributedErrorsTest, DeadRankEndsTheJobNamingIt) {
   // rank, within seconds.
   const std::string model = testing::GoldenPath("model/kimi-linear-tiny");
   const std::string dir = testing::TempDir("dist_dead");
-  const std::string tokens = WriteTokens(dir, Prompt(50000, 3));
+  const std::string tokens = WriteTokens(dir, testing::RandomTokens(50000, 3));
   const std::string log = dir + "/job.log";
   const std::string cmd = absl::StrCat(
       Mpirun(2), " score --threads 1 --pp 2 --model ", model, " --tokens-file ", tokens,

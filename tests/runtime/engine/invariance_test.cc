@@ -18,16 +18,6 @@ namespace {
 // but must not add error beyond what float32 evaluation already has.
 constexpr double kTolerance = 5e-5;
 
-std::vector<int32_t> Prompt(int64_t n, uint64_t seed) {
-  std::vector<int32_t> tokens(n);
-  uint64_t x = seed;
-  for (auto& t : tokens) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<int32_t>((x >> 33) % 256);
-  }
-  return tokens;
-}
-
 class InvarianceTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -45,7 +35,7 @@ class InvarianceTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(InvarianceTest, PiecesEqualOneShot) {
-  const auto tokens = Prompt(300, 1);
+  const auto tokens = testing::RandomTokens(300, 1);
   const auto reference = testing::ToDouble(OneShot(tokens));
   for (int64_t chunk : {1, 7, 64, 100}) {
     Session s(*model_);
@@ -68,7 +58,7 @@ TEST_P(InvarianceTest, PiecesEqualOneShot) {
 }
 
 TEST_P(InvarianceTest, PrefillThenDecodeEqualsOneShot) {
-  const auto tokens = Prompt(160, 2);
+  const auto tokens = testing::RandomTokens(160, 2);
   const auto reference = testing::ToDouble(OneShot(tokens));
   const int64_t V = model_->config().vocab_size;
   for (size_t split : {1, 65, 130}) {
@@ -88,8 +78,8 @@ TEST_P(InvarianceTest, PrefillThenDecodeEqualsOneShot) {
 TEST_P(InvarianceTest, BatchOfDifferentLengthsEqualsEachAlone) {
   // Three sequences: different prompt lengths, one already part-way through,
   // stepped together in one Forward call, then decoded together.
-  const std::vector<std::vector<int32_t>> prompts = {Prompt(37, 3), Prompt(1, 4),
-                                                     Prompt(90, 5)};
+  const std::vector<std::vector<int32_t>> prompts = {testing::RandomTokens(37, 3), testing::RandomTokens(1, 4),
+                                                     testing::RandomTokens(90, 5)};
   std::vector<std::vector<double>> alone;
   for (const auto& p : prompts) alone.push_back(testing::ToDouble(OneShot(p)));
 
