@@ -10,6 +10,9 @@ packages=(
   nlohmann-json3-dev       # config.json and safetensors headers
   libgtest-dev             # tests
   libopenmpi-dev openmpi-bin  # DELTASERVE_MPI (default ON)
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # serving API
+  libonig-dev              # tokenizer pre-tokenization patterns
+  python3-grpcio python3-protobuf  # Python client example and e2e tests
 )
 
 missing=()

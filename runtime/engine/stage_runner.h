@@ -1,0 +1,72 @@
+// One rank's part of a forward pass over a batch of sequences, when the model
+// is spread over pipeline stages and tensor-parallel ranks (or not: a
+// one-stage layout in one process is the whole model). Every rank of a
+// replica calls Forward with the same inputs: stage 0 embeds, each stage runs
+// its layers and forwards the activation packet (K3: bank entries then prefix;
+// Kimi Linear: the hidden state) to the same TP rank of the next stage with a
+// non-blocking send, and the last stage makes the logits. Since a stage sends
+// a batch on and returns without waiting, stage p works on the next batch
+// while stage p+1 works on this one.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/world_layout.h"
+#include "runtime/model/model.h"
+
+namespace deltaserve {
+
+struct PipelineStats {
+  int64_t bytes_sent = 0;      // activation packets sent to the next stage
+  int64_t tokens_sent = 0;     // tokens those packets carried
+  double compute_s = 0;        // embedding, layers and logits on this rank
+  double busy_wall_s = 0;      // wall time inside Prefill / Decode
+};
+
+class StageRunner {
+ public:
+  // `model` holds this rank's shard; `world` spans the replica's ranks with
+  // ranks numbered as `layout` says. Both must outlive the runner.
+  StageRunner(const Model& model, const WorldLayout& layout, Communicator& world);
+
+  // Runs this stage's part of one forward over `inputs` and advances their
+  // states (Model::Forward's contract, split over the stages). On the last
+  // stage appends the logits to `logits`: per input in order, every new
+  // token's row when all_logits, else the last one's.
+  absl::Status Forward(std::span<const ForwardInput> inputs, std::vector<float>* logits);
+  // Waits for the packets still being sent to the next stage.
+  absl::Status DrainSends();
+
+  bool first_stage() const { return coord_.stage == 0; }
+  bool last_stage() const { return coord_.stage == layout_.pp - 1; }
+  const RankCoord& coord() const { return coord_; }
+  const WorldLayout& layout() const { return layout_; }
+  Communicator& world() { return world_; }
+  // The rank that reports: the last stage's TP rank 0 of this replica.
+  int output_rank() const { return layout_.Rank(coord_.replica, layout_.pp - 1, 0); }
+  // This replica's leader: stage 0, TP rank 0.
+  int leader_rank() const { return layout_.Rank(coord_.replica, 0, 0); }
+  const Model& model() const { return model_; }
+  PipelineStats& stats() { return stats_; }
+  const PipelineStats& stats() const { return stats_; }
+
+ private:
+  const Model& model_;
+  WorldLayout layout_;
+  Communicator& world_;
+  RankCoord coord_;
+  struct InFlight {
+    std::vector<float> packet;
+    std::unique_ptr<SendRequest> request;
+  };
+  std::deque<InFlight> in_flight_;
+  PipelineStats stats_;
+};
+
+}  // namespace deltaserve

@@ -1,0 +1,133 @@
+#include "runtime/engine/step_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
+
+namespace deltaserve {
+
+std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
+  const double max = *std::max_element(logits, logits + vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
+  const double log_z = max + std::log(sum);
+  std::vector<double> out(vocab);
+  for (int64_t i = 0; i < vocab; ++i) out[i] = logits[i] - log_z;
+  return out;
+}
+
+StepExecutor::StepExecutor(const Model& model, const WorldLayout& layout, Communicator& world)
+    : stage_(model, layout, world) {}
+
+HeldState StepExecutor::Held() const {
+  HeldState held;
+  for (const auto& [id, seq] : sequences_) {
+    ++held.sequences;
+    held.kda_bytes += seq.state->KdaBytes();
+    held.mla_bytes += seq.state->MlaCacheBytes();
+    held.tokens += seq.state->length;
+  }
+  return held;
+}
+
+absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) {
+  for (uint64_t id : step.release) sequences_.erase(id);
+  if (step.work.empty()) return std::vector<SequenceResult>{};
+
+  // Check the work before touching any state.
+  std::set<uint64_t> seen;
+  for (const SequenceWork& w : step.work) {
+    if (!seen.insert(w.sequence_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", step.id, ": sequence ", w.sequence_id, " appears twice"));
+    }
+    const bool exists = sequences_.contains(w.sequence_id);
+    if (w.start == exists) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step.id, ": sequence ", w.sequence_id,
+          w.start ? " started again while it still holds state" : " has no state (never started, or released)"));
+    }
+    if (w.output == WorkOutput::kScore && w.targets.size() != w.tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step.id, ": sequence ", w.sequence_id, " has ", w.tokens.size(),
+          " tokens but ", w.targets.size(), " score targets"));
+    }
+  }
+  const Model& model = stage_.model();
+  for (const SequenceWork& w : step.work) {
+    if (!w.start) continue;
+    Sequence seq;
+    seq.state = model.NewSequence();
+    seq.sampling = w.sampling;
+    seq.rng = kernels::Rng(w.seed);
+    sequences_.emplace(w.sequence_id, std::move(seq));
+  }
+  std::vector<ForwardInput> inputs;
+  inputs.reserve(step.work.size());
+  for (const SequenceWork& w : step.work) {
+    inputs.push_back({sequences_.at(w.sequence_id).state.get(), w.tokens,
+                      w.output == WorkOutput::kScore});
+  }
+  std::vector<float> logits;
+  absl::Status status = stage_.Forward(inputs, &logits);
+  if (status.ok()) status = stage_.DrainSends();
+  if (!status.ok()) {
+    // Forward changes no state when it refuses a batch; undo the starts.
+    for (const SequenceWork& w : step.work) {
+      if (w.start) sequences_.erase(w.sequence_id);
+    }
+    return status;
+  }
+  std::vector<SequenceResult> results;
+  if (!is_output()) return results;
+
+  const int64_t vocab = model.config().vocab_size;
+  const float* row = logits.data();
+  for (const SequenceWork& w : step.work) {
+    Sequence& seq = sequences_.at(w.sequence_id);
+    const int64_t rows = w.output == WorkOutput::kScore ? static_cast<int64_t>(w.tokens.size()) : 1;
+    if (w.output == WorkOutput::kNone) {
+      row += rows * vocab;
+      continue;
+    }
+    SequenceResult r;
+    r.sequence_id = w.sequence_id;
+    if (w.output == WorkOutput::kSample) {
+      r.token = kernels::Sample(row, vocab, seq.sampling, seq.rng);
+      if (w.logprobs || w.top_logprobs > 0) {
+        const std::vector<double> lp = LogSoftmax(row, vocab);
+        r.logprob = static_cast<float>(lp[r.token]);
+        const int64_t n = std::min<int64_t>(w.top_logprobs, vocab);
+        std::vector<int32_t> order(vocab);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + n, order.end(),
+                          [&](int32_t a, int32_t b) {
+                            return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+                          });
+        for (int64_t i = 0; i < n; ++i) {
+          r.top_ids.push_back(order[i]);
+          r.top_logprobs.push_back(static_cast<float>(lp[order[i]]));
+        }
+      }
+    } else {
+      for (int64_t t = 0; t < rows; ++t) {
+        const int32_t target = w.targets[t];
+        if (target < 0 || target >= vocab) {
+          r.target_logprobs.push_back(0.0f);
+          continue;
+        }
+        r.target_logprobs.push_back(
+            static_cast<float>(LogSoftmax(row + t * vocab, vocab)[target]));
+      }
+    }
+    row += rows * vocab;
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace deltaserve

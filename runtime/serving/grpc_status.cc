@@ -1,0 +1,1 @@
+#include "runtime/serving/grpc_status.h"

@@ -1,0 +1,195 @@
+// Continuous batching on the worker: sequences run through shared steps, in
+// any mix of prefill chunks, decode tokens and scoring, get the same tokens
+// and log-probs as each run alone in its own Session.
+#include "runtime/engine/step_executor.h"
+
+#include <cmath>
+
+#include "runtime/comm/single_communicator.h"
+#include "runtime/engine/session.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+class StepExecutorTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto model = Model::Load(testing::GoldenPath("model/" + GetParam()));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    layout_ = *WorldLayout::Make(1, 1, 1);
+    executor_ = std::make_unique<StepExecutor>(*model_, layout_, world_);
+  }
+  // Tokens `Generate` gives for the prompt alone.
+  std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int64_t n,
+                             const kernels::SamplingParams& sampling, uint64_t seed) {
+    Session session(*model_);
+    GenerateOptions options;
+    options.max_tokens = n;
+    options.sampling = sampling;
+    options.seed = seed;
+    std::vector<int32_t> out;
+    auto stats = Generate(session, model_->config().vocab_size, prompt, options,
+                          [&](int32_t t) { out.push_back(t); });
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return out;
+  }
+  std::unique_ptr<Model> model_;
+  SingleCommunicator world_;
+  WorldLayout layout_;
+  std::unique_ptr<StepExecutor> executor_;
+};
+
+TEST_P(StepExecutorTest, SharedStepsGiveEachSequenceItsOwnTokens) {
+  struct Request {
+    std::vector<int32_t> prompt;
+    kernels::SamplingParams sampling;
+    uint64_t seed;
+    int64_t chunk;  // prefill piece size
+    size_t fed = 0;
+    std::vector<int32_t> out;
+  };
+  std::vector<Request> requests = {
+      {testing::RandomTokens(150, 1), {}, 0, 64, 0, {}},
+      {testing::RandomTokens(9, 2), {0.8f, 20, 0.9f}, 7, 4, 0, {}},
+      {testing::RandomTokens(1, 3), {1.0f, 0, 1.0f}, 9, 1, 0, {}},
+      {testing::RandomTokens(40, 4), {}, 0, 100, 0, {}},
+  };
+  const int64_t kTokens = 12;
+  bool busy = true;
+  for (uint64_t step_id = 0; busy; ++step_id) {
+    Step step;
+    step.id = step_id;
+    busy = false;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Request& r = requests[i];
+      if (static_cast<int64_t>(r.out.size()) == kTokens) continue;
+      busy = true;
+      SequenceWork w;
+      w.sequence_id = 100 + i;
+      w.start = r.fed == 0;
+      w.sampling = r.sampling;
+      w.seed = r.seed;
+      if (r.fed < r.prompt.size()) {
+        const size_t n = std::min<size_t>(r.chunk, r.prompt.size() - r.fed);
+        w.tokens.assign(r.prompt.begin() + r.fed, r.prompt.begin() + r.fed + n);
+        r.fed += n;
+        w.output = r.fed == r.prompt.size() ? WorkOutput::kSample : WorkOutput::kNone;
+      } else {
+        w.tokens = {r.out.back()};
+        w.output = WorkOutput::kSample;
+      }
+      step.work.push_back(std::move(w));
+    }
+    if (!busy) break;
+    auto results = executor_->Run(step);
+    ASSERT_TRUE(results.ok()) << results.status();
+    for (const SequenceResult& res : *results) {
+      requests[res.sequence_id - 100].out.push_back(res.token);
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    EXPECT_EQ(r.out, Alone(r.prompt, kTokens, r.sampling, r.seed)) << "request " << i;
+  }
+  EXPECT_EQ(executor_->Held().sequences, 4);
+  Step release;
+  release.release = {100, 101, 102, 103};
+  ASSERT_TRUE(executor_->Run(release).ok());
+  const HeldState held = executor_->Held();
+  EXPECT_EQ(held.sequences, 0);
+  EXPECT_EQ(held.kda_bytes + held.mla_bytes, 0);
+}
+
+TEST_P(StepExecutorTest, ScoreGivesLogSoftmaxOfTheNextToken) {
+  const auto tokens = testing::RandomTokens(70, 5);
+  Session session(*model_);
+  auto logits = session.Prefill(tokens, 0, true);
+  ASSERT_TRUE(logits.ok());
+  const int64_t V = model_->config().vocab_size;
+
+  // Scored in two pieces next to a decoding sequence.
+  std::vector<float> scored;
+  for (size_t begin : {0, 30}) {
+    Step step;
+    SequenceWork w;
+    w.sequence_id = 1;
+    w.start = begin == 0;
+    const size_t end = begin == 0 ? 30 : tokens.size();
+    w.tokens.assign(tokens.begin() + begin, tokens.begin() + end);
+    w.output = WorkOutput::kScore;
+    for (size_t i = begin; i < end; ++i) {
+      w.targets.push_back(i + 1 < tokens.size() ? tokens[i + 1] : -1);
+    }
+    step.work.push_back(w);
+    SequenceWork other;
+    other.sequence_id = 2;
+    other.start = begin == 0;
+    other.tokens = {5, 6, 7};
+    other.output = WorkOutput::kSample;
+    other.logprobs = true;
+    other.top_logprobs = 3;
+    step.work.push_back(other);
+    auto results = executor_->Run(step);
+    ASSERT_TRUE(results.ok()) << results.status();
+    ASSERT_EQ(results->size(), 2u);
+    const auto& s = (*results)[0].target_logprobs;
+    scored.insert(scored.end(), s.begin(), s.end());
+    const SequenceResult& sampled = (*results)[1];
+    ASSERT_EQ(sampled.top_ids.size(), 3u);
+    EXPECT_EQ(sampled.top_ids[0], sampled.token);  // greedy
+    EXPECT_FLOAT_EQ(sampled.top_logprobs[0], sampled.logprob);
+    EXPECT_GE(sampled.top_logprobs[0], sampled.top_logprobs[1]);
+    EXPECT_GE(sampled.top_logprobs[1], sampled.top_logprobs[2]);
+  }
+  ASSERT_EQ(scored.size(), tokens.size());
+  for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+    const double expected = LogSoftmax(logits->data() + i * V, V)[tokens[i + 1]];
+    EXPECT_NEAR(scored[i], expected, 1e-4 * (1 + std::abs(expected))) << "token " << i;
+  }
+  EXPECT_EQ(scored.back(), 0.0f);
+}
+
+SequenceWork Work(uint64_t id, bool start, std::vector<int32_t> tokens,
+                  WorkOutput output = WorkOutput::kNone) {
+  SequenceWork w;
+  w.sequence_id = id;
+  w.start = start;
+  w.tokens = std::move(tokens);
+  w.output = output;
+  return w;
+}
+
+TEST_P(StepExecutorTest, BadWorkChangesNothing) {
+  Step start;
+  start.work.push_back(Work(1, true, {1, 2, 3}, WorkOutput::kSample));
+  ASSERT_TRUE(executor_->Run(start).ok());
+  const HeldState before = executor_->Held();
+
+  Step again = start;  // starting a live sequence
+  EXPECT_EQ(executor_->Run(again).status().code(), absl::StatusCode::kFailedPrecondition);
+  Step unknown;
+  unknown.work.push_back(Work(9, false, {1}, WorkOutput::kSample));
+  EXPECT_EQ(executor_->Run(unknown).status().code(), absl::StatusCode::kFailedPrecondition);
+  Step twice;
+  twice.work.push_back(Work(1, false, {1}));
+  twice.work.push_back(Work(1, false, {2}));
+  EXPECT_EQ(executor_->Run(twice).status().code(), absl::StatusCode::kInvalidArgument);
+  // A bad token in one sequence fails the step; the new sequence of that step
+  // is not kept and the old one did not advance.
+  Step bad;
+  bad.work.push_back(Work(1, false, {4}, WorkOutput::kSample));
+  bad.work.push_back(Work(2, true, {1, 100000}));
+  EXPECT_FALSE(executor_->Run(bad).ok());
+  const HeldState after = executor_->Held();
+  EXPECT_EQ(after.sequences, before.sequences);
+  EXPECT_EQ(after.tokens, before.tokens);
+  EXPECT_EQ(after.mla_bytes, before.mla_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, StepExecutorTest, ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
+
+}  // namespace
+}  // namespace deltaserve
