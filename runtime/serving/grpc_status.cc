@@ -1,1 +1,0 @@
-#include "runtime/serving/grpc_status.h"
