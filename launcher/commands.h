@@ -15,5 +15,10 @@ absl::Status RunMakeModel(const Args& args);
 absl::Status RunGenerate(const Args& args);
 absl::Status RunScore(const Args& args);
 absl::Status RunPlan(const Args& args);
+absl::Status RunServe(const Args& args);
+absl::Status RunCoordinator(const Args& args);
+absl::Status RunWorkerCommand(const Args& args);
+absl::Status RunClient(const Args& args);
+absl::Status RunBenchServe(const Args& args);
 
 }  // namespace deltaserve

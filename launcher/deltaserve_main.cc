@@ -27,6 +27,16 @@ constexpr char kUsage[] =
     "  plan       (--model DIR | --config FILE) --pp N --tp M [--context T]\n"
     "             [--stage-layers 2,3,4] [--weight-bytes 4 --cache-bytes 4]\n"
     "             [--state-bytes 4 --activation-bytes 4]\n"
+    "  serve      --model DIR [--port 50051 --host 127.0.0.1 --metrics-port N]\n"
+    "             [--threads N] [coordinator limits below]: API and worker in one process\n"
+    "  coordinator --model DIR [--port 50051 --host 0.0.0.0 --metrics-port N]\n"
+    "             [--max-running 64 --max-waiting 1024 --max-waiting-tokens N]\n"
+    "             [--step-tokens 512 --max-request-bytes N --port-file F]\n"
+    "  worker     --coordinator HOST:PORT --model DIR [--pp N --tp M --threads N]\n"
+    "             (one rank per process: mpirun -np N*M deltaserve worker ...)\n"
+    "  client     generate|score|info|status [--server HOST:PORT] ...\n"
+    "  bench-serve --server HOST:PORT [--concurrency 1,8,32 --prompt-tokens N]\n"
+    "             [--max-tokens N --requests N]\n"
     "  version\n";
 
 }  // namespace
@@ -47,6 +57,16 @@ int main(int argc, char** argv) {
     status = deltaserve::RunScore(args);
   } else if (command == "plan") {
     status = deltaserve::RunPlan(args);
+  } else if (command == "serve") {
+    status = deltaserve::RunServe(args);
+  } else if (command == "coordinator") {
+    status = deltaserve::RunCoordinator(args);
+  } else if (command == "worker") {
+    status = deltaserve::RunWorkerCommand(args);
+  } else if (command == "client") {
+    status = deltaserve::RunClient(args);
+  } else if (command == "bench-serve") {
+    status = deltaserve::RunBenchServe(args);
   } else if (command == "version") {
     std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION,
                 DELTASERVE_HAVE_CUDA, DELTASERVE_HAVE_MPI);

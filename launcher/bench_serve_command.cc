@@ -1,0 +1,143 @@
+// bench-serve: a load generator for a running server. N clients each stream
+// requests back to back; reports requests/s, output tokens/s, time to first
+// token and time per output token (median and p99), as the client sees them.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "deltaserve/v1/generation.grpc.pb.h"
+#include "launcher/commands.h"
+#include "launcher/flags.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/serving/grpc_status.h"
+
+namespace deltaserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Sample {
+  double ttft_s = 0, tpot_s = 0, total_s = 0;
+  int64_t tokens = 0;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+absl::StatusOr<Sample> OneRequest(v1::Generation::Stub& stub, const v1::GenerateRequest& req) {
+  grpc::ClientContext context;
+  const auto start = Clock::now();
+  auto reader = stub.Generate(&context, req);
+  v1::GenerateResponse response;
+  Sample s;
+  Clock::time_point first, last;
+  while (reader->Read(&response)) {
+    const auto now = Clock::now();
+    for (int i = 0; i < response.tokens_size(); ++i) {
+      if (s.tokens++ == 0) first = now;
+      last = now;
+    }
+  }
+  DELTASERVE_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
+  const auto secs = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  s.total_s = secs(start, Clock::now());
+  s.ttft_s = s.tokens > 0 ? secs(start, first) : s.total_s;
+  s.tpot_s = s.tokens > 1 ? secs(first, last) / static_cast<double>(s.tokens - 1) : 0;
+  return s;
+}
+
+}  // namespace
+
+absl::Status RunBenchServe(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags, Flags::Parse("bench-serve", args,
+                                {"server", "concurrency", "prompt-tokens", "max-tokens",
+                                 "requests", "vocab"}));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> levels,
+                              ParseTokenList(flags.GetString("concurrency", "1,8,32"),
+                                             "--concurrency"));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t prompt_tokens, flags.GetInt("prompt-tokens", 128));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t max_tokens, flags.GetInt("max-tokens", 64));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t requests, flags.GetInt("requests", 0));
+  if (prompt_tokens < 1 || max_tokens < 1) {
+    return absl::InvalidArgumentError("--prompt-tokens and --max-tokens must be >= 1");
+  }
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(flags.GetString("server", "127.0.0.1:50051"),
+                                           grpc::InsecureChannelCredentials(), channel_args);
+  auto stub = v1::Generation::NewStub(channel);
+  v1::ModelInfo info;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    context.set_wait_for_ready(true);
+    DELTASERVE_RETURN_IF_ERROR(
+        FromGrpc(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info)));
+  }
+  std::printf("# bench-serve: %s, %lld prompt tokens, %lld output tokens per request\n",
+              info.model_type().c_str(), static_cast<long long>(prompt_tokens),
+              static_cast<long long>(max_tokens));
+  std::printf("| clients | requests | requests/s | output tokens/s | TTFT median ms | "
+              "TTFT p99 ms | TPOT median ms | TPOT p99 ms |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (int32_t n : levels) {
+    if (n < 1) return absl::InvalidArgumentError("--concurrency levels must be >= 1");
+    const int64_t per_client = requests > 0 ? std::max<int64_t>(1, requests / n)
+                                            : std::max<int64_t>(2, 64 / n);
+    std::mutex mu;
+    std::vector<Sample> samples;
+    absl::Status failure;
+    const auto start = Clock::now();
+    std::vector<std::thread> clients;
+    for (int c = 0; c < n; ++c) {
+      clients.emplace_back([&, c] {
+        for (int64_t i = 0; i < per_client; ++i) {
+          v1::GenerateRequest req;
+          // Distinct prompts: no request can reuse another's work.
+          for (int64_t t = 0; t < prompt_tokens; ++t) {
+            req.mutable_tokens()->add_ids(
+                static_cast<int32_t>((t * 7 + c * 131 + i * 17 + 1) % info.vocab_size()));
+          }
+          req.set_max_tokens(static_cast<int32_t>(max_tokens));
+          req.set_ignore_eos(true);
+          auto s = OneRequest(*stub, req);
+          std::lock_guard<std::mutex> lock(mu);
+          if (s.ok()) {
+            samples.push_back(*s);
+          } else if (failure.ok()) {
+            failure = s.status();
+          }
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    DELTASERVE_RETURN_IF_ERROR(failure);
+    std::vector<double> ttft, tpot;
+    int64_t tokens = 0;
+    for (const Sample& s : samples) {
+      ttft.push_back(s.ttft_s * 1e3);
+      tpot.push_back(s.tpot_s * 1e3);
+      tokens += s.tokens;
+    }
+    std::printf("| %d | %zu | %.2f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", n, samples.size(),
+                samples.size() / wall, tokens / wall, Percentile(ttft, 0.5),
+                Percentile(ttft, 0.99), Percentile(tpot, 0.5), Percentile(tpot, 0.99));
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,201 @@
+// client: a small gRPC client of the Generation API (generate, score, info,
+// status), for people at a terminal, scripts and the e2e tests.
+#include <chrono>
+#include <cstdio>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "deltaserve/v1/generation.grpc.pb.h"
+#include "launcher/commands.h"
+#include "launcher/flags.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/serving/grpc_status.h"
+
+namespace deltaserve {
+namespace {
+
+std::unique_ptr<v1::Generation::Stub> Connect(const Flags& flags) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return v1::Generation::NewStub(grpc::CreateCustomChannel(
+      flags.GetString("server", "127.0.0.1:50051"), grpc::InsecureChannelCredentials(), args));
+}
+
+absl::Status SetDeadline(const Flags& flags, grpc::ClientContext* context) {
+  DELTASERVE_ASSIGN_OR_RETURN(double timeout, flags.GetDouble("timeout", 0));
+  if (timeout < 0) return absl::InvalidArgumentError("--timeout must be >= 0");
+  if (timeout > 0) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6)));
+  }
+  return absl::OkStatus();
+}
+
+// --prompt TEXT or --tokens 1,2,3 into the request's oneof.
+template <typename Req>
+absl::Status SetInput(const Flags& flags, Req* req) {
+  if (flags.Has("prompt") == flags.Has("tokens")) {
+    return absl::InvalidArgumentError("give exactly one of --prompt, --tokens");
+  }
+  if (flags.Has("prompt")) {
+    req->set_text(flags.GetString("prompt"));
+    return absl::OkStatus();
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                              ParseTokenList(flags.GetString("tokens"), "--tokens"));
+  req->mutable_tokens()->mutable_ids()->Add(ids.begin(), ids.end());
+  return absl::OkStatus();
+}
+
+const char* FinishName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_STOP: return "stop";
+    case v1::FINISH_REASON_CONTEXT: return "context";
+    default: return "unspecified";
+  }
+}
+
+absl::Status ClientGenerate(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags,
+      Flags::Parse("client generate", args,
+                   {"server", "prompt", "tokens", "max-tokens", "temperature", "top-k", "top-p",
+                    "seed", "stop", "stop-token-ids", "request-id", "timeout", "top-logprobs"},
+                   {"ids", "ignore-eos"}));
+  v1::GenerateRequest req;
+  DELTASERVE_RETURN_IF_ERROR(SetInput(flags, &req));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t max_tokens, flags.GetInt("max-tokens", 32));
+  DELTASERVE_ASSIGN_OR_RETURN(double temperature, flags.GetDouble("temperature", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t top_k, flags.GetInt("top-k", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t top_logprobs, flags.GetInt("top-logprobs", 0));
+  req.set_max_tokens(static_cast<int32_t>(max_tokens));
+  req.mutable_sampling()->set_temperature(static_cast<float>(temperature));
+  req.mutable_sampling()->set_top_k(static_cast<int32_t>(top_k));
+  if (flags.Has("top-p")) {
+    DELTASERVE_ASSIGN_OR_RETURN(double top_p, flags.GetDouble("top-p", 1));
+    req.mutable_sampling()->set_top_p(static_cast<float>(top_p));
+  }
+  req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
+  if (flags.Has("stop")) req.add_stop(flags.GetString("stop"));
+  if (flags.Has("stop-token-ids")) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                                ParseTokenList(flags.GetString("stop-token-ids"),
+                                               "--stop-token-ids"));
+    req.mutable_stop_token_ids()->Add(ids.begin(), ids.end());
+  }
+  req.set_request_id(flags.GetString("request-id"));
+  req.set_top_logprobs(static_cast<int32_t>(top_logprobs));
+  req.set_ignore_eos(flags.Has("ignore-eos"));
+  const bool ids = flags.Has("ids");
+
+  auto stub = Connect(flags);
+  grpc::ClientContext context;
+  DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
+  auto reader = stub->Generate(&context, req);
+  v1::GenerateResponse response;
+  bool first = true;
+  v1::Completion completion;
+  while (reader->Read(&response)) {
+    for (const auto& t : response.tokens()) {
+      if (ids) {
+        std::printf(first ? "%d" : " %d", t.id());
+      } else {
+        std::fputs(t.text().c_str(), stdout);
+      }
+      for (const auto& top : t.top_logprobs()) {
+        std::fprintf(stderr, "  [%d] %d %.4f\n", t.id(), top.id(), top.logprob());
+      }
+      first = false;
+    }
+    std::fflush(stdout);
+    if (response.has_completion()) completion = response.completion();
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  DELTASERVE_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
+  const auto& t = completion.timings();
+  const double decode = t.total_s() - t.time_to_first_token_s();
+  const int64_t n = completion.usage().completion_tokens();
+  std::fprintf(stderr,
+               "finish: %s%s%s, prompt tokens: %lld, generated: %lld, queue: %.1f ms, "
+               "time to first token: %.1f ms, total: %.1f ms, decode: %.1f tokens/s\n",
+               FinishName(completion.finish_reason()), completion.stop().empty() ? "" : " at ",
+               completion.stop().c_str(),
+               static_cast<long long>(completion.usage().prompt_tokens()),
+               static_cast<long long>(n), t.queue_s() * 1e3, t.time_to_first_token_s() * 1e3,
+               t.total_s() * 1e3, n > 1 && decode > 0 ? (n - 1) / decode : 0.0);
+  return absl::OkStatus();
+}
+
+absl::Status ClientScore(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags, Flags::Parse("client score", args, {"server", "prompt", "tokens", "timeout"}));
+  v1::ScoreRequest req;
+  DELTASERVE_RETURN_IF_ERROR(SetInput(flags, &req));
+  auto stub = Connect(flags);
+  grpc::ClientContext context;
+  DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
+  v1::ScoreResponse response;
+  DELTASERVE_RETURN_IF_ERROR(FromGrpc(stub->Score(&context, req, &response)));
+  for (int i = 0; i < response.logprobs_size(); ++i) {
+    std::printf("%d %.6f\n", response.token_ids(i + 1), response.logprobs(i));
+  }
+  std::fprintf(stderr, "tokens: %d, total log-prob: %.6f, time: %.1f ms\n",
+               response.token_ids_size(), response.total_logprob(),
+               response.timings().total_s() * 1e3);
+  return absl::OkStatus();
+}
+
+absl::Status ClientInfo(const Args& args, bool status) {
+  DELTASERVE_ASSIGN_OR_RETURN(
+      Flags flags, Flags::Parse(status ? "client status" : "client info", args, {"server"}));
+  auto stub = Connect(flags);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (status) {
+    v1::ServerStatus response;
+    DELTASERVE_RETURN_IF_ERROR(
+        FromGrpc(stub->GetServerStatus(&context, v1::GetServerStatusRequest(), &response)));
+    std::printf("%s", response.DebugString().c_str());
+  } else {
+    v1::ModelInfo response;
+    DELTASERVE_RETURN_IF_ERROR(
+        FromGrpc(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &response)));
+    std::printf("%s", response.DebugString().c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+
+absl::Status RunClientCommand(const Args& args) {
+  if (args.empty()) {
+    return absl::InvalidArgumentError("client: give a subcommand: generate, score, info, status");
+  }
+  const Args rest(args.begin() + 1, args.end());
+  if (args[0] == "generate") return ClientGenerate(rest);
+  if (args[0] == "score") return ClientScore(rest);
+  if (args[0] == "info") return ClientInfo(rest, false);
+  if (args[0] == "status") return ClientInfo(rest, true);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "client: unknown subcommand '", args[0], "': generate, score, info, status"));
+}
+
+}  // namespace
+
+// Errors carry the gRPC code's name, as scripts and people look for it.
+absl::Status RunClient(const Args& args) {
+  const absl::Status status = RunClientCommand(args);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                                  status.message()));
+}
+
+}  // namespace deltaserve

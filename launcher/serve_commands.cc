@@ -1,0 +1,176 @@
+// serve, coordinator and worker: the serving processes.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/commands.h"
+#include "launcher/deployment.h"
+#include "launcher/flags.h"
+#include "runtime/comm/single_communicator.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/engine/step_executor.h"
+#include "runtime/serving/server.h"
+#include "runtime/serving/worker.h"
+
+namespace deltaserve {
+namespace {
+
+const std::set<std::string> kServerFlags = {
+    "model",        "host",        "port",          "metrics-port",       "port-file",
+    "max-running",  "max-waiting", "step-tokens",   "max-waiting-tokens", "max-request-bytes"};
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started after
+// it, so that WaitForSignal (sigwait) is where they arrive.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int WaitForSignal(const sigset_t& set) {
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
+}
+
+absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, const std::string& host) {
+  ServerOptions o;
+  DELTASERVE_ASSIGN_OR_RETURN(o.model_dir, flags.Required("model"));
+  o.host = flags.GetString("host", host);
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t port, flags.GetInt("port", 50051));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t metrics_port, flags.GetInt("metrics-port", -1));
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError("--port must be in [0, 65535]");
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return absl::InvalidArgumentError("--metrics-port must be in [0, 65535] (or -1: none)");
+  }
+  o.port = static_cast<int>(port);
+  o.metrics_port = static_cast<int>(metrics_port);
+  CoordinatorOptions& c = o.coordinator;
+  DELTASERVE_ASSIGN_OR_RETURN(c.max_running, flags.GetInt("max-running", c.max_running));
+  DELTASERVE_ASSIGN_OR_RETURN(c.max_waiting, flags.GetInt("max-waiting", c.max_waiting));
+  DELTASERVE_ASSIGN_OR_RETURN(c.max_waiting_tokens,
+                              flags.GetInt("max-waiting-tokens", c.max_waiting_tokens));
+  DELTASERVE_ASSIGN_OR_RETURN(c.step_tokens, flags.GetInt("step-tokens", c.step_tokens));
+  DELTASERVE_ASSIGN_OR_RETURN(o.max_request_bytes,
+                              flags.GetInt("max-request-bytes", o.max_request_bytes));
+  if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");
+  if (c.max_waiting < 0) return absl::InvalidArgumentError("--max-waiting must be >= 0");
+  if (c.max_waiting_tokens < 0) {
+    return absl::InvalidArgumentError("--max-waiting-tokens must be >= 0");
+  }
+  if (c.step_tokens < 1) return absl::InvalidArgumentError("--step-tokens must be >= 1");
+  if (o.max_request_bytes < 1) {
+    return absl::InvalidArgumentError("--max-request-bytes must be >= 1");
+  }
+  return o;
+}
+
+// Says where the server listens: on stderr, and in --port-file (the gRPC
+// port, then the metrics port) for scripts that asked for port 0.
+absl::Status Announce(const Flags& flags, const Server& server, const std::string& what) {
+  std::fprintf(stderr, "deltaserve %s: listening on port %d", what.c_str(), server.port());
+  if (server.metrics_port() >= 0) {
+    std::fprintf(stderr, ", metrics on http://...:%d/metrics", server.metrics_port());
+  }
+  std::fprintf(stderr, "\n");
+  if (!flags.Has("port-file")) return absl::OkStatus();
+  const std::string text = absl::StrCat(server.port(), "\n", server.metrics_port(), "\n");
+  return WriteFileAtomically(flags.GetString("port-file"),
+                             [&](std::ostream& out) { out << text; });
+}
+
+}  // namespace
+
+absl::Status RunServe(const Args& args) {
+  std::set<std::string> valued = kServerFlags;
+  valued.insert("threads");
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("serve", args, valued));
+  DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, "127.0.0.1"));
+  const sigset_t signals = BlockStopSignals();
+  // The one-rank worker: the whole model in this process.
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, 0));
+  if (deployment.distributed) {
+    return absl::InvalidArgumentError(
+        "serve runs in one process; for --pp/--tp or mpirun use `deltaserve coordinator` and "
+        "`deltaserve worker`");
+  }
+  SingleCommunicator world;
+  StepExecutor executor(*deployment.model, deployment.layout, world);
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
+  DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "serve"));
+  WorkerOptions worker_options;
+  worker_options.channel = server->InProcessChannel();
+  worker_options.description = "embedded worker (one process)";
+  worker_options.connect_timeout_s = 0;
+  absl::Status worker_status;
+  std::atomic<bool> stopping = false;
+  std::thread worker([&] {
+    worker_status = RunWorker(executor, config, worker_options);
+    // Without its worker the server has nothing to serve with.
+    if (!stopping) kill(getpid(), SIGTERM);
+  });
+  const int signal = WaitForSignal(signals);
+  stopping = true;
+  std::fprintf(stderr, "deltaserve serve: %s, shutting down\n", strsignal(signal));
+  server->Shutdown();
+  worker.join();
+  // The link ending is how the worker sees a shutdown; other errors came
+  // first and are the reason we stop.
+  return worker_status.ok() || absl::IsUnavailable(worker_status) ? absl::OkStatus()
+                                                                  : worker_status;
+}
+
+absl::Status RunCoordinator(const Args& args) {
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("coordinator", args, kServerFlags));
+  DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, "0.0.0.0"));
+  const sigset_t signals = BlockStopSignals();
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
+  DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "coordinator"));
+  const int signal = WaitForSignal(signals);
+  std::fprintf(stderr, "deltaserve coordinator: %s, shutting down\n", strsignal(signal));
+  server->Shutdown();
+  return absl::OkStatus();
+}
+
+absl::Status RunWorkerCommand(const Args& args) {
+  std::set<std::string> valued = kDeploymentFlags;
+  valued.insert({"coordinator", "connect-timeout", "plan-context"});
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("worker", args, valued));
+  DELTASERVE_ASSIGN_OR_RETURN(std::string coordinator, flags.Required("coordinator"));
+  DELTASERVE_ASSIGN_OR_RETURN(double connect_timeout, flags.GetDouble("connect-timeout", 60));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t plan_context, flags.GetInt("plan-context", 32768));
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, plan_context));
+  SingleCommunicator single;
+  Communicator& world = deployment.world ? *deployment.world : single;
+  StepExecutor executor(*deployment.model, deployment.layout, world);
+  WorkerOptions options;
+  options.description = absl::StrCat(deployment.description, " of ", world.size(), " ranks (pp ",
+                                     deployment.layout.pp, ", tp ", deployment.layout.tp, ")");
+  options.connect_timeout_s = connect_timeout;
+  if (world.rank() == executor.stage().leader_rank()) {
+    grpc::ChannelArguments channel_args;
+    channel_args.SetMaxReceiveMessageSize(-1);
+    channel_args.SetMaxSendMessageSize(-1);
+    channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    channel_args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    options.channel = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(),
+                                                channel_args);
+    std::fprintf(stderr, "deltaserve worker: %s, attaching to %s\n",
+                 options.description.c_str(), coordinator.c_str());
+  }
+  return RunWorker(executor, config, options);
+}
+
+}  // namespace deltaserve

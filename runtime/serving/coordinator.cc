@@ -1,0 +1,600 @@
+#include "runtime/serving/coordinator.h"
+
+#include <algorithm>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
+
+namespace deltaserve {
+
+namespace {
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+struct Request {
+  std::string request_id;
+  uint64_t sequence_id = 0;
+  bool score = false;
+  std::vector<int32_t> prompt;
+  GenerateParams params;
+  std::optional<Clock::time_point> deadline;
+
+  // Scheduler side.
+  size_t fed = 0;         // prompt tokens sent to the worker
+  bool started = false;   // the worker holds state for it
+  bool in_step = false;   // part of the step in flight
+  std::vector<int32_t> generated;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  std::string text;       // generated text so far
+  size_t text_sent = 0;   // bytes of `text` handed out
+  std::vector<float> score_logprobs;
+  Clock::time_point accepted, scheduled, first_token, last_token;
+  bool was_scheduled = false;
+
+  // RPC side (under the coordinator's mutex).
+  std::vector<TokenEvent> events;
+  bool ended = false;
+  std::optional<RequestOutcome> outcome;  // set when ended, taken by Poll
+
+  int64_t length() const { return static_cast<int64_t>(fed + generated.size()); }
+};
+
+const std::string& RequestHandle::request_id() const { return request_->request_id; }
+
+Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
+                         CoordinatorOptions options, MetricsRegistry& m)
+    : config_(std::move(config)),
+      tokenizer_(std::move(tokenizer)),
+      options_(options),
+      cost_(config_),
+      metrics_{
+          m.AddHistogram("deltaserve_time_to_first_token_seconds",
+                         "Time from accepting a Generate request to its first token.",
+                         LatencyBuckets()),
+          m.AddHistogram("deltaserve_time_per_output_token_seconds",
+                         "Time between consecutive tokens of a request.", LatencyBuckets()),
+          m.AddHistogram("deltaserve_e2e_request_latency_seconds",
+                         "Time from accepting a request to its end.", LatencyBuckets()),
+          m.AddHistogram("deltaserve_queue_time_seconds",
+                         "Time from accepting a request to its first step.", LatencyBuckets()),
+          m.AddGauge("deltaserve_requests_running", "Requests holding state on the worker."),
+          m.AddGauge("deltaserve_requests_waiting", "Requests queued for a place."),
+          m.AddCounter("deltaserve_prompt_tokens_total", "Prompt tokens prefilled."),
+          m.AddCounter("deltaserve_generation_tokens_total", "Tokens generated."),
+          m.AddCounter("deltaserve_requests_finished_total", "Requests that ended normally."),
+          m.AddCounter("deltaserve_requests_failed_total",
+                       "Requests that ended with an error, cancellation or deadline."),
+          m.AddCounter("deltaserve_requests_rejected_total",
+                       "Requests refused at admission (RESOURCE_EXHAUSTED)."),
+          m.AddGauge("deltaserve_kda_state_bytes", "KDA state held on the worker, all ranks."),
+          m.AddGauge("deltaserve_mla_cache_bytes", "MLA latent cache held on the worker, all ranks."),
+          m.AddGauge("deltaserve_prefill_tokens_per_second",
+                     "Prompt tokens per second of the last step that prefilled."),
+          m.AddGauge("deltaserve_worker_attached", "1 when a worker is attached."),
+          m.AddCounter("deltaserve_steps_total", "Steps run on the worker."),
+      } {
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+    const absl::Status status = absl::UnavailableError("the server is shutting down");
+    while (!waiting_.empty()) FailLocked(*waiting_.front(), status);
+    while (!running_.empty()) FailLocked(*running_.front(), status);
+  }
+  work_cv_.notify_all();
+  events_cv_.notify_all();
+  if (scheduler_.joinable()) scheduler_.join();
+  // Tell the worker, so its ranks end cleanly instead of seeing a broken link.
+  std::shared_ptr<WorkerSender> sender;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (worker_) sender = worker_->sender;
+  }
+  if (sender != nullptr) {
+    v1::CoordinatorMessage message;
+    message.mutable_step()->set_shutdown(true);
+    sender->Send(message);
+  }
+}
+
+void Coordinator::SetServingCallback(std::function<void(bool)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  serving_callback_ = std::move(callback);
+  if (serving_callback_) serving_callback_(worker_.has_value());
+}
+
+absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
+    std::string request_id, std::vector<int32_t> prompt, GenerateParams params,
+    std::optional<Clock::time_point> deadline) {
+  auto r = std::make_shared<Request>();
+  r->request_id = std::move(request_id);
+  r->prompt = std::move(prompt);
+  r->params = std::move(params);
+  r->deadline = deadline;
+  if (tokenizer_ != nullptr) r->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
+  if (!r->params.ignore_eos && tokenizer_ != nullptr) {
+    for (int32_t id : tokenizer_->end_ids()) r->params.stop_ids.push_back(id);
+  }
+  return Admit(std::move(r));
+}
+
+absl::StatusOr<RequestHandle> Coordinator::SubmitScore(std::string request_id,
+                                                       std::vector<int32_t> tokens,
+                                                       std::optional<Clock::time_point> deadline) {
+  auto r = std::make_shared<Request>();
+  r->request_id = std::move(request_id);
+  r->prompt = std::move(tokens);
+  r->score = true;
+  r->deadline = deadline;
+  return Admit(std::move(r));
+}
+
+absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return absl::UnavailableError("the server is shutting down");
+  if (by_id_.contains(r->request_id)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id: '", r->request_id, "' is already running or queued"));
+  }
+  int64_t waiting_tokens = 0;
+  for (const auto& w : waiting_) waiting_tokens += static_cast<int64_t>(w->prompt.size());
+  const bool room_to_run = static_cast<int64_t>(running_.size()) < options_.max_running &&
+                           waiting_.empty();
+  if (!room_to_run) {
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
+      metrics_.rejected.Add();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full: ", waiting_.size(), " requests waiting (limit ",
+          options_.max_waiting, ", --max-waiting) behind ", running_.size(), " running"));
+    }
+    if (waiting_tokens + static_cast<int64_t>(r->prompt.size()) > options_.max_waiting_tokens) {
+      metrics_.rejected.Add();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full: ", waiting_tokens, " prompt tokens waiting, ", r->prompt.size(),
+          " more would pass the limit of ", options_.max_waiting_tokens,
+          " (--max-waiting-tokens)"));
+    }
+  }
+  r->sequence_id = next_sequence_++;
+  r->accepted = Clock::now();
+  by_id_[r->request_id] = r;
+  waiting_.push_back(r);
+  UpdateGaugesLocked();
+  work_cv_.notify_all();
+  return RequestHandle(std::move(r));
+}
+
+std::optional<RequestOutcome> Coordinator::Poll(const RequestHandle& handle,
+                                                std::vector<TokenEvent>* tokens,
+                                                std::chrono::milliseconds wait) {
+  Request& r = *handle.request_;
+  std::unique_lock<std::mutex> lock(mu_);
+  events_cv_.wait_for(lock, wait, [&] { return !r.events.empty() || r.ended; });
+  for (TokenEvent& e : r.events) tokens->push_back(std::move(e));
+  r.events.clear();
+  if (!r.ended) return std::nullopt;
+  return r.outcome;
+}
+
+void Coordinator::Cancel(const RequestHandle& handle, const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FailLocked(*handle.request_, reason);
+  work_cv_.notify_all();
+}
+
+bool Coordinator::Abort(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(request_id);
+  if (it == by_id_.end()) return false;
+  FailLocked(*it->second, absl::CancelledError(
+                              absl::StrCat("request '", request_id, "' was aborted")));
+  work_cv_.notify_all();
+  return true;
+}
+
+ServerStatusData Coordinator::Status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ServerStatusData s;
+  s.worker_attached = worker_.has_value();
+  s.waiting_requests = static_cast<int64_t>(waiting_.size());
+  for (const auto& w : waiting_) s.waiting_tokens += static_cast<int64_t>(w->prompt.size());
+  s.running_sequences = static_cast<int64_t>(running_.size());
+  s.kda_state_bytes = held_kda_;
+  s.mla_cache_bytes = held_mla_;
+  s.mla_cache_tokens = held_tokens_;
+  s.steps = steps_;
+  s.requests_finished = finished_;
+  if (worker_) {
+    s.pp = worker_->hello.pipeline_stages();
+    s.tp = worker_->hello.tensor_parallel();
+    s.replicas = worker_->hello.replicas();
+  }
+  return s;
+}
+
+// --- Ending requests --------------------------------------------------------
+
+void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
+  if (r.ended) return;
+  const auto now = Clock::now();
+  outcome.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  outcome.completion_tokens = static_cast<int64_t>(r.generated.size());
+  outcome.queue_s = r.was_scheduled ? Seconds(r.accepted, r.scheduled) : Seconds(r.accepted, now);
+  outcome.time_to_first_token_s = r.generated.empty() ? 0 : Seconds(r.accepted, r.first_token);
+  outcome.total_s = Seconds(r.accepted, now);
+  if (r.score) outcome.score_logprobs = std::move(r.score_logprobs);
+  (outcome.status.ok() ? metrics_.finished : metrics_.failed).Add();
+  metrics_.e2e.Observe(outcome.total_s);
+  if (!r.was_scheduled) metrics_.queue.Observe(outcome.queue_s);
+  r.ended = true;
+  r.outcome = std::move(outcome);
+  ++finished_;
+  if (r.started) pending_release_.push_back(r.sequence_id);
+  r.started = false;
+  auto drop = [&](auto& list) {
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](const auto& p) { return p.get() == &r; }),
+               list.end());
+  };
+  drop(waiting_);
+  drop(running_);
+  by_id_.erase(r.request_id);
+  UpdateGaugesLocked();
+  events_cv_.notify_all();
+}
+
+void Coordinator::FailLocked(Request& r, const absl::Status& status) {
+  RequestOutcome outcome;
+  outcome.status = status;
+  FinishLocked(r, std::move(outcome));
+}
+
+void Coordinator::UpdateGaugesLocked() {
+  metrics_.running.Set(static_cast<double>(running_.size()));
+  metrics_.waiting.Set(static_cast<double>(waiting_.size()));
+}
+
+// --- The worker link --------------------------------------------------------
+
+absl::StatusOr<uint64_t> Coordinator::AttachWorker(const v1::WorkerHello& hello,
+                                                   std::shared_ptr<WorkerSender> sender) {
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig theirs,
+                              ParseModelConfig(hello.config_json(), "the worker's config.json"));
+  if (ModelConfigToJson(theirs) != ModelConfigToJson(config_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the worker's model (", theirs.model_type, ", ", theirs.num_layers, " layers, hidden ",
+        theirs.hidden_size, ", vocab ", theirs.vocab_size,
+        ") is not the coordinator's: start both with the same --model"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return absl::UnavailableError("the coordinator is shutting down");
+  if (worker_) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "a worker is already attached (", worker_->hello.description(),
+        "); this coordinator serves one replica"));
+  }
+  Worker w;
+  w.id = next_worker_++;
+  w.hello = hello;
+  w.sender = std::move(sender);
+  worker_ = std::move(w);
+  pending_release_.clear();  // a new worker holds nothing
+  metrics_.worker.Set(1);
+  if (serving_callback_) serving_callback_(true);
+  std::fprintf(stderr, "coordinator: worker attached: %s\n", hello.description().c_str());
+  work_cv_.notify_all();
+  return worker_->id;
+}
+
+void Coordinator::OnStepResult(uint64_t worker, v1::StepResult result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_ || worker_->id != worker || result.step_id() != awaiting_step_) return;
+  result_ = std::move(result);
+  work_cv_.notify_all();
+}
+
+void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_ || worker_->id != worker) return;
+  LoseWorkerLocked(why);
+}
+
+void Coordinator::LoseWorkerLocked(const std::string& why) {
+  std::fprintf(stderr, "coordinator: worker lost: %s\n", why.c_str());
+  worker_.reset();
+  metrics_.worker.Set(0);
+  if (serving_callback_) serving_callback_(false);
+  // What the worker held is gone: requests it had state for end; requests it
+  // never saw go back to the front of the queue in their order.
+  const absl::Status status =
+      absl::UnavailableError(absl::StrCat("the worker went away (", why, ")"));
+  std::vector<std::shared_ptr<Request>> held = running_;
+  std::vector<std::shared_ptr<Request>> unseen;
+  for (const auto& r : held) {
+    if (r->started || r->fed > 0) {
+      r->started = false;  // nothing to release on a worker that is gone
+      FailLocked(*r, status);
+    } else {
+      unseen.push_back(r);
+    }
+  }
+  running_.clear();
+  waiting_.insert(waiting_.begin(), unseen.begin(), unseen.end());
+  pending_release_.clear();
+  held_kda_ = held_mla_ = held_tokens_ = 0;
+  metrics_.kda_bytes.Set(0);
+  metrics_.mla_bytes.Set(0);
+  UpdateGaugesLocked();
+  work_cv_.notify_all();
+}
+
+// --- Scheduling -------------------------------------------------------------
+
+bool Coordinator::HasWorkLocked() const {
+  if (!pending_release_.empty()) return true;
+  if (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
+    return true;
+  }
+  return !running_.empty();
+}
+
+v1::StepPlan Coordinator::BuildStepLocked(std::vector<StepItem>* items) {
+  const auto now = Clock::now();
+  // Deadlines first: a request past its deadline ends before it costs more.
+  std::vector<std::shared_ptr<Request>> live(waiting_.begin(), waiting_.end());
+  live.insert(live.end(), running_.begin(), running_.end());
+  for (const auto& r : live) {
+    if (r->deadline && now >= *r->deadline) {
+      FailLocked(*r, absl::DeadlineExceededError("the request's deadline passed"));
+    }
+  }
+  while (static_cast<int64_t>(running_.size()) < options_.max_running && !waiting_.empty()) {
+    running_.push_back(waiting_.front());
+    waiting_.pop_front();
+  }
+  UpdateGaugesLocked();
+
+  v1::StepPlan plan;
+  plan.set_step_id(next_step_++);
+  for (uint64_t id : pending_release_) plan.add_release(id);
+  pending_release_.clear();
+
+  int64_t budget_tokens = options_.step_tokens;
+  double budget_s = cost_.Cost(options_.step_tokens, 0);
+  auto add = [&](const std::shared_ptr<Request>& r, std::span<const int32_t> tokens,
+                 v1::SequenceWork::Output output) {
+    v1::SequenceWork* w = plan.add_work();
+    w->set_sequence_id(r->sequence_id);
+    w->set_start(!r->started);
+    if (!r->started) {
+      v1::StepSampling* s = w->mutable_sampling();
+      s->set_temperature(r->params.sampling.temperature);
+      s->set_top_k(static_cast<int32_t>(r->params.sampling.top_k));
+      s->set_top_p(r->params.sampling.top_p);
+      s->set_seed(r->params.seed);
+    }
+    w->mutable_tokens()->Add(tokens.begin(), tokens.end());
+    w->set_output(output);
+    w->set_logprobs(r->params.logprobs);
+    w->set_top_logprobs(r->params.top_logprobs);
+    if (output == v1::SequenceWork::OUTPUT_SCORE) {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const size_t next = r->fed + i + 1;
+        w->add_targets(next < r->prompt.size() ? r->prompt[next] : -1);
+      }
+    }
+    const StepPiece piece{static_cast<int64_t>(tokens.size()), r->length()};
+    budget_tokens -= piece.tokens;
+    budget_s -= cost_.Cost(piece.tokens, piece.prefix);
+    items->push_back({r, piece, output});
+    r->started = true;
+    r->in_step = true;
+    if (!r->was_scheduled) {
+      r->was_scheduled = true;
+      r->scheduled = now;
+      metrics_.queue.Observe(Seconds(r->accepted, now));
+    }
+  };
+  // Decode: one token for each sequence past its prompt.
+  for (const auto& r : running_) {
+    if (r->fed == r->prompt.size() && !r->generated.empty()) {
+      add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
+    }
+  }
+  // Prefill: chunks in arrival order while the budget lasts; the first one
+  // always gets some tokens so a prompt progresses under any decode load.
+  bool prefilled = false;
+  for (const auto& r : running_) {
+    if (r->fed == r->prompt.size()) continue;
+    if (prefilled && (budget_tokens <= 0 || budget_s <= 0)) break;
+    const int64_t remaining = static_cast<int64_t>(r->prompt.size() - r->fed);
+    const int64_t cap = std::min(remaining, std::max<int64_t>(budget_tokens, 1));
+    const int64_t n = cost_.ChunkFor(r->length(), std::max(budget_s, 0.0), cap);
+    const bool last = n == remaining;
+    const auto output = r->score ? v1::SequenceWork::OUTPUT_SCORE
+                        : last   ? v1::SequenceWork::OUTPUT_SAMPLE
+                                 : v1::SequenceWork::OUTPUT_NONE;
+    add(r, std::span(r->prompt).subspan(r->fed, n), output);
+    r->fed += n;
+    prefilled = true;
+  }
+  return plan;
+}
+
+void Coordinator::OnTokenLocked(Request& r, const v1::SequenceOutput& out) {
+  const auto now = Clock::now();
+  const int32_t token = out.token();
+  r.generated.push_back(token);
+  metrics_.generation_tokens.Add();
+  if (r.generated.size() == 1) {
+    r.first_token = now;
+    metrics_.ttft.Observe(Seconds(r.accepted, now));
+  } else {
+    metrics_.tpot.Observe(Seconds(r.last_token, now));
+  }
+  r.last_token = now;
+
+  TokenEvent e;
+  e.id = token;
+  e.logprob = out.logprob();
+  e.top_ids.assign(out.top_ids().begin(), out.top_ids().end());
+  e.top_logprobs.assign(out.top_logprobs().begin(), out.top_logprobs().end());
+
+  std::optional<RequestOutcome> end;
+  if (std::find(r.params.stop_ids.begin(), r.params.stop_ids.end(), token) !=
+      r.params.stop_ids.end()) {
+    end = RequestOutcome{};
+    end->reason = FinishReason::kStop;
+    end->stop = absl::StrCat("token ", token);
+  } else if (static_cast<int64_t>(r.generated.size()) >= r.params.max_tokens) {
+    end = RequestOutcome{};
+    end->reason = FinishReason::kLength;
+  } else if (r.length() + 1 > config_.max_position_embeddings) {
+    end = RequestOutcome{};
+    end->reason = FinishReason::kContext;
+  }
+  if (r.detok != nullptr) {
+    auto piece = r.detok->Add(token);
+    r.text += piece.ok() ? *piece : std::string("\xEF\xBF\xBD");
+    if (end) r.text += r.detok->Finish();
+    // Stop strings: the earliest complete one ends the request, and its
+    // text (and anything after it) is not sent; a tail that may still grow
+    // into one is held back.
+    size_t emit_to = r.text.size();
+    size_t max_stop = 0;
+    for (const auto& s : r.params.stop) max_stop = std::max(max_stop, s.size());
+    if (max_stop > 0) {
+      const size_t from = r.text_sent >= max_stop ? r.text_sent - max_stop + 1 : 0;
+      size_t best = std::string::npos;
+      const std::string* which = nullptr;
+      for (const auto& s : r.params.stop) {
+        const size_t at = r.text.find(s, from);
+        if (at != std::string::npos && at < best) {
+          best = at;
+          which = &s;
+        }
+      }
+      if (which != nullptr) {
+        emit_to = best;
+        end = RequestOutcome{};
+        end->reason = FinishReason::kStop;
+        end->stop = *which;
+      } else if (!end) {
+        for (const auto& s : r.params.stop) {
+          for (size_t k = std::min(s.size() - 1, r.text.size()); k > 0; --k) {
+            if (r.text.compare(r.text.size() - k, k, s, 0, k) == 0) {
+              emit_to = std::min(emit_to, r.text.size() - k);
+              break;
+            }
+          }
+        }
+      }
+    }
+    emit_to = std::max(emit_to, r.text_sent);
+    e.text = r.text.substr(r.text_sent, emit_to - r.text_sent);
+    r.text_sent = emit_to;
+  }
+  r.events.push_back(std::move(e));
+  events_cv_.notify_all();
+  if (end) FinishLocked(r, std::move(*end));
+}
+
+void Coordinator::ProcessResultLocked(const v1::StepResult& result,
+                                      const std::vector<StepItem>& items) {
+  ++steps_;
+  metrics_.steps.Add();
+  for (const auto& item : items) item.request->in_step = false;
+  held_kda_ = result.kda_state_bytes();
+  held_mla_ = result.mla_cache_bytes();
+  held_tokens_ = 0;
+  for (const auto& r : running_) held_tokens_ += r->started ? r->length() : 0;
+  metrics_.kda_bytes.Set(static_cast<double>(held_kda_));
+  metrics_.mla_bytes.Set(static_cast<double>(held_mla_));
+  if (!result.error().empty()) {
+    // The worker refused the step and advanced nothing: its sequences end.
+    const absl::Status status =
+        absl::InternalError(absl::StrCat("the worker failed a step: ", result.error()));
+    for (const auto& item : items) FailLocked(*item.request, status);
+    return;
+  }
+  std::vector<StepPiece> pieces;
+  int64_t prefill_tokens = 0;
+  for (const auto& item : items) {
+    pieces.push_back(item.piece);
+    if (item.output != v1::SequenceWork::OUTPUT_SAMPLE || item.request->generated.empty()) {
+      prefill_tokens += item.piece.tokens;
+    }
+  }
+  cost_.Observe(pieces, result.wall_s());
+  if (prefill_tokens > 0 && result.wall_s() > 0) {
+    metrics_.prefill_rate.Set(static_cast<double>(prefill_tokens) / result.wall_s());
+    metrics_.prompt_tokens.Add(static_cast<double>(prefill_tokens));
+  }
+  std::map<uint64_t, const v1::SequenceOutput*> outputs;
+  for (const auto& out : result.outputs()) outputs[out.sequence_id()] = &out;
+  for (const auto& item : items) {
+    Request& r = *item.request;
+    if (r.ended) continue;  // cancelled while the step ran; released next step
+    if (item.output == v1::SequenceWork::OUTPUT_NONE) continue;
+    auto it = outputs.find(r.sequence_id);
+    if (it == outputs.end()) {
+      FailLocked(r, absl::InternalError("the worker's step result lacks this sequence"));
+      continue;
+    }
+    if (item.output == v1::SequenceWork::OUTPUT_SAMPLE) {
+      OnTokenLocked(r, *it->second);
+    } else {
+      const auto& lp = it->second->target_logprobs();
+      r.score_logprobs.insert(r.score_logprobs.end(), lp.begin(), lp.end());
+      if (r.fed == r.prompt.size()) {
+        r.score_logprobs.resize(r.prompt.size() - 1);  // the last token has no target
+        FinishLocked(r, RequestOutcome{});
+      }
+    }
+  }
+}
+
+void Coordinator::SchedulerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [&] { return stop_ || (worker_ && HasWorkLocked()); });
+    if (stop_) break;
+    std::vector<StepItem> items;
+    v1::CoordinatorMessage message;
+    *message.mutable_step() = BuildStepLocked(&items);
+    if (message.step().work_size() == 0 && message.step().release_size() == 0) continue;
+    const uint64_t worker = worker_->id;
+    std::shared_ptr<WorkerSender> sender = worker_->sender;
+    awaiting_step_ = message.step().step_id();
+    result_.reset();
+    lock.unlock();
+    const bool sent = sender->Send(message);
+    lock.lock();
+    if (!sent) {
+      if (worker_ && worker_->id == worker) LoseWorkerLocked("the link to it broke");
+      continue;
+    }
+    work_cv_.wait(lock, [&] {
+      return stop_ || result_.has_value() || !worker_ || worker_->id != worker;
+    });
+    if (!result_) {
+      for (const auto& item : items) item.request->in_step = false;
+      continue;  // the worker went (its requests have ended) or we stop
+    }
+    ProcessResultLocked(*result_, items);
+    result_.reset();
+  }
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,212 @@
+// The coordinator: admits requests, keeps the queue, and schedules the
+// attached worker one step at a time. Each step carries a decode token for
+// every running sequence that has finished its prompt, then prefill chunks of
+// the others up to a token budget, each cut by a cost model so that chunks
+// shrink as a sequence's MLA prefix grows (runtime/scheduler/chunk_cost.h).
+// Sampled tokens come back with the step's result and are detokenized, checked
+// against stop conditions and handed to the request's RPC. Cancellation,
+// deadlines and finished requests free the sequence's state on the worker with
+// the next step. A worker that goes away fails the requests it held with
+// UNAVAILABLE; requests still waiting stay queued for the next worker.
+// Thread-safe: RPC threads submit and poll, one scheduler thread runs steps.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deltaserve/v1/worker.pb.h"
+#include "kernels/sampling.h"
+#include "runtime/model/config.h"
+#include "runtime/scheduler/chunk_cost.h"
+#include "runtime/serving/metrics.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace deltaserve {
+
+using Clock = std::chrono::steady_clock;
+
+struct CoordinatorOptions {
+  int64_t max_running = 64;             // sequences holding state on the worker
+  int64_t max_waiting = 1024;           // requests queued behind them
+  int64_t max_waiting_tokens = 1 << 23;  // prompt tokens queued
+  int64_t step_tokens = 512;            // token budget of one step
+};
+
+struct GenerateParams {
+  kernels::SamplingParams sampling;
+  uint64_t seed = 0;
+  int64_t max_tokens = 16;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_ids;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  bool ignore_eos = false;
+};
+
+struct TokenEvent {
+  int32_t id = 0;
+  std::string text;
+  float logprob = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+enum class FinishReason { kLength, kStop, kContext };
+
+struct RequestOutcome {
+  absl::Status status;  // not OK: failed, cancelled or timed out
+  FinishReason reason = FinishReason::kLength;
+  std::string stop;  // the stop string or token that ended it
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double queue_s = 0, time_to_first_token_s = 0, total_s = 0;
+  std::vector<float> score_logprobs;  // Score: one per token after the first
+};
+
+struct Request;  // coordinator.cc
+
+// What the service layer sees of a request.
+class RequestHandle {
+ public:
+  const std::string& request_id() const;
+ private:
+  friend class Coordinator;
+  explicit RequestHandle(std::shared_ptr<Request> r) : request_(std::move(r)) {}
+  std::shared_ptr<Request> request_;
+};
+
+struct ServerStatusData {
+  bool worker_attached = false;
+  int64_t waiting_requests = 0, waiting_tokens = 0, running_sequences = 0;
+  int64_t kda_state_bytes = 0, mla_cache_bytes = 0, mla_cache_tokens = 0;
+  int64_t steps = 0, requests_finished = 0;
+  int32_t pp = 0, tp = 0, replicas = 0;
+};
+
+// The link the scheduler sends step plans down; made by the WorkerLink
+// service for each attached worker.
+class WorkerSender {
+ public:
+  virtual ~WorkerSender() = default;
+  virtual bool Send(const v1::CoordinatorMessage& message) = 0;  // false: link broken
+};
+
+class Coordinator {
+ public:
+  Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
+              CoordinatorOptions options, MetricsRegistry& metrics);
+  ~Coordinator();  // Shutdown()s
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const CoordinatorOptions& options() const { return options_; }
+
+  // Admission. The service layer has validated the fields; this checks the
+  // request id is free and the queue limits (RESOURCE_EXHAUSTED when full).
+  absl::StatusOr<RequestHandle> SubmitGenerate(std::string request_id,
+                                               std::vector<int32_t> prompt,
+                                               GenerateParams params,
+                                               std::optional<Clock::time_point> deadline);
+  absl::StatusOr<RequestHandle> SubmitScore(std::string request_id, std::vector<int32_t> tokens,
+                                            std::optional<Clock::time_point> deadline);
+  // Takes the tokens made since the last call, waiting up to `wait` for any;
+  // returns the outcome once the request has ended (and nothing after it).
+  std::optional<RequestOutcome> Poll(const RequestHandle& handle, std::vector<TokenEvent>* tokens,
+                                     std::chrono::milliseconds wait);
+  // Ends the request with `reason` (CANCELLED, DEADLINE_EXCEEDED) if it has
+  // not ended; its state is released with the next step.
+  void Cancel(const RequestHandle& handle, const absl::Status& reason);
+  bool Abort(const std::string& request_id);
+  ServerStatusData Status() const;
+
+  // The worker link. Attach refuses a worker whose model differs from ours
+  // or when one is attached already (one replica is served).
+  absl::StatusOr<uint64_t> AttachWorker(const v1::WorkerHello& hello,
+                                        std::shared_ptr<WorkerSender> sender);
+  void OnStepResult(uint64_t worker, v1::StepResult result);
+  void DetachWorker(uint64_t worker, const std::string& why);
+  // Called with true when a worker attaches, false when it goes.
+  void SetServingCallback(std::function<void(bool)> callback);
+
+  void Shutdown();
+
+ private:
+  struct Worker {
+    uint64_t id = 0;
+    v1::WorkerHello hello;
+    std::shared_ptr<WorkerSender> sender;
+  };
+  struct StepItem {
+    std::shared_ptr<Request> request;
+    StepPiece piece;
+    v1::SequenceWork::Output output;
+  };
+
+  absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);
+  bool HasWorkLocked() const;
+  v1::StepPlan BuildStepLocked(std::vector<StepItem>* items);
+  void ProcessResultLocked(const v1::StepResult& result, const std::vector<StepItem>& items);
+  void OnTokenLocked(Request& r, const v1::SequenceOutput& out);
+  void FinishLocked(Request& r, RequestOutcome outcome);
+  void FailLocked(Request& r, const absl::Status& status);
+  void LoseWorkerLocked(const std::string& why);
+  void UpdateGaugesLocked();
+  void SchedulerLoop();
+
+  const ModelConfig config_;
+  const std::unique_ptr<Tokenizer> tokenizer_;
+  const CoordinatorOptions options_;
+  ChunkCostModel cost_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;    // scheduler: work, results, worker changes
+  std::condition_variable events_cv_;  // RPC threads: tokens and outcomes
+  bool stop_ = false;
+  uint64_t next_sequence_ = 1;
+  uint64_t next_step_ = 1;
+  uint64_t next_worker_ = 1;
+  std::map<std::string, std::shared_ptr<Request>> by_id_;  // live requests
+  std::deque<std::shared_ptr<Request>> waiting_;
+  std::vector<std::shared_ptr<Request>> running_;
+  std::vector<uint64_t> pending_release_;
+  std::optional<Worker> worker_;
+  std::optional<v1::StepResult> result_;
+  uint64_t awaiting_step_ = 0;
+  std::function<void(bool)> serving_callback_;
+  // What the worker held after the last step.
+  int64_t held_kda_ = 0, held_mla_ = 0, held_tokens_ = 0;
+  int64_t steps_ = 0, finished_ = 0;
+  std::thread scheduler_;
+
+  struct Metrics {
+    Histogram& ttft;
+    Histogram& tpot;
+    Histogram& e2e;
+    Histogram& queue;
+    Gauge& running;
+    Gauge& waiting;
+    Counter& prompt_tokens;
+    Counter& generation_tokens;
+    Counter& finished;
+    Counter& failed;
+    Counter& rejected;
+    Gauge& kda_bytes;
+    Gauge& mla_bytes;
+    Gauge& prefill_rate;
+    Gauge& worker;
+    Counter& steps;
+  } metrics_;
+};
+
+}  // namespace deltaserve

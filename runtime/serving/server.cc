@@ -1,0 +1,465 @@
+#include "runtime/serving/server.h"
+
+#include <atomic>
+#include <cmath>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "deltaserve/v1/generation.grpc.pb.h"
+#include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/model/weight_spec.h"
+#include "runtime/serving/grpc_status.h"
+#include "runtime/serving/http_server.h"
+
+namespace deltaserve {
+namespace {
+
+constexpr size_t kMaxRequestIdBytes = 128;
+constexpr int kMaxStops = 16;
+constexpr size_t kMaxStopBytes = 1024;
+constexpr int kMaxTopLogprobs = 20;
+constexpr int64_t kDefaultMaxTokens = 16;
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// The prompt (or scored input) of a request as token ids, checked against the
+// model: both forms name the offending field.
+template <typename Req>
+absl::StatusOr<std::vector<int32_t>> InputTokens(const Req& req, bool has_text, bool has_tokens,
+                                                 const std::string& field,
+                                                 const Coordinator& coordinator,
+                                                 int64_t max_bytes) {
+  const ModelConfig& config = coordinator.config();
+  std::vector<int32_t> tokens;
+  if (has_text) {
+    const std::string& text = req.text();
+    const std::string name = field + ".text";
+    if (text.empty()) return Invalid(name, "empty");
+    if (static_cast<int64_t>(text.size()) > max_bytes) {
+      return Invalid(name, absl::StrCat(text.size(), " bytes, over the limit of ", max_bytes,
+                                        " (--max-request-bytes)"));
+    }
+    if (coordinator.tokenizer() == nullptr) {
+      return Invalid(name, "this model has no tokenizer; send token ids instead");
+    }
+    auto encoded = coordinator.tokenizer()->Encode(text);
+    if (!encoded.ok()) return Invalid(name, std::string(encoded.status().message()));
+    tokens = std::move(*encoded);
+  } else if (has_tokens) {
+    const auto& ids = req.tokens().ids();
+    const std::string name = field + ".tokens";
+    if (ids.empty()) return Invalid(name, "empty");
+    if (static_cast<int64_t>(ids.size()) * 4 > max_bytes) {
+      return Invalid(name, absl::StrCat(ids.size(), " ids, over the limit of ", max_bytes / 4,
+                                        " (--max-request-bytes / 4)"));
+    }
+    for (int i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= config.vocab_size) {
+        return Invalid(absl::StrCat(name, ".ids[", i, "]"),
+                       absl::StrCat(ids[i], " is outside the vocabulary [0, ",
+                                    config.vocab_size, ")"));
+      }
+    }
+    tokens.assign(ids.begin(), ids.end());
+  } else {
+    return Invalid(field, "missing: give text or tokens");
+  }
+  if (tokens.empty()) return Invalid(field, "no tokens");
+  if (static_cast<int64_t>(tokens.size()) > config.max_position_embeddings) {
+    return Invalid(field, absl::StrCat(tokens.size(), " tokens, longer than the context of ",
+                                       config.max_position_embeddings));
+  }
+  return tokens;
+}
+
+absl::StatusOr<GenerateParams> Params(const v1::GenerateRequest& req,
+                                      const Coordinator& coordinator, int64_t prompt_tokens) {
+  const ModelConfig& config = coordinator.config();
+  GenerateParams p;
+  const v1::SamplingParams& s = req.sampling();
+  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
+    return Invalid("sampling.temperature", absl::StrCat(s.temperature(),
+                                                        ": must be a finite number >= 0"));
+  }
+  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(s.top_k(), ": must be >= 0"));
+  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1)) {
+    return Invalid("sampling.top_p", absl::StrCat(s.top_p(), ": must be in (0, 1]"));
+  }
+  p.sampling.temperature = s.temperature();
+  p.sampling.top_k = s.top_k();
+  p.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  p.seed = s.seed();
+  if (req.max_tokens() < 0) {
+    return Invalid("max_tokens", absl::StrCat(req.max_tokens(), ": must be >= 0"));
+  }
+  p.max_tokens = req.max_tokens() == 0 ? kDefaultMaxTokens : req.max_tokens();
+  if (prompt_tokens + p.max_tokens > config.max_position_embeddings) {
+    return Invalid("max_tokens", absl::StrCat(prompt_tokens, " prompt tokens + ", p.max_tokens,
+                                              " exceed the context of ",
+                                              config.max_position_embeddings));
+  }
+  if (req.stop_size() > kMaxStops) {
+    return Invalid("stop", absl::StrCat(req.stop_size(), " strings, over the limit of ",
+                                        kMaxStops));
+  }
+  for (int i = 0; i < req.stop_size(); ++i) {
+    const std::string& stop = req.stop(i);
+    const std::string name = absl::StrCat("stop[", i, "]");
+    if (stop.empty()) return Invalid(name, "empty");
+    if (stop.size() > kMaxStopBytes) {
+      return Invalid(name, absl::StrCat(stop.size(), " bytes, over the limit of ",
+                                        kMaxStopBytes));
+    }
+    if (coordinator.tokenizer() == nullptr) {
+      return Invalid(name, "this model has no tokenizer to match text against");
+    }
+    p.stop.push_back(stop);
+  }
+  for (int i = 0; i < req.stop_token_ids_size(); ++i) {
+    const int32_t id = req.stop_token_ids(i);
+    if (id < 0 || id >= config.vocab_size) {
+      return Invalid(absl::StrCat("stop_token_ids[", i, "]"),
+                     absl::StrCat(id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
+    p.stop_ids.push_back(id);
+  }
+  if (req.top_logprobs() < 0 || req.top_logprobs() > kMaxTopLogprobs) {
+    return Invalid("top_logprobs", absl::StrCat(req.top_logprobs(), ": must be in [0, ",
+                                                kMaxTopLogprobs, "]"));
+  }
+  p.logprobs = req.logprobs() || req.top_logprobs() > 0;
+  p.top_logprobs = req.top_logprobs();
+  p.ignore_eos = req.ignore_eos();
+  return p;
+}
+
+std::optional<Clock::time_point> Deadline(const grpc::ServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return std::nullopt;
+  const auto left = deadline - std::chrono::system_clock::now();
+  if (left > std::chrono::hours(24 * 365)) return std::nullopt;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
+
+void SetTimings(const RequestOutcome& o, v1::Timings* t) {
+  t->set_queue_s(o.queue_s);
+  t->set_time_to_first_token_s(o.time_to_first_token_s);
+  t->set_total_s(o.total_s);
+}
+
+class GenerationService final : public v1::Generation::Service {
+ public:
+  GenerationService(Coordinator& coordinator, int64_t max_request_bytes)
+      : coordinator_(coordinator), max_request_bytes_(max_request_bytes) {}
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* req,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    auto id = RequestId(req->request_id());
+    if (!id.ok()) return ToGrpc(id.status());
+    auto prompt = InputTokens(*req, req->has_text(), req->has_tokens(), "prompt", coordinator_,
+                              max_request_bytes_);
+    if (!prompt.ok()) return ToGrpc(prompt.status());
+    auto params = Params(*req, coordinator_, static_cast<int64_t>(prompt->size()));
+    if (!params.ok()) return ToGrpc(params.status());
+    auto handle = coordinator_.SubmitGenerate(*id, std::move(*prompt), std::move(*params),
+                                              Deadline(*context));
+    if (!handle.ok()) return ToGrpc(handle.status());
+    while (true) {
+      std::vector<TokenEvent> tokens;
+      std::optional<RequestOutcome> outcome = coordinator_.Poll(*handle, &tokens, kPollInterval);
+      v1::GenerateResponse response;
+      response.set_request_id(*id);
+      for (TokenEvent& e : tokens) {
+        v1::GeneratedToken* t = response.add_tokens();
+        t->set_id(e.id);
+        t->set_text(std::move(e.text));
+        t->set_logprob(e.logprob);
+        for (size_t i = 0; i < e.top_ids.size(); ++i) {
+          v1::TopLogprob* top = t->add_top_logprobs();
+          top->set_id(e.top_ids[i]);
+          top->set_logprob(e.top_logprobs[i]);
+        }
+      }
+      if (outcome && outcome->status.ok()) {
+        v1::Completion* c = response.mutable_completion();
+        c->set_finish_reason(outcome->reason == FinishReason::kStop ? v1::FINISH_REASON_STOP
+                             : outcome->reason == FinishReason::kContext
+                                 ? v1::FINISH_REASON_CONTEXT
+                                 : v1::FINISH_REASON_LENGTH);
+        c->set_stop(outcome->stop);
+        c->mutable_usage()->set_prompt_tokens(outcome->prompt_tokens);
+        c->mutable_usage()->set_completion_tokens(outcome->completion_tokens);
+        SetTimings(*outcome, c->mutable_timings());
+      }
+      if (response.tokens_size() > 0 || response.has_completion()) {
+        if (!writer->Write(response)) {
+          coordinator_.Cancel(*handle, absl::CancelledError("the client went away"));
+          return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        }
+      }
+      if (outcome) return ToGrpc(outcome->status);
+      if (context->IsCancelled()) CancelFor(*context, *handle);
+    }
+  }
+
+  grpc::Status Score(grpc::ServerContext* context, const v1::ScoreRequest* req,
+                     v1::ScoreResponse* response) override {
+    auto id = RequestId(req->request_id());
+    if (!id.ok()) return ToGrpc(id.status());
+    auto tokens = InputTokens(*req, req->has_text(), req->has_tokens(), "input", coordinator_,
+                              max_request_bytes_);
+    if (!tokens.ok()) return ToGrpc(tokens.status());
+    if (tokens->size() < 2) return ToGrpc(Invalid("input", "needs at least 2 tokens"));
+    response->mutable_token_ids()->Add(tokens->begin(), tokens->end());
+    auto handle = coordinator_.SubmitScore(*id, std::move(*tokens), Deadline(*context));
+    if (!handle.ok()) return ToGrpc(handle.status());
+    while (true) {
+      std::vector<TokenEvent> unused;
+      std::optional<RequestOutcome> outcome = coordinator_.Poll(*handle, &unused, kPollInterval);
+      if (outcome) {
+        if (!outcome->status.ok()) return ToGrpc(outcome->status);
+        response->set_request_id(*id);
+        double total = 0;
+        for (float lp : outcome->score_logprobs) {
+          response->add_logprobs(lp);
+          total += lp;
+        }
+        response->set_total_logprob(total);
+        response->mutable_usage()->set_prompt_tokens(outcome->prompt_tokens);
+        SetTimings(*outcome, response->mutable_timings());
+        return grpc::Status::OK;
+      }
+      if (context->IsCancelled()) CancelFor(*context, *handle);
+    }
+  }
+
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* req,
+                     v1::AbortResponse* response) override {
+    if (req->request_id().empty()) return ToGrpc(Invalid("request_id", "empty"));
+    response->set_found(coordinator_.Abort(req->request_id()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+                            v1::ModelInfo* info) override {
+    const ModelConfig& c = coordinator_.config();
+    info->set_model_type(c.model_type);
+    info->set_num_layers(static_cast<int32_t>(c.num_layers));
+    int32_t kda = 0;
+    for (LayerKind kind : c.layer_kinds) kda += kind == LayerKind::kKda;
+    info->set_kda_layers(kda);
+    info->set_mla_layers(static_cast<int32_t>(c.num_layers) - kda);
+    info->set_context_length(c.max_position_embeddings);
+    info->set_vocab_size(c.vocab_size);
+    info->set_hidden_size(c.hidden_size);
+    info->set_tokenizer(coordinator_.tokenizer() ? coordinator_.tokenizer()->name() : "none");
+    info->set_parameters(CountParameters(c).total);
+    const ServerStatusData s = coordinator_.Status();
+    if (s.worker_attached) {
+      info->mutable_layout()->set_replicas(s.replicas);
+      info->mutable_layout()->set_pipeline_stages(s.pp);
+      info->mutable_layout()->set_tensor_parallel(s.tp);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetServerStatus(grpc::ServerContext*, const v1::GetServerStatusRequest*,
+                               v1::ServerStatus* status) override {
+    const ServerStatusData s = coordinator_.Status();
+    status->set_worker_attached(s.worker_attached);
+    status->set_waiting_requests(static_cast<int32_t>(s.waiting_requests));
+    status->set_waiting_tokens(s.waiting_tokens);
+    status->set_running_sequences(static_cast<int32_t>(s.running_sequences));
+    status->set_kda_state_bytes(s.kda_state_bytes);
+    status->set_mla_cache_bytes(s.mla_cache_bytes);
+    status->set_mla_cache_tokens(s.mla_cache_tokens);
+    status->set_steps(s.steps);
+    status->set_requests_finished(s.requests_finished);
+    return grpc::Status::OK;
+  }
+
+ private:
+  absl::StatusOr<std::string> RequestId(const std::string& given) {
+    if (given.size() > kMaxRequestIdBytes) {
+      return Invalid("request_id", absl::StrCat(given.size(), " bytes, over the limit of ",
+                                                kMaxRequestIdBytes));
+    }
+    if (!given.empty()) return given;
+    return absl::StrCat("req-", next_id_.fetch_add(1));
+  }
+
+  void CancelFor(const grpc::ServerContext& context, const RequestHandle& handle) {
+    const bool late = context.deadline() <= std::chrono::system_clock::now();
+    coordinator_.Cancel(handle, late ? absl::DeadlineExceededError("the deadline passed")
+                                     : absl::CancelledError("the client cancelled"));
+  }
+
+  Coordinator& coordinator_;
+  const int64_t max_request_bytes_;
+  std::atomic<uint64_t> next_id_{1};
+};
+
+// Writes on one worker stream, from the scheduler thread; Close() makes
+// later writes fail once the RPC that owns the stream is ending.
+class StreamSender final : public WorkerSender {
+ public:
+  explicit StreamSender(
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
+      : stream_(stream) {}
+  bool Send(const v1::CoordinatorMessage& message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stream_ != nullptr && stream_->Write(message);
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_;
+};
+
+class WorkerLinkService final : public v1::WorkerLink::Service {
+ public:
+  explicit WorkerLinkService(Coordinator& coordinator) : coordinator_(coordinator) {}
+
+  grpc::Status Attach(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) override {
+    v1::WorkerMessage message;
+    if (!stream->Read(&message) || !message.has_hello()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a worker's first message must be its hello");
+    }
+    auto sender = std::make_shared<StreamSender>(stream);
+    auto worker = coordinator_.AttachWorker(message.hello(), sender);
+    if (!worker.ok()) {
+      v1::CoordinatorMessage refused;
+      refused.set_refused(std::string(worker.status().message()));
+      stream->Write(refused);
+      return ToGrpc(worker.status());
+    }
+    std::string why = "its stream ended";
+    while (stream->Read(&message)) {
+      if (!message.has_result()) {
+        why = "it sent something other than a step result";
+        break;
+      }
+      coordinator_.OnStepResult(*worker, std::move(*message.mutable_result()));
+    }
+    if (context->IsCancelled()) why = "its connection broke";
+    coordinator_.DetachWorker(*worker, why);
+    sender->Close();
+    return grpc::Status::OK;
+  }
+
+ private:
+  Coordinator& coordinator_;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  MetricsRegistry metrics;
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<GenerationService> generation;
+  std::unique_ptr<WorkerLinkService> worker_link;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<HttpServer> http;
+  int port = 0;
+  bool shut_down = false;
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  std::unique_ptr<Tokenizer> tokenizer;
+  auto loaded = LoadTokenizer(options.model_dir, config.vocab_size);
+  if (loaded.ok()) {
+    tokenizer = std::move(*loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    return loaded.status();
+  }
+  impl->coordinator = std::make_unique<Coordinator>(std::move(config), std::move(tokenizer),
+                                                    options.coordinator, impl->metrics);
+  impl->generation =
+      std::make_unique<GenerationService>(*impl->coordinator, options.max_request_bytes);
+  impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(impl->generation.get());
+  builder.RegisterService(impl->worker_link.get());
+  // Requests over the API's own limit get INVALID_ARGUMENT naming the field;
+  // the transport's limit sits above it.
+  const int64_t transport_limit =
+      std::min<int64_t>(4 * options.max_request_bytes + (1 << 20), INT32_MAX);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(transport_limit));
+  builder.SetMaxSendMessageSize(static_cast<int>(transport_limit));
+  // A worker that vanishes without closing its connection is noticed.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  impl->server = builder.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               " (in use, or not an address of this host)"));
+  }
+  grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
+  impl->coordinator->SetServingCallback([health](bool serving) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus("deltaserve.v1.Generation", serving);
+  });
+  if (options.metrics_port >= 0) {
+    MetricsRegistry* metrics = &impl->metrics;
+    DELTASERVE_ASSIGN_OR_RETURN(
+        impl->http,
+        HttpServer::Start(options.host, options.metrics_port, [metrics](const HttpRequest& r) {
+          HttpResponse response;
+          if (r.path == "/metrics") {
+            response.body = metrics->Render();
+          } else {
+            response.status = 404;
+            response.body = "not found: try /metrics\n";
+          }
+          return response;
+        }));
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+int Server::port() const { return impl_->port; }
+int Server::metrics_port() const { return impl_->http ? impl_->http->port() : -1; }
+Coordinator& Server::coordinator() { return *impl_->coordinator; }
+
+std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return impl_->server->InProcessChannel(args);
+}
+
+void Server::Shutdown() {
+  if (impl_ == nullptr || impl_->shut_down) return;
+  impl_->shut_down = true;
+  impl_->coordinator->Shutdown();
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (impl_->http) impl_->http->Stop();
+}
+
+}  // namespace deltaserve

@@ -1,0 +1,226 @@
+#include "runtime/serving/worker.h"
+
+#include <chrono>
+#include <cstring>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/common/status_macros.h"
+
+namespace deltaserve {
+namespace {
+
+constexpr int kResultTag = 11;
+constexpr int kHeldTag = 12;
+
+Step FromProto(const v1::StepPlan& plan) {
+  Step step;
+  step.id = plan.step_id();
+  step.release.assign(plan.release().begin(), plan.release().end());
+  for (const auto& w : plan.work()) {
+    SequenceWork work;
+    work.sequence_id = w.sequence_id();
+    work.start = w.start();
+    work.tokens.assign(w.tokens().begin(), w.tokens().end());
+    work.output = w.output() == v1::SequenceWork::OUTPUT_SAMPLE  ? WorkOutput::kSample
+                  : w.output() == v1::SequenceWork::OUTPUT_SCORE ? WorkOutput::kScore
+                                                                 : WorkOutput::kNone;
+    work.sampling.temperature = w.sampling().temperature();
+    work.sampling.top_k = w.sampling().top_k();
+    work.sampling.top_p = w.sampling().top_p();
+    work.seed = w.sampling().seed();
+    work.logprobs = w.logprobs();
+    work.top_logprobs = w.top_logprobs();
+    work.targets.assign(w.targets().begin(), w.targets().end());
+    step.work.push_back(std::move(work));
+  }
+  return step;
+}
+
+void ToProto(const SequenceResult& r, v1::SequenceOutput* out) {
+  out->set_sequence_id(r.sequence_id);
+  out->set_token(r.token);
+  out->set_logprob(r.logprob);
+  out->mutable_top_ids()->Add(r.top_ids.begin(), r.top_ids.end());
+  out->mutable_top_logprobs()->Add(r.top_logprobs.begin(), r.top_logprobs.end());
+  out->mutable_target_logprobs()->Add(r.target_logprobs.begin(), r.target_logprobs.end());
+}
+
+// Bytes to every rank of the replica from the leader: the size, then them.
+absl::Status BroadcastBytes(Communicator& world, int root, std::string* bytes) {
+  uint64_t size = bytes->size();
+  DELTASERVE_RETURN_IF_ERROR(world.Broadcast(&size, sizeof(size), root));
+  bytes->resize(size);
+  if (size == 0) return absl::OkStatus();
+  return world.Broadcast(bytes->data(), size, root);
+}
+
+absl::Status SendBytes(Communicator& world, const std::string& bytes, int dest, int tag) {
+  const uint64_t size = bytes.size();
+  DELTASERVE_RETURN_IF_ERROR(world.Send(&size, sizeof(size), dest, tag));
+  if (size == 0) return absl::OkStatus();
+  return world.Send(bytes.data(), size, dest, tag);
+}
+
+absl::StatusOr<std::string> RecvBytes(Communicator& world, int src, int tag) {
+  uint64_t size = 0;
+  DELTASERVE_RETURN_IF_ERROR(world.Recv(&size, sizeof(size), src, tag));
+  std::string bytes(size, '\0');
+  if (size > 0) DELTASERVE_RETURN_IF_ERROR(world.Recv(bytes.data(), size, src, tag));
+  return bytes;
+}
+
+// What one rank reports after each step.
+struct RankReport {
+  int64_t kda_bytes = 0, mla_bytes = 0, sequences = 0;
+  int32_t stage = 0;
+  double compute_s = 0;
+};
+
+// Runs one plan on this rank. On the leader, fills `result`; an error means
+// this rank's communication failed and the job cannot go on.
+absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan,
+                     v1::StepResult* result) {
+  StageRunner& stage = executor.stage();
+  Communicator& world = stage.world();
+  const int leader = stage.leader_rank();
+  const bool is_leader = world.rank() == leader;
+  const double compute_before = stage.stats().compute_s;
+  auto outputs = executor.Run(FromProto(plan));
+  // A refused step is refused on every rank alike (the same validation runs
+  // everywhere before any communication); it is reported, not fatal.
+  std::string error = outputs.ok() ? "" : std::string(outputs.status().message());
+  v1::StepResult local;
+  if (executor.is_output() && outputs.ok()) {
+    for (const auto& r : *outputs) ToProto(r, local.add_outputs());
+  }
+  if (executor.is_output() && !is_leader) {
+    DELTASERVE_RETURN_IF_ERROR(SendBytes(world, local.SerializeAsString(), leader, kResultTag));
+  }
+  const HeldState held = executor.Held();
+  RankReport report{held.kda_bytes, held.mla_bytes, held.sequences, stage.coord().stage,
+                    stage.stats().compute_s - compute_before};
+  if (!is_leader) {
+    return world.Send(&report, sizeof(report), leader, kHeldTag);
+  }
+  if (executor.is_output()) {
+    *result = std::move(local);
+  } else {
+    DELTASERVE_ASSIGN_OR_RETURN(std::string bytes,
+                                RecvBytes(world, stage.output_rank(), kResultTag));
+    if (!result->ParseFromString(bytes)) {
+      return absl::DataLossError("the output rank's step result does not parse");
+    }
+  }
+  result->set_step_id(plan.step_id());
+  if (!error.empty()) result->set_error(error);
+  std::vector<double> stage_compute(stage.layout().pp, 0.0);
+  int64_t kda = report.kda_bytes, mla = report.mla_bytes;
+  stage_compute[0] = std::max(stage_compute[0], report.compute_s);
+  for (int r = 0; r < world.size(); ++r) {
+    if (r == leader || stage.layout().CoordOf(r).replica != stage.coord().replica) continue;
+    RankReport other;
+    DELTASERVE_RETURN_IF_ERROR(world.Recv(&other, sizeof(other), r, kHeldTag));
+    kda += other.kda_bytes;
+    mla += other.mla_bytes;
+    stage_compute[other.stage] = std::max(stage_compute[other.stage], other.compute_s);
+  }
+  result->set_live_sequences(held.sequences);
+  result->set_kda_state_bytes(kda);
+  result->set_mla_cache_bytes(mla);
+  for (double s : stage_compute) result->add_stage_compute_s(s);
+  return absl::OkStatus();
+}
+
+absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
+                       const WorkerOptions& options) {
+  Communicator& world = executor.stage().world();
+  const int leader = executor.stage().leader_rank();
+  auto stub = v1::WorkerLink::NewStub(options.channel);
+  grpc::ClientContext context;
+  // Wait for the coordinator to come up rather than failing at once.
+  context.set_wait_for_ready(true);
+  if (options.connect_timeout_s > 0 && !options.channel->WaitForConnected(
+          std::chrono::system_clock::now() +
+          std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1e3)))) {
+    std::string stop;
+    (void)BroadcastBytes(world, leader, &stop);
+    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator within ",
+                                               options.connect_timeout_s, " s"));
+  }
+  auto stream = stub->Attach(&context);
+  v1::WorkerMessage hello;
+  v1::WorkerHello* h = hello.mutable_hello();
+  const WorldLayout& layout = executor.stage().layout();
+  h->set_model_type(config.model_type);
+  h->set_num_layers(static_cast<int32_t>(config.num_layers));
+  h->set_vocab_size(config.vocab_size);
+  h->set_context_length(config.max_position_embeddings);
+  h->set_hidden_size(config.hidden_size);
+  h->set_replicas(1);
+  h->set_pipeline_stages(layout.pp);
+  h->set_tensor_parallel(layout.tp);
+  h->set_description(options.description);
+  h->set_config_json(ModelConfigToJson(config));
+  absl::Status status = absl::OkStatus();
+  if (!stream->Write(hello)) {
+    status = absl::UnavailableError("the coordinator closed the link before the hello");
+  }
+  v1::CoordinatorMessage message;
+  bool told_to_stop = false;
+  while (status.ok() && stream->Read(&message)) {
+    if (message.has_refused()) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("the coordinator refused this worker: ", message.refused()));
+      break;
+    }
+    const v1::StepPlan& plan = message.step();
+    if (plan.shutdown()) {
+      told_to_stop = true;
+      break;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::string bytes = plan.SerializeAsString();
+    // A size of zero tells the other ranks to stop; a real plan is never empty.
+    DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &bytes));
+    v1::WorkerMessage reply;
+    DELTASERVE_RETURN_IF_ERROR(RunStep(executor, plan, reply.mutable_result()));
+    reply.mutable_result()->set_wall_s(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!stream->Write(reply)) break;
+  }
+  std::string stop;
+  DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &stop));
+  stream->WritesDone();
+  const grpc::Status finish = stream->Finish();
+  if (!status.ok()) return status;
+  if (!finish.ok() && !told_to_stop) {
+    return absl::UnavailableError(
+        absl::StrCat("the link to the coordinator ended: ", finish.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunWorker(StepExecutor& executor, const ModelConfig& config,
+                       const WorkerOptions& options) {
+  Communicator& world = executor.stage().world();
+  const int leader = executor.stage().leader_rank();
+  if (world.rank() == leader) return RunLeader(executor, config, options);
+  while (true) {
+    std::string bytes;
+    DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &bytes));
+    if (bytes.empty()) return absl::OkStatus();
+    v1::StepPlan plan;
+    if (!plan.ParseFromString(bytes)) {
+      return absl::DataLossError("the leader's step plan does not parse");
+    }
+    v1::StepResult unused;
+    DELTASERVE_RETURN_IF_ERROR(RunStep(executor, plan, &unused));
+  }
+}
+
+}  // namespace deltaserve
