@@ -1,6 +1,9 @@
 #include "tests/test_util.h"
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +11,9 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <fstream>
 #include <sstream>
+#include <thread>
 
 namespace deltaserve::testing {
 
@@ -156,6 +161,60 @@ int RunCommand(const std::string& command, std::string* output) {
   while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
   const int status = pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::unique_ptr<ChildProcess> ChildProcess::Start(const std::string& command,
+                                                  const std::string& log_path) {
+  const pid_t pid = fork();
+  if (pid < 0) return nullptr;
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so a signal sent at once reaches the group
+  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, log_path));
+}
+
+ChildProcess::~ChildProcess() {
+  if (exit_code_) return;
+  Signal(SIGTERM);
+  if (!Wait(std::chrono::seconds(10))) {
+    Signal(SIGKILL);
+    Wait(std::chrono::seconds(10));
+  }
+}
+
+void ChildProcess::Signal(int signal) { kill(-pid_, signal); }
+
+std::optional<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {
+  if (exit_code_) return exit_code_;
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      // Whatever the group started is not left behind.
+      kill(-pid_, SIGKILL);
+      return exit_code_;
+    }
+    if (std::chrono::steady_clock::now() >= end) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string ChildProcess::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace deltaserve::testing

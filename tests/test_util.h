@@ -2,7 +2,12 @@
 // tolerances, NaN poisoning of outputs, and paths to the golden files.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,5 +66,30 @@ std::string TempDir(const std::string& tag);
 
 // Runs a shell command, returns its exit status; stdout+stderr in *output.
 int RunCommand(const std::string& command, std::string* output);
+
+// A program started in the background, in its own process group so that a
+// signal reaches everything it started (mpirun and its ranks). Its stdout and
+// stderr go to `log_path`. The destructor stops it: SIGTERM, then SIGKILL.
+class ChildProcess {
+ public:
+  static std::unique_ptr<ChildProcess> Start(const std::string& command,
+                                             const std::string& log_path);
+  ~ChildProcess();
+  void Signal(int signal);  // to the whole group
+  // The exit code once it has ended within `timeout` (128 + signal when
+  // killed); nullopt while it runs.
+  std::optional<int> Wait(std::chrono::milliseconds timeout);
+  std::string Log() const;
+  pid_t pid() const { return pid_; }
+
+ private:
+  ChildProcess(pid_t pid, std::string log_path) : pid_(pid), log_path_(std::move(log_path)) {}
+  pid_t pid_;
+  std::string log_path_;
+  std::optional<int> exit_code_;
+};
+
+// /usr/bin/python3: Debian's, which has python3-grpcio (not a pyenv one).
+inline constexpr char kSystemPython[] = "/usr/bin/python3";
 
 }  // namespace deltaserve::testing

@@ -1,6 +1,7 @@
-// The gated MLA mixer (MODEL.md, "Gated MLA layer"). Prefill materialises
-// per-head keys and values from the latent cache; a single new token uses the
-// absorbed form, attending over the cached latents directly.
+// The gated MLA mixer (MODEL.md, "Gated MLA layer"). A long piece of new
+// tokens materialises per-head keys and values from the latent cache; a
+// decode token, or a short chunk after a long prefix, uses the absorbed form,
+// attending over the cached latents directly (whichever costs less).
 #include <cmath>
 #include <cstring>
 
@@ -78,6 +79,20 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix,
   }
 }
 
+// Which form costs fewer multiply-adds for t new tokens after `prefix`:
+// materialising keys and values means kv_b over all prefix + t cached rows,
+// then (P + R + Vd) per query-key pair; the absorbed form maps each query
+// into the latent space and back, then spends (2C + R) per pair. A decode
+// token, and a short chunk after a long prefix, are cheaper absorbed.
+bool AbsorbedIsCheaper(const MlaDims& m, int64_t prefix, int64_t t) {
+  const double pairs = static_cast<double>(t) * (static_cast<double>(prefix) + (t + 1) / 2.0);
+  const double materialised = static_cast<double>(prefix + t) * (m.P + m.Vd) * m.C +
+                              pairs * (m.P + m.R + m.Vd);
+  const double absorbed = static_cast<double>(t) * (m.P + m.Vd) * m.C +
+                          pairs * (2 * m.C + m.R);
+  return t == 1 || absorbed < materialised;
+}
+
 }  // namespace
 
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
@@ -119,7 +134,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
                  ckr.begin() + (r0 + t) * m.CacheWidth());
     const float* qb = q.data() + r0 * m.n * m.QkDim();
     float* ob = o.data() + r0 * m.n * m.Vd;
-    if (t == 1) {
+    if (AbsorbedIsCheaper(m, prefix, t)) {
       AttendAbsorbed(w, m, prefix, t, qb, cache.data(), scale, ob);
     } else {
       AttendPrefill(w, m, prefix, t, qb, cache.data(), scale, ob);

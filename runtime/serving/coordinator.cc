@@ -412,23 +412,37 @@ v1::StepPlan Coordinator::BuildStepLocked(std::vector<StepItem>* items) {
       add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
     }
   }
-  // Prefill: chunks in arrival order while the budget lasts; the first one
-  // always gets some tokens so a prompt progresses under any decode load.
-  bool prefilled = false;
+  // Prefill. The oldest prompt is promised a quarter of the budget, so a long
+  // one keeps moving under any load; the rest of the budget goes to the
+  // shortest remaining prompts first, so short requests are not stuck behind
+  // a million-token prefill; what is left returns to the oldest. The oldest
+  // always gets some tokens, so a prompt progresses under any decode load.
+  std::vector<std::shared_ptr<Request>> prefills;
   for (const auto& r : running_) {
-    if (r->fed == r->prompt.size()) continue;
-    if (prefilled && (budget_tokens <= 0 || budget_s <= 0)) break;
+    if (r->fed < r->prompt.size()) prefills.push_back(r);
+  }
+  if (prefills.empty()) return plan;
+  const std::shared_ptr<Request> oldest = prefills.front();
+  std::stable_sort(prefills.begin() + 1, prefills.end(), [](const auto& x, const auto& y) {
+    return x->prompt.size() - x->fed < y->prompt.size() - y->fed;
+  });
+  auto prefill = [&](const std::shared_ptr<Request>& r, int64_t max_tokens, double max_s) {
     const int64_t remaining = static_cast<int64_t>(r->prompt.size() - r->fed);
-    const int64_t cap = std::min(remaining, std::max<int64_t>(budget_tokens, 1));
-    const int64_t n = cost_.ChunkFor(r->length(), std::max(budget_s, 0.0), cap);
-    const bool last = n == remaining;
-    const auto output = r->score ? v1::SequenceWork::OUTPUT_SCORE
-                        : last   ? v1::SequenceWork::OUTPUT_SAMPLE
-                                 : v1::SequenceWork::OUTPUT_NONE;
+    const int64_t cap = std::min(remaining, std::max<int64_t>(max_tokens, 1));
+    const int64_t n = cost_.ChunkFor(r->length(), std::max(max_s, 0.0), cap);
+    const auto output = r->score         ? v1::SequenceWork::OUTPUT_SCORE
+                        : n == remaining ? v1::SequenceWork::OUTPUT_SAMPLE
+                                         : v1::SequenceWork::OUTPUT_NONE;
     add(r, std::span(r->prompt).subspan(r->fed, n), output);
     r->fed += n;
-    prefilled = true;
+  };
+  const int64_t reserve_tokens = std::max<int64_t>(budget_tokens / 4, 1);
+  const double reserve_s = std::max(budget_s / 4, 0.0);
+  for (size_t i = 1; i < prefills.size(); ++i) {
+    if (budget_tokens - reserve_tokens <= 0 || budget_s - reserve_s <= 0) break;
+    prefill(prefills[i], budget_tokens - reserve_tokens, budget_s - reserve_s);
   }
+  prefill(oldest, budget_tokens, budget_s);
   return plan;
 }
 

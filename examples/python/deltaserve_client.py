@@ -1,0 +1,244 @@
+#!/usr/bin/python3
+"""A small Python client of the deltaserve Generation API.
+
+It shows how to call a `deltaserve serve` (or `deltaserve coordinator`) from
+Python with grpcio and the stubs CMake generates from
+proto/deltaserve/v1/generation.proto:
+
+  generate  streams Generate and prints the text (or, with --ids, the token
+            ids) as it arrives; finish reason, usage and timings go to stderr
+  score     prints `token_id logprob` per scored token; the total to stderr
+  info      prints GetModelInfo
+  status    prints GetServerStatus
+  health    calls grpc.health.v1.Health/Check and prints SERVING or NOT_SERVING
+
+    /usr/bin/python3 examples/python/deltaserve_client.py generate \\
+        --server 127.0.0.1:50051 --tokens 1,2,3,4,5 --max-tokens 20 --ids
+
+An RPC error prints `CODE_NAME: details` to stderr and exits with 1; bad usage
+exits with 2.
+"""
+
+import argparse
+import os
+import sys
+
+import grpc
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_STUBS = os.path.join(REPO_ROOT, "build", "python")
+
+FINISH_NAMES = {1: "length", 2: "stop", 3: "context"}
+HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def token_list(text):
+    """Parses `--tokens 1,2,3` into [1, 2, 3]."""
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("want comma-separated token ids, got %r" % text)
+
+
+def connect(args):
+    # No message size limits, as the C++ client: long prompts and scores are fine.
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    return grpc.insecure_channel(args.server, options=options)
+
+
+def set_input(request, args):
+    """Fills the request's prompt/input oneof from --prompt or --tokens."""
+    if args.prompt is not None:
+        request.text = args.prompt
+    else:
+        request.tokens.ids.extend(args.tokens)
+
+
+def generate(args, pb, pb_grpc):
+    request = pb.GenerateRequest(max_tokens=args.max_tokens, stop=args.stop or [])
+    set_input(request, args)
+    request.sampling.temperature = args.temperature
+    request.sampling.top_k = args.top_k
+    request.sampling.seed = args.seed
+    if args.top_p is not None:
+        request.sampling.top_p = args.top_p
+    with connect(args) as channel:
+        stream = pb_grpc.GenerationStub(channel).Generate(request, timeout=args.timeout)
+        completion = None
+        printed = False
+        try:
+            for response in stream:
+                for token in response.tokens:
+                    if args.ids:  # as `deltaserve generate --ids`: "1 2 3" on one line
+                        sys.stdout.write((" %d" if printed else "%d") % token.id)
+                    else:
+                        sys.stdout.write(token.text)
+                    printed = True
+                sys.stdout.flush()
+                if response.HasField("completion"):
+                    completion = response.completion
+        except grpc.RpcError:
+            if printed:  # end the started line, so the error starts its own
+                print(flush=True)
+            raise
+        print(flush=True)
+    if completion is not None:
+        t = completion.timings
+        print("finish: %s%s, prompt tokens: %d, generated: %d, queue: %.1f ms, "
+              "time to first token: %.1f ms, total: %.1f ms" % (
+                  FINISH_NAMES.get(completion.finish_reason, "unspecified"),
+                  " at " + completion.stop if completion.stop else "",
+                  completion.usage.prompt_tokens, completion.usage.completion_tokens,
+                  t.queue_s * 1e3, t.time_to_first_token_s * 1e3, t.total_s * 1e3),
+              file=sys.stderr)
+
+
+def score(args, pb, pb_grpc):
+    request = pb.ScoreRequest()
+    set_input(request, args)
+    with connect(args) as channel:
+        response = pb_grpc.GenerationStub(channel).Score(request, timeout=args.timeout)
+    # logprobs[i] is the log-prob of token_ids[i + 1]; the first token has none.
+    for token_id, logprob in zip(response.token_ids[1:], response.logprobs):
+        print("%d %.6f" % (token_id, logprob))
+    print("tokens: %d, total log-prob: %.6f, time: %.1f ms" %
+          (len(response.token_ids), response.total_logprob, response.timings.total_s * 1e3),
+          file=sys.stderr)
+
+
+def info(args, pb, pb_grpc):
+    from google.protobuf import text_format
+    with connect(args) as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        if args.command == "info":
+            response = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=args.timeout)
+        else:
+            response = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=args.timeout)
+    sys.stdout.write(text_format.MessageToString(response))
+
+
+# grpc.health.v1 by hand, for when grpcio-health-checking (grpc_health) is not
+# installed: HealthCheckRequest { string service = 1; } and
+# HealthCheckResponse { ServingStatus status = 1; } are one field each.
+
+def encode_varint(value):
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def decode_varint(data, pos):
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def encode_health_request(service):
+    data = service.encode("utf-8")
+    # Field 1, wire type 2 (length-delimited); proto3 leaves an empty string out.
+    return b"\x0a" + encode_varint(len(data)) + data if data else b""
+
+
+def decode_health_response(data):
+    status, pos = 0, 0
+    while pos < len(data):
+        key, pos = decode_varint(data, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, pos = decode_varint(data, pos)
+            if field == 1:
+                status = value
+        elif wire_type == 2:
+            length, pos = decode_varint(data, pos)
+            pos += length
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        else:
+            raise ValueError("HealthCheckResponse: unexpected wire type %d" % wire_type)
+    return status
+
+
+def health(args, pb, pb_grpc):
+    with connect(args) as channel:
+        try:
+            from grpc_health.v1 import health_pb2, health_pb2_grpc
+        except ImportError:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                        request_serializer=encode_health_request,
+                                        response_deserializer=decode_health_response)
+            status = check(args.service, timeout=args.timeout)
+        else:
+            stub = health_pb2_grpc.HealthStub(channel)
+            status = stub.Check(health_pb2.HealthCheckRequest(service=args.service),
+                                timeout=args.timeout).status
+    print(HEALTH_NAMES.get(status, "UNKNOWN(%d)" % status))
+    return 0 if status == 1 else 1
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description="A Python client of the deltaserve API.")
+    parser.add_argument("--stubs", default=DEFAULT_STUBS, metavar="DIR",
+                        help="directory holding deltaserve/v1/*_pb2.py (default: %(default)s)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, help, timeout=None):
+        sub = commands.add_parser(name, help=help)
+        sub.add_argument("--server", default="127.0.0.1:50051", metavar="HOST:PORT",
+                         help="(default: %(default)s)")
+        sub.add_argument("--timeout", type=float, default=timeout, metavar="SECONDS",
+                         help="deadline in seconds (default: %s)" % (timeout or "none"))
+        return sub
+
+    def with_input(sub):
+        group = sub.add_mutually_exclusive_group(required=True)
+        group.add_argument("--prompt", metavar="TEXT", help="tokenized by the server")
+        group.add_argument("--tokens", type=token_list, metavar="1,2,3", help="token ids")
+        return sub
+
+    gen = with_input(command("generate", "stream generated text or token ids"))
+    gen.add_argument("--max-tokens", type=int, default=32, metavar="N", help="(default: 32)")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="0: no limit")
+    gen.add_argument("--top-p", type=float, metavar="P", help="in (0, 1]; unset: 1")
+    gen.add_argument("--seed", type=int, default=0, metavar="S", help="same seed, same tokens")
+    gen.add_argument("--stop", nargs="+", action="extend", metavar="STR",
+                     help="stop strings, not part of the output")
+    gen.add_argument("--ids", action="store_true", help="print token ids, not text")
+    with_input(command("score", "per-token log-probs of a text or token sequence"))
+    command("info", "the model the server holds", timeout=10)
+    command("status", "the server's queue and cache", timeout=10)
+    command("health", "grpc.health.v1 Check", timeout=10).add_argument(
+        "--service", default="", metavar="NAME", help="service name (default: the whole server)")
+    return parser.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    sys.path.insert(0, args.stubs)
+    try:
+        from deltaserve.v1 import generation_pb2, generation_pb2_grpc
+    except ImportError as e:
+        sys.exit("cannot import the deltaserve stubs from %s (build the project first): %s" %
+                 (args.stubs, e))
+    run = {"generate": generate, "score": score, "info": info, "status": info,
+           "health": health}[args.command]
+    try:
+        return run(args, generation_pb2, generation_pb2_grpc) or 0
+    except grpc.RpcError as e:
+        sys.stdout.flush()
+        print("%s: %s" % (e.code().name, e.details()), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # leaving the channel's `with` cancels the call
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

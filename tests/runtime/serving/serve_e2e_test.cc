@@ -1,0 +1,344 @@
+// `deltaserve serve` end to end: a real server process on loopback, real
+// clients (the C++ stub, `deltaserve client`, the Python example).
+#include <signal.h>
+
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "runtime/engine/session.h"
+#include "runtime/engine/step_executor.h"
+#include "runtime/model/model.h"
+#include "tests/runtime/serving/serving_test_util.h"
+
+namespace deltaserve {
+namespace {
+
+using testing::GenerateAll;
+using testing::Join;
+using testing::Streamed;
+using testing::TokensRequest;
+
+std::string Deltaserve(const std::string& args, int* code = nullptr) {
+  std::string output;
+  const int rc = testing::RunCommand(testing::BinPath("deltaserve") + " " + args, &output);
+  if (code != nullptr) *code = rc;
+  return output;
+}
+
+// The first line of a command's output.
+std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+class ServeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string ModelDir() const { return testing::GoldenPath("model/" + GetParam()); }
+};
+
+TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
+  auto server = testing::StartServer("serve --model " + ModelDir());
+  ASSERT_NE(server.stub, nullptr);
+  const std::vector<int32_t> prompt = testing::RandomTokens(37, 3);
+  for (const auto& [sampling, seed] : {std::pair<std::string, int>{"", 0},
+                                       {" --temperature 0.8 --top-k 40 --top-p 0.9", 11}}) {
+    const std::string flags = " --tokens " + Join(prompt) + " --max-tokens 24 --ids" + sampling +
+                              (seed ? " --seed " + std::to_string(seed) : "");
+    int code = 0;
+    const std::string expected =
+        FirstLine(Deltaserve("generate --model " + ModelDir() + flags + " 2>/dev/null", &code));
+    ASSERT_EQ(code, 0);
+    ASSERT_FALSE(expected.empty());
+
+    // The C++ stub.
+    v1::GenerateRequest req = TokensRequest(prompt, 24);
+    if (seed) {
+      req.mutable_sampling()->set_temperature(0.8f);
+      req.mutable_sampling()->set_top_k(40);
+      req.mutable_sampling()->set_top_p(0.9f);
+      req.mutable_sampling()->set_seed(seed);
+    }
+    const Streamed streamed = GenerateAll(*server.stub, req);
+    ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+    std::string ids;
+    for (size_t i = 0; i < streamed.ids.size(); ++i) {
+      ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
+    }
+    EXPECT_EQ(ids, expected) << sampling;
+    EXPECT_EQ(streamed.completion.finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(streamed.completion.usage().prompt_tokens(), 37);
+    EXPECT_EQ(streamed.completion.usage().completion_tokens(), 24);
+    EXPECT_GT(streamed.completion.timings().total_s(), 0);
+
+    // deltaserve client.
+    EXPECT_EQ(FirstLine(Deltaserve("client generate --server " + server.address + flags +
+                                   " 2>/dev/null")),
+              expected);
+    // The Python example, with Debian's python3-grpcio.
+    std::string output;
+    testing::RunCommand(std::string(testing::kSystemPython) + " " + DELTASERVE_SOURCE_DIR +
+                            "/examples/python/deltaserve_client.py --stubs " +
+                            DELTASERVE_PYTHON_DIR + " generate --server " + server.address + flags +
+                            " 2>/dev/null",
+                        &output);
+    EXPECT_EQ(FirstLine(output), expected) << sampling;
+  }
+}
+
+TEST_P(ServeTest, ScoreGivesTheModelsLogProbs) {
+  auto server = testing::StartServer("serve --model " + ModelDir());
+  const std::vector<int32_t> tokens = testing::RandomTokens(300, 8);
+  v1::ScoreRequest req;
+  req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
+  grpc::ClientContext context;
+  v1::ScoreResponse response;
+  ASSERT_TRUE(server.stub->Score(&context, req, &response).ok());
+  ASSERT_EQ(response.logprobs_size(), 299);
+
+  auto model = Model::Load(ModelDir());
+  ASSERT_TRUE(model.ok());
+  Session session(**model);
+  auto logits = session.Prefill(tokens, 0, true);
+  ASSERT_TRUE(logits.ok());
+  const int64_t V = (*model)->config().vocab_size;
+  double total = 0;
+  for (int i = 0; i < 299; ++i) {
+    const double expected = LogSoftmax(logits->data() + i * V, V)[tokens[i + 1]];
+    EXPECT_NEAR(response.logprobs(i), expected, 1e-4 * (1 + std::abs(expected))) << i;
+    total += expected;
+  }
+  EXPECT_NEAR(response.total_logprob(), total, 1e-3 * std::abs(total));
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, ServeTest, ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
+
+std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
+
+// 32 streams at once, one with a 20,000-token prompt: every one gets the
+// tokens it gets alone, and short requests keep decoding while the long
+// prompt is still being prefilled.
+TEST(ServeLoadTest, ConcurrentMixedRequestsEachGetTheirOwnTokens) {
+  // One compute thread: the 32 client threads share the two cores with it.
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --step-tokens 256 --threads 1");
+  struct Job {
+    std::vector<int32_t> prompt;
+    int max_tokens;
+    Streamed alone, together;
+  };
+  std::vector<Job> jobs;
+  jobs.push_back({testing::RandomTokens(20000, 100), 8, {}, {}});
+  for (int i = 1; i < 32; ++i) {
+    jobs.push_back({testing::RandomTokens(1 + (i * 37) % 300, 100 + i), 8 + i % 9, {}, {}});
+  }
+  for (Job& job : jobs) {
+    job.alone = GenerateAll(*server.stub, TokensRequest(job.prompt, job.max_tokens));
+    ASSERT_TRUE(job.alone.status.ok()) << job.alone.status.error_message();
+  }
+  // The long one first, then the rest while it prefills.
+  std::vector<std::thread> threads;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      jobs[i].together = GenerateAll(*server.stub, TokensRequest(jobs[i].prompt,
+                                                                 jobs[i].max_tokens));
+    });
+    if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& t : threads) t.join();
+  int finished_during_prefill = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = jobs[i];
+    ASSERT_TRUE(job.together.status.ok()) << i << ": " << job.together.status.error_message();
+    EXPECT_EQ(job.together.ids, job.alone.ids) << "request " << i;
+    if (i > 0 && job.together.end < jobs[0].together.first_token) ++finished_during_prefill;
+  }
+  const double long_ttft =
+      std::chrono::duration<double>(jobs[0].together.first_token - start).count();
+  EXPECT_GE(finished_during_prefill, 25)
+      << "of 31 short requests only " << finished_during_prefill
+      << " finished before the long prompt's first token (" << long_ttft << " s)";
+}
+
+TEST(ServeErrorsTest, BadRequestsAreRefusedNamingTheFieldAndServingGoesOn) {
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --max-request-bytes 100000");
+  auto expect_invalid = [&](const v1::GenerateRequest& req, const std::string& field) {
+    const Streamed s = GenerateAll(*server.stub, req);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_NE(s.status.error_message().find(field), std::string::npos)
+        << "'" << s.status.error_message() << "' does not name " << field;
+    // And the server still serves.
+    const Streamed ok = GenerateAll(*server.stub, TokensRequest({1, 2, 3}, 2));
+    EXPECT_TRUE(ok.status.ok()) << "after " << field << ": " << ok.status.error_message();
+  };
+  expect_invalid(TokensRequest({1, 256, 3}, 4), "prompt.tokens.ids[1]");
+  expect_invalid(TokensRequest({-5}, 4), "prompt.tokens.ids[0]");
+  expect_invalid(TokensRequest({}, 4), "prompt");
+  v1::GenerateRequest empty_text;
+  empty_text.set_text("");
+  expect_invalid(empty_text, "prompt");
+  v1::GenerateRequest big_text;
+  big_text.set_text(std::string(200000, 'a'));
+  expect_invalid(big_text, "prompt.text");
+  // Longer than the context (k3-tiny: 1,048,576 positions); the limit on
+  // request bytes is the default here, so the context is what refuses it.
+  {
+    auto wide = testing::StartServer("serve --model " + K3Tiny());
+    std::vector<int32_t> huge(1048577, 7);
+    const Streamed s = GenerateAll(*wide.stub, TokensRequest(huge, 1));
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.status.error_message().find("context"), std::string::npos)
+        << s.status.error_message();
+  }
+  v1::GenerateRequest req = TokensRequest({1, 2}, 4);
+  req.mutable_sampling()->set_temperature(-1);
+  expect_invalid(req, "sampling.temperature");
+  req = TokensRequest({1, 2}, 4);
+  req.mutable_sampling()->set_temperature(NAN);
+  expect_invalid(req, "sampling.temperature");
+  req = TokensRequest({1, 2}, 4);
+  req.mutable_sampling()->set_top_p(1.5f);
+  expect_invalid(req, "sampling.top_p");
+  req = TokensRequest({1, 2}, 4);
+  req.mutable_sampling()->set_top_k(-1);
+  expect_invalid(req, "sampling.top_k");
+  expect_invalid(TokensRequest({1, 2}, -3), "max_tokens");
+  req = TokensRequest({1, 2}, 4);
+  req.set_top_logprobs(21);
+  expect_invalid(req, "top_logprobs");
+  req = TokensRequest({1, 2}, 4);
+  req.add_stop_token_ids(9999);
+  expect_invalid(req, "stop_token_ids[0]");
+  req = TokensRequest({1, 2}, 4);
+  req.add_stop("");
+  expect_invalid(req, "stop[0]");
+  req = TokensRequest({1, 2}, 4);
+  req.set_request_id(std::string(200, 'r'));
+  expect_invalid(req, "request_id");
+}
+
+TEST(ServeLimitsTest, OverloadAnswersResourceExhaustedAndCancellationFreesState) {
+  auto server = testing::StartServer("serve --model " + K3Tiny() +
+                                     " --max-running 1 --max-waiting 1 --metrics-port 0");
+  // One long generation runs, one waits; a third does not fit.
+  auto start_long = [&](const std::string& id, grpc::ClientContext* context) {
+    v1::GenerateRequest req = TokensRequest({1, 2, 3, 4}, 1000000);
+    req.set_request_id(id);
+    return server.stub->Generate(context, req);
+  };
+  grpc::ClientContext running_ctx, waiting_ctx;
+  auto running = start_long("running", &running_ctx);
+  v1::GenerateResponse response;
+  ASSERT_TRUE(running->Read(&response));  // it has started
+  auto waiting = start_long("waiting", &waiting_ctx);
+  ASSERT_TRUE(testing::WaitForStatus(
+      *server.stub, [](const v1::ServerStatus& s) { return s.waiting_requests() == 1; },
+      std::chrono::seconds(5)));
+  const Streamed refused = GenerateAll(*server.stub, TokensRequest({1}, 1));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
+
+  v1::ServerStatus status = testing::Status(*server.stub);
+  EXPECT_EQ(status.running_sequences(), 1);
+  EXPECT_GT(status.kda_state_bytes(), 0);
+  EXPECT_GT(status.mla_cache_bytes(), 0);
+
+  // Abort by id ends the waiting one; cancelling the stream ends the other.
+  {
+    grpc::ClientContext context;
+    v1::AbortRequest abort;
+    abort.set_request_id("waiting");
+    v1::AbortResponse reply;
+    ASSERT_TRUE(server.stub->Abort(&context, abort, &reply).ok());
+    EXPECT_TRUE(reply.found());
+  }
+  while (waiting->Read(&response)) {
+  }
+  EXPECT_EQ(waiting->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  running_ctx.TryCancel();
+  while (running->Read(&response)) {
+  }
+  EXPECT_EQ(running->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(testing::WaitForStatus(
+      *server.stub,
+      [](const v1::ServerStatus& s) {
+        return s.running_sequences() == 0 && s.waiting_requests() == 0 &&
+               s.kda_state_bytes() == 0 && s.mla_cache_bytes() == 0;
+      },
+      std::chrono::seconds(3)))
+      << testing::Status(*server.stub).DebugString();
+  const std::string metrics = testing::HttpGet(server.metrics_port, "/metrics");
+  EXPECT_NE(metrics.find("deltaserve_kda_state_bytes 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("deltaserve_mla_cache_bytes 0\n"), std::string::npos);
+  EXPECT_NE(metrics.find("deltaserve_requests_failed_total 2\n"), std::string::npos);
+  EXPECT_NE(metrics.find("deltaserve_requests_rejected_total 1\n"), std::string::npos);
+  EXPECT_NE(metrics.find("deltaserve_time_to_first_token_seconds_bucket{le=\"3600\"}"),
+            std::string::npos);
+
+  // A deadline ends a request the same way.
+  const Streamed late = GenerateAll(*server.stub, TokensRequest({5, 6}, 1000000), 0.3);
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(testing::WaitForStatus(
+      *server.stub,
+      [](const v1::ServerStatus& s) {
+        return s.running_sequences() == 0 && s.kda_state_bytes() == 0;
+      },
+      std::chrono::seconds(3)));
+  // Aborting what does not exist says so; the server goes on.
+  grpc::ClientContext context;
+  v1::AbortRequest abort;
+  abort.set_request_id("nobody");
+  v1::AbortResponse reply;
+  ASSERT_TRUE(server.stub->Abort(&context, abort, &reply).ok());
+  EXPECT_FALSE(reply.found());
+  EXPECT_TRUE(GenerateAll(*server.stub, TokensRequest({1, 2}, 3)).status.ok());
+}
+
+TEST(ServeApiTest, HealthReflectionModelInfoAndStopStrings) {
+  auto server = testing::StartServer("serve --model " + K3Tiny());
+  EXPECT_TRUE(testing::WaitForStatus(
+      *server.stub, [](const v1::ServerStatus& s) { return s.worker_attached(); },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(testing::Probe("health " + server.address), "SERVING\n");
+  EXPECT_EQ(testing::Probe("health " + server.address + " deltaserve.v1.Generation"),
+            "SERVING\n");
+  const std::string services = testing::Probe("services " + server.address);
+  EXPECT_NE(services.find("deltaserve.v1.Generation"), std::string::npos) << services;
+  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos);
+
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_type(), "kimi_k3");
+  EXPECT_EQ(info.num_layers(), 9);
+  EXPECT_EQ(info.kda_layers(), 6);
+  EXPECT_EQ(info.mla_layers(), 3);
+  EXPECT_EQ(info.vocab_size(), 256);
+  EXPECT_EQ(info.context_length(), 1048576);
+  EXPECT_EQ(info.tokenizer(), "byte");
+  EXPECT_EQ(info.layout().pipeline_stages(), 1);
+
+  // Byte tokens: stop at the text of a printable token the greedy run makes;
+  // the output ends there, without the stop string.
+  v1::GenerateRequest req;
+  req.set_text("Hello, world");
+  req.set_max_tokens(40);
+  const Streamed full = GenerateAll(*server.stub, req);
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_EQ(full.ids.size(), 40u);
+  auto printable = std::find_if(full.ids.begin() + 5, full.ids.end(),
+                                [](int32_t id) { return id >= 0x20 && id < 0x7f; });
+  ASSERT_NE(printable, full.ids.end());
+  const std::string stop(1, static_cast<char>(*printable));
+  req.add_stop(stop);
+  const Streamed stopped = GenerateAll(*server.stub, req);
+  ASSERT_TRUE(stopped.status.ok());
+  EXPECT_EQ(stopped.completion.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.completion.stop(), stop);
+  const size_t at = full.text.find(stop);
+  EXPECT_EQ(stopped.text, full.text.substr(0, at));
+  const size_t n = std::find(full.ids.begin(), full.ids.end(), *printable) - full.ids.begin();
+  EXPECT_EQ(stopped.ids, std::vector<int32_t>(full.ids.begin(), full.ids.begin() + n + 1));
+}
+
+}  // namespace
+}  // namespace deltaserve

@@ -1,0 +1,120 @@
+// `deltaserve coordinator` with a worker job started by mpirun (two pipeline
+// stages), as on a cluster: health follows the worker, tokens equal the
+// single-process generate, and a worker job killed mid-stream ends its
+// streams with UNAVAILABLE while the coordinator stays up and serves again
+// once a new worker job attaches.
+#include <signal.h>
+
+#include "tests/runtime/serving/serving_test_util.h"
+
+namespace deltaserve {
+namespace {
+
+using testing::GenerateAll;
+using testing::Streamed;
+using testing::TokensRequest;
+
+std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
+
+// Two ranks on two cores: one compute thread each; Open MPI ranks yield
+// while they wait so the waiting stage does not starve the working one.
+std::unique_ptr<testing::ChildProcess> StartWorker(const std::string& address,
+                                                   const std::string& log) {
+  return testing::ChildProcess::Start(
+      "mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -np 2 " +
+          testing::BinPath("deltaserve") + " worker --coordinator " + address + " --model " +
+          K3Tiny() + " --pp 2 --threads 1",
+      log);
+}
+
+bool WaitForHealth(const std::string& address, const std::string& want) {
+  for (int i = 0; i < 300; ++i) {
+    if (testing::Probe("health " + address) == want + "\n") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  ASSERT_NE(coordinator.stub, nullptr);
+  // No worker yet: not serving, though the API answers.
+  EXPECT_EQ(testing::Probe("health " + coordinator.address), "NOT_SERVING\n");
+  EXPECT_FALSE(testing::Status(*coordinator.stub).worker_attached());
+
+  const std::string dir = testing::TempDir("worker");
+  auto worker = StartWorker(coordinator.address, dir + "/worker1.log");
+  ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
+
+  const std::vector<int32_t> prompt = testing::RandomTokens(300, 21);
+  std::string expected;
+  ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " +
+                                    K3Tiny() + " --tokens " + testing::Join(prompt) +
+                                    " --max-tokens 20 --ids 2>/dev/null",
+                                &expected),
+            0);
+  const Streamed first = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  std::string ids;
+  for (size_t i = 0; i < first.ids.size(); ++i) {
+    ids += (i ? " " : "") + std::to_string(first.ids[i]);
+  }
+  EXPECT_EQ(ids + "\n", expected);
+
+  // Kill the whole worker job while a stream is running.
+  grpc::ClientContext context;
+  auto reader = coordinator.stub->Generate(&context, TokensRequest({1, 2, 3}, 1000000));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  const auto killed = std::chrono::steady_clock::now();
+  worker->Signal(SIGKILL);
+  while (reader->Read(&response)) {
+  }
+  const grpc::Status status = reader->Finish();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(seconds, 5.0);
+  worker->Wait(std::chrono::seconds(10));
+
+  // The coordinator is up, not serving, and keeps a request queued meanwhile.
+  EXPECT_TRUE(WaitForHealth(coordinator.address, "NOT_SERVING"));
+  v1::ServerStatus s = testing::Status(*coordinator.stub);
+  EXPECT_FALSE(s.worker_attached());
+  EXPECT_EQ(s.running_sequences(), 0);
+  Streamed queued;
+  std::thread waiting([&] { queued = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20)); });
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& st) { return st.waiting_requests() == 1; },
+      std::chrono::seconds(5)));
+
+  // A new worker job attaches: the queued request runs, and new ones too.
+  auto second = StartWorker(coordinator.address, dir + "/worker2.log");
+  waiting.join();
+  ASSERT_TRUE(queued.status.ok()) << queued.status.error_message() << second->Log();
+  EXPECT_EQ(queued.ids, first.ids);
+  EXPECT_EQ(testing::Probe("health " + coordinator.address), "SERVING\n");
+  const Streamed again = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.ids, first.ids);
+
+  // A second worker for the same coordinator is refused with the reason.
+  std::string output;
+  EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " worker --coordinator " +
+                                    coordinator.address + " --model " + K3Tiny() +
+                                    " --connect-timeout 10",
+                                &output),
+            0);
+  EXPECT_NE(output.find("already attached"), std::string::npos) << output;
+  // A worker with another model is refused, naming the mismatch.
+  output.clear();
+  EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " worker --coordinator " +
+                                    coordinator.address + " --model " +
+                                    testing::GoldenPath("model/kimi-linear-tiny"),
+                                &output),
+            0);
+  EXPECT_NE(output.find("not the coordinator's"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace deltaserve
