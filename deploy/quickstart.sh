@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
-# The README's first command: set up, build, make a tiny random K3 model and
-# stream a generation from it with timings.
+# The README's first command: set up, build, make a tiny random K3 model, start
+# the embedded server on it (`deltaserve serve`: the gRPC API and a one-process
+# worker), stream a generation through the C++ client with its timings, and
+# stop the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh
 bash deploy/build.sh
 model=build/models/k3-tiny
 [[ -f $model/model.safetensors ]] || build/bin/deltaserve make-model --preset k3-tiny --out "$model" --seed 1
-build/bin/deltaserve generate --model "$model" --prompt "Kimi Delta Attention " \
+
+run=$(mktemp -d)
+build/bin/deltaserve serve --model "$model" --port 0 --port-file "$run/port" 2>"$run/server.log" &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$run"' EXIT
+for _ in $(seq 300); do
+  [[ -s $run/port ]] && break
+  kill -0 $server 2>/dev/null || { cat "$run/server.log"; exit 1; }
+  sleep 0.1
+done
+port=$(head -1 "$run/port")
+echo "deltaserve serve is listening on 127.0.0.1:$port; streaming a request:" >&2
+build/bin/deltaserve client generate --server "127.0.0.1:$port" --prompt "Kimi Delta Attention " \
   --max-tokens 48 --temperature 0.8 --top-p 0.95 --seed 7

@@ -13,7 +13,10 @@
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
+#include "kernels/threads.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/engine/session.h"
+#include "runtime/model/model.h"
 #include "runtime/serving/grpc_status.h"
 
 namespace deltaserve {
@@ -26,7 +29,7 @@ struct Sample {
   int64_t tokens = 0;
 };
 
-double Percentile(std::vector<double> v, double q) {
+double Percentile(std::vector<double> v, double q) {  // nearest rank
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
@@ -57,19 +60,60 @@ absl::StatusOr<Sample> OneRequest(v1::Generation::Stub& stub, const v1::Generate
   return s;
 }
 
+// Request i of client c: distinct prompts, so no request reuses another's work.
+v1::GenerateRequest MakeRequest(int c, int64_t i, int64_t prompt_tokens, int64_t max_tokens,
+                                int64_t vocab) {
+  v1::GenerateRequest req;
+  for (int64_t t = 0; t < prompt_tokens; ++t) {
+    req.mutable_tokens()->add_ids(static_cast<int32_t>((t * 7 + c * 131 + i * 17 + 1) % vocab));
+  }
+  req.set_max_tokens(static_cast<int32_t>(max_tokens));
+  req.set_ignore_eos(true);
+  return req;
+}
+
+// Serving overhead for one request: the same request served and through
+// `deltaserve generate`'s code path in this process (a Session and Generate),
+// alternated `repeats` times after one warm-up each, so that drift in the
+// machine's speed falls on both alike. Returns the two medians, in seconds.
+absl::StatusOr<std::pair<double, double>> CompareWithGenerate(
+    v1::Generation::Stub& stub, const std::string& dir, const v1::GenerateRequest& req,
+    int repeats) {
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
+  const std::vector<int32_t> prompt(req.tokens().ids().begin(), req.tokens().ids().end());
+  GenerateOptions options;
+  options.max_tokens = req.max_tokens();
+  std::vector<double> served, local;
+  for (int r = 0; r <= repeats; ++r) {
+    DELTASERVE_ASSIGN_OR_RETURN(Sample s, OneRequest(stub, req));
+    Session session(*model);
+    const auto start = Clock::now();
+    DELTASERVE_ASSIGN_OR_RETURN(
+        GenerateStats stats,
+        Generate(session, model->config().vocab_size, prompt, options, [](int32_t) {}));
+    (void)stats;
+    if (r == 0) continue;  // warm-up
+    local.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    served.push_back(s.total_s);
+  }
+  return std::make_pair(Percentile(served, 0.5), Percentile(local, 0.5));
+}
+
 }  // namespace
 
 absl::Status RunBenchServe(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(
       Flags flags, Flags::Parse("bench-serve", args,
                                 {"server", "concurrency", "prompt-tokens", "max-tokens",
-                                 "requests", "vocab"}));
+                                 "requests", "compare-model", "threads"}));
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> levels,
                               ParseTokenList(flags.GetString("concurrency", "1,8,32"),
                                              "--concurrency"));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t prompt_tokens, flags.GetInt("prompt-tokens", 128));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t max_tokens, flags.GetInt("max-tokens", 64));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t requests, flags.GetInt("requests", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
+  kernels::SetNumThreads(static_cast<int>(threads));
   if (prompt_tokens < 1 || max_tokens < 1) {
     return absl::InvalidArgumentError("--prompt-tokens and --max-tokens must be >= 1");
   }
@@ -90,12 +134,14 @@ absl::Status RunBenchServe(const Args& args) {
               info.model_type().c_str(), static_cast<long long>(prompt_tokens),
               static_cast<long long>(max_tokens));
   std::printf("| clients | requests | requests/s | output tokens/s | TTFT median ms | "
-              "TTFT p99 ms | TPOT median ms | TPOT p99 ms |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+              "TTFT p99 ms | TPOT median ms | TPOT p99 ms | latency median ms |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  double single_rate = 0;
   for (int32_t n : levels) {
     if (n < 1) return absl::InvalidArgumentError("--concurrency levels must be >= 1");
-    const int64_t per_client = requests > 0 ? std::max<int64_t>(1, requests / n)
-                                            : std::max<int64_t>(2, 64 / n);
+    // By default two requests per client, and at least four in all.
+    const int64_t total = requests > 0 ? requests : std::max<int64_t>(4, 2 * n);
+    const int64_t per_client = std::max<int64_t>(1, total / n);
     std::mutex mu;
     std::vector<Sample> samples;
     absl::Status failure;
@@ -104,15 +150,8 @@ absl::Status RunBenchServe(const Args& args) {
     for (int c = 0; c < n; ++c) {
       clients.emplace_back([&, c] {
         for (int64_t i = 0; i < per_client; ++i) {
-          v1::GenerateRequest req;
-          // Distinct prompts: no request can reuse another's work.
-          for (int64_t t = 0; t < prompt_tokens; ++t) {
-            req.mutable_tokens()->add_ids(
-                static_cast<int32_t>((t * 7 + c * 131 + i * 17 + 1) % info.vocab_size()));
-          }
-          req.set_max_tokens(static_cast<int32_t>(max_tokens));
-          req.set_ignore_eos(true);
-          auto s = OneRequest(*stub, req);
+          auto s = OneRequest(*stub, MakeRequest(c, i, prompt_tokens, max_tokens,
+                                                 info.vocab_size()));
           std::lock_guard<std::mutex> lock(mu);
           if (s.ok()) {
             samples.push_back(*s);
@@ -125,17 +164,35 @@ absl::Status RunBenchServe(const Args& args) {
     for (auto& t : clients) t.join();
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
     DELTASERVE_RETURN_IF_ERROR(failure);
-    std::vector<double> ttft, tpot;
+    std::vector<double> ttft, tpot, latency;
     int64_t tokens = 0;
     for (const Sample& s : samples) {
       ttft.push_back(s.ttft_s * 1e3);
       tpot.push_back(s.tpot_s * 1e3);
+      latency.push_back(s.total_s * 1e3);
       tokens += s.tokens;
     }
-    std::printf("| %d | %zu | %.2f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", n, samples.size(),
-                samples.size() / wall, tokens / wall, Percentile(ttft, 0.5),
-                Percentile(ttft, 0.99), Percentile(tpot, 0.5), Percentile(tpot, 0.99));
+    std::printf("| %d | %zu | %.2f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f |\n", n,
+                samples.size(), samples.size() / wall, tokens / wall, Percentile(ttft, 0.5),
+                Percentile(ttft, 0.99), Percentile(tpot, 0.5), Percentile(tpot, 0.99),
+                Percentile(latency, 0.5));
     std::fflush(stdout);
+    if (n == 1) {
+      single_rate = tokens / wall;
+    } else if (single_rate > 0) {
+      std::printf("#   %d clients: %.2fx the output tokens/s of one client (ideal %d)\n", n,
+                  tokens / wall / single_rate, n);
+    }
+  }
+  if (flags.Has("compare-model")) {
+    DELTASERVE_ASSIGN_OR_RETURN(
+        auto medians,
+        CompareWithGenerate(*stub, flags.GetString("compare-model"),
+                            MakeRequest(0, 0, prompt_tokens, max_tokens, info.vocab_size()), 7));
+    const auto [served, local] = medians;
+    std::printf("# one request, served vs deltaserve generate's path in-process (median of 7, "
+                "alternated): %.1f ms vs %.1f ms, serving overhead %+.1f%%\n",
+                served * 1e3, local * 1e3, (served / local - 1) * 100);
   }
   return absl::OkStatus();
 }

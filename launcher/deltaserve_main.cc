@@ -36,7 +36,7 @@ constexpr char kUsage[] =
     "             (one rank per process: mpirun -np N*M deltaserve worker ...)\n"
     "  client     generate|score|info|status [--server HOST:PORT] ...\n"
     "  bench-serve --server HOST:PORT [--concurrency 1,8,32 --prompt-tokens N]\n"
-    "             [--max-tokens N --requests N]\n"
+    "             [--max-tokens N --requests N --compare-model DIR --threads N]\n"
     "  version\n";
 
 }  // namespace

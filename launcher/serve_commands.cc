@@ -1,9 +1,7 @@
 // serve, coordinator and worker: the serving processes.
-#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -15,6 +13,7 @@
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/step_executor.h"
+#include "runtime/serving/local_worker.h"
 #include "runtime/serving/server.h"
 #include "runtime/serving/worker.h"
 
@@ -95,6 +94,7 @@ absl::Status RunServe(const Args& args) {
   valued.insert("threads");
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("serve", args, valued));
   DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, "127.0.0.1"));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
   const sigset_t signals = BlockStopSignals();
   // The one-rank worker: the whole model in this process.
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
@@ -107,27 +107,18 @@ absl::Status RunServe(const Args& args) {
   SingleCommunicator world;
   StepExecutor executor(*deployment.model, deployment.layout, world);
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
-  DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "serve"));
-  WorkerOptions worker_options;
-  worker_options.channel = server->InProcessChannel();
-  worker_options.description = "embedded worker (one process)";
-  worker_options.connect_timeout_s = 0;
-  absl::Status worker_status;
-  std::atomic<bool> stopping = false;
-  std::thread worker([&] {
-    worker_status = RunWorker(executor, config, worker_options);
-    // Without its worker the server has nothing to serve with.
-    if (!stopping) kill(getpid(), SIGTERM);
-  });
+  LocalWorker worker(executor, server->coordinator(), static_cast<int>(threads));
+  DELTASERVE_RETURN_IF_ERROR(worker.Attach(config, "embedded worker (this process)"));
+  // From here the coordinator may run steps on `worker`: shut the server down
+  // before the worker goes out of scope, on every path.
+  if (absl::Status status = Announce(flags, *server, "serve"); !status.ok()) {
+    server->Shutdown();
+    return status;
+  }
   const int signal = WaitForSignal(signals);
-  stopping = true;
   std::fprintf(stderr, "deltaserve serve: %s, shutting down\n", strsignal(signal));
   server->Shutdown();
-  worker.join();
-  // The link ending is how the worker sees a shutdown; other errors came
-  // first and are the reason we stop.
-  return worker_status.ok() || absl::IsUnavailable(worker_status) ? absl::OkStatus()
-                                                                  : worker_status;
+  return absl::OkStatus();
 }
 
 absl::Status RunCoordinator(const Args& args) {

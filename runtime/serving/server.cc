@@ -447,13 +447,6 @@ int Server::port() const { return impl_->port; }
 int Server::metrics_port() const { return impl_->http ? impl_->http->port() : -1; }
 Coordinator& Server::coordinator() { return *impl_->coordinator; }
 
-std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  return impl_->server->InProcessChannel(args);
-}
-
 void Server::Shutdown() {
   if (impl_ == nullptr || impl_->shut_down) return;
   impl_->shut_down = true;

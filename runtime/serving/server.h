@@ -7,8 +7,6 @@
 #include <memory>
 #include <string>
 
-#include <grpcpp/channel.h>
-
 #include "absl/status/statusor.h"
 #include "runtime/serving/coordinator.h"
 
@@ -30,8 +28,6 @@ class Server {
 
   int port() const;
   int metrics_port() const;  // -1 when none
-  // A channel to this server inside the process (the embedded worker's).
-  std::shared_ptr<grpc::Channel> InProcessChannel();
   Coordinator& coordinator();
   void Shutdown();
 

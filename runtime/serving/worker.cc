@@ -79,8 +79,8 @@ struct RankReport {
   double compute_s = 0;
 };
 
-// Runs one plan on this rank. On the leader, fills `result`; an error means
-// this rank's communication failed and the job cannot go on.
+}  // namespace
+
 absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan,
                      v1::StepResult* result) {
   StageRunner& stage = executor.stage();
@@ -134,6 +134,24 @@ absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan,
   return absl::OkStatus();
 }
 
+v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& layout,
+                                const std::string& description) {
+  v1::WorkerHello h;
+  h.set_model_type(config.model_type);
+  h.set_num_layers(static_cast<int32_t>(config.num_layers));
+  h.set_vocab_size(config.vocab_size);
+  h.set_context_length(config.max_position_embeddings);
+  h.set_hidden_size(config.hidden_size);
+  h.set_replicas(layout.replicas);
+  h.set_pipeline_stages(layout.pp);
+  h.set_tensor_parallel(layout.tp);
+  h.set_description(description);
+  h.set_config_json(ModelConfigToJson(config));
+  return h;
+}
+
+namespace {
+
 absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
                        const WorkerOptions& options) {
   Communicator& world = executor.stage().world();
@@ -142,7 +160,7 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
   grpc::ClientContext context;
   // Wait for the coordinator to come up rather than failing at once.
   context.set_wait_for_ready(true);
-  if (options.connect_timeout_s > 0 && !options.channel->WaitForConnected(
+  if (!options.channel->WaitForConnected(
           std::chrono::system_clock::now() +
           std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1e3)))) {
     std::string stop;
@@ -152,18 +170,8 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
   }
   auto stream = stub->Attach(&context);
   v1::WorkerMessage hello;
-  v1::WorkerHello* h = hello.mutable_hello();
-  const WorldLayout& layout = executor.stage().layout();
-  h->set_model_type(config.model_type);
-  h->set_num_layers(static_cast<int32_t>(config.num_layers));
-  h->set_vocab_size(config.vocab_size);
-  h->set_context_length(config.max_position_embeddings);
-  h->set_hidden_size(config.hidden_size);
-  h->set_replicas(1);
-  h->set_pipeline_stages(layout.pp);
-  h->set_tensor_parallel(layout.tp);
-  h->set_description(options.description);
-  h->set_config_json(ModelConfigToJson(config));
+  *hello.mutable_hello() =
+      MakeWorkerHello(config, executor.stage().layout(), options.description);
   absl::Status status = absl::OkStatus();
   if (!stream->Write(hello)) {
     status = absl::UnavailableError("the coordinator closed the link before the hello");

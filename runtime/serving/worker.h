@@ -13,6 +13,7 @@
 #include <grpcpp/channel.h>
 
 #include "absl/status/status.h"
+#include "deltaserve/v1/worker.pb.h"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/config.h"
 
@@ -22,10 +23,18 @@ struct WorkerOptions {
   // The leader's channel to the coordinator (null on other ranks).
   std::shared_ptr<grpc::Channel> channel;
   std::string description;  // for the coordinator's log
-  // How long to wait for the coordinator to be up; 0 for a channel that
-  // cannot wait (the in-process one of `serve`).
-  double connect_timeout_s = 60;
+  double connect_timeout_s = 60;  // waiting for the coordinator to be up
 };
+
+// Runs one step plan on this rank (every rank of the replica calls it with
+// the same plan). On the leader, fills `result` with the output rank's tokens
+// and every rank's held state; a step the executor refused is reported in
+// result->error(). An error return means this rank's communication failed
+// and the job cannot go on.
+absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan, v1::StepResult* result);
+
+v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& layout,
+                                const std::string& description);
 
 // Returns OK when the coordinator ended the link (shutdown), an error when it
 // refused the worker or the link broke.
