@@ -1,4 +1,8 @@
 #include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
 
 #include "kernels/check.h"
 #include "kernels/gemm.h"
@@ -8,6 +12,83 @@ namespace {
 
 // Up to this many rows, one sgemv per row beats sgemm's packing of W.
 constexpr int64_t kMaxGemvRows = 2;
+
+#if defined(__AVX2__) && defined(__FMA__)
+// From here up to this many rows (a batch of decode steps), the skinny kernel
+// below beats sgemm, which packs (copies) all of W for a handful of rows.
+constexpr int64_t kMaxSkinnyRows = 16;
+
+float HorizontalSum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// y[i, j] (+)= x[i, :] . w[j, :] for RW rows j0.. of W and MR rows i0.. of x:
+// RW x MR dot products along k, 8 lanes at a time, each W row read once from
+// memory for all MR rows of x.
+template <int RW, int MR>
+void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y,
+                int64_t ldy, bool accumulate) {
+  __m256 acc[RW][MR];
+  for (int r = 0; r < RW; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= k; c += 8) {
+    __m256 xv[MR];
+    for (int i = 0; i < MR; ++i) xv[i] = _mm256_loadu_ps(x + i * ldx + c);
+    for (int r = 0; r < RW; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w + r * k + c);
+      for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
+    }
+  }
+  for (int r = 0; r < RW; ++r) {
+    for (int i = 0; i < MR; ++i) {
+      float sum = HorizontalSum(acc[r][i]);
+      for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * w[r * k + t];
+      float& out = y[i * ldy + r];
+      out = accumulate ? out + sum : sum;
+    }
+  }
+}
+
+// Rows [i0, i0 + MR) of x against rows [j0, j1) of W.
+template <int MR>
+void SkinnyRows(const float* x, int64_t ldx, const float* w, int64_t j0, int64_t j1,
+                int64_t k, float* y, int64_t ldy, bool accumulate) {
+  int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    SkinnyTile<4, MR>(x, ldx, w + j * k, k, y + j, ldy, accumulate);
+  }
+  for (; j < j1; ++j) SkinnyTile<1, MR>(x, ldx, w + j * k, k, y + j, ldy, accumulate);
+}
+
+// 3..kMaxSkinnyRows rows: threads split W's rows; each thread takes x four
+// rows at a time over its block of W, so W streams from memory once and the
+// block is reused from cache for the other rows of x.
+void SkinnyLinear(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n,
+                  int64_t k, float* y, int64_t ldy, bool accumulate) {
+  // Blocks of W rows small enough to stay in L2 while x's rows pass over them.
+  const int64_t block = std::max<int64_t>(4, (64 * 1024 / (4 * std::max<int64_t>(k, 1))) / 4 * 4);
+  const int64_t blocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 16))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t j0 = b * block, j1 = std::min(n, j0 + block);
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      SkinnyRows<4>(x + i * ldx, ldx, w, j0, j1, k, y + i * ldy, ldy, accumulate);
+    }
+    const int64_t rest = m - i;
+    const float* xr = x + i * ldx;
+    float* yr = y + i * ldy;
+    if (rest == 3) SkinnyRows<3>(xr, ldx, w, j0, j1, k, yr, ldy, accumulate);
+    if (rest == 2) SkinnyRows<2>(xr, ldx, w, j0, j1, k, yr, ldy, accumulate);
+    if (rest == 1) SkinnyRows<1>(xr, ldx, w, j0, j1, k, yr, ldy, accumulate);
+  }
+}
+#else
+constexpr int64_t kMaxSkinnyRows = 0;  // no AVX2/FMA: sgemm for every size
+#endif
 
 }  // namespace
 
@@ -33,6 +114,12 @@ void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m,
     }
     return;
   }
+#if defined(__AVX2__) && defined(__FMA__)
+  if (m <= kMaxSkinnyRows) {
+    SkinnyLinear(x, ldx, w, m, n, k, y, ldy, accumulate);
+    return;
+  }
+#endif
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
               static_cast<int>(n), static_cast<int>(k), 1.0f, x,
               static_cast<int>(ldx), w, static_cast<int>(k),

@@ -19,8 +19,10 @@ using testing::RandomFloats;
 using testing::ReductionTolerance;
 using testing::ToDouble;
 
-// 1 and 2 take the sgemv path, 3 and up sgemm.
-constexpr int64_t kSizes[] = {0, 1, 2, 3, 17, 64, 129};
+// 1 and 2 take the sgemv path, 3 to 16 the skinny kernel (4-row tiles and
+// the 1-3 rows left over; 4-row blocks of W and the rows left over; k in
+// 8-lane steps and a tail), 17 and up sgemm.
+constexpr int64_t kSizes[] = {0, 1, 2, 3, 5, 8, 13, 16, 17, 64, 129};
 
 // Inputs in [-1, 1): each product is ~1/3 and partial sums grow like sqrt(k),
 // so the absolute error is ReductionTolerance(k) times that sqrt(k) scale.
@@ -57,7 +59,7 @@ TEST(LinearTest, MatchesReference) {
 
 TEST(LinearTest, Accumulates) {
   uint64_t seed = 1000;
-  for (int64_t m : {1, 2, 17, 64}) {
+  for (int64_t m : {1, 2, 3, 7, 16, 17, 64}) {
     for (int64_t n : {1, 3, 129}) {
       for (int64_t k : {0, 1, 17, 129}) {
         SCOPED_TRACE(::testing::Message()
