@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Serving on k3-small: starts `deltaserve serve`, drives it with bench-serve at
+# 1, 8 and 32 concurrent streaming clients, and measures the serving overhead
+# of one request against the same request through `deltaserve generate`'s
+# code path (alternated, in the same run). Prints markdown for
+# docs/performance.md.
+#
+#   bash bench/serve_bench.sh [prompt tokens] [output tokens]   (default 128 64)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prompt=${1:-128}
+output=${2:-64}
+bin=build/bin/deltaserve
+model=${MODEL:-/tmp/deltaserve_bench_k3_small}
+[[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
+run=$(mktemp -d)
+$bin serve --model "$model" --port 0 --port-file "$run/port" 2>"$run/server.log" &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$run"' EXIT
+for _ in $(seq 600); do
+  [[ -s $run/port ]] && break
+  kill -0 $server 2>/dev/null || { cat "$run/server.log"; exit 1; }
+  sleep 0.1
+done
+$bin bench-serve --server "127.0.0.1:$(head -1 "$run/port")" --concurrency 1,8,32 \
+  --prompt-tokens "$prompt" --max-tokens "$output" --compare-model "$model"
