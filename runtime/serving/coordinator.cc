@@ -27,7 +27,6 @@ struct Request {
   // Scheduler side.
   size_t fed = 0;         // prompt tokens sent to the worker
   bool started = false;   // the worker holds state for it
-  bool in_step = false;   // part of the step in flight
   std::vector<int32_t> generated;
   std::unique_ptr<IncrementalDetokenizer> detok;
   std::string text;       // generated text so far
@@ -37,6 +36,7 @@ struct Request {
   bool was_scheduled = false;
 
   // RPC side (under the coordinator's mutex).
+  std::condition_variable events_cv;  // its RPC thread waits here
   std::vector<TokenEvent> events;
   bool ended = false;
   std::optional<RequestOutcome> outcome;  // set when ended, taken by Poll
@@ -93,7 +93,6 @@ void Coordinator::Shutdown() {
     while (!running_.empty()) FailLocked(*running_.front(), status);
   }
   work_cv_.notify_all();
-  events_cv_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
   // Tell the worker, so its ranks end cleanly instead of seeing a broken link.
   std::shared_ptr<WorkerSender> sender;
@@ -180,7 +179,7 @@ std::optional<RequestOutcome> Coordinator::Poll(const RequestHandle& handle,
                                                 std::chrono::milliseconds wait) {
   Request& r = *handle.request_;
   std::unique_lock<std::mutex> lock(mu_);
-  events_cv_.wait_for(lock, wait, [&] { return !r.events.empty() || r.ended; });
+  r.events_cv.wait_for(lock, wait, [&] { return !r.events.empty() || r.ended; });
   for (TokenEvent& e : r.events) tokens->push_back(std::move(e));
   r.events.clear();
   if (!r.ended) return std::nullopt;
@@ -251,7 +250,7 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   drop(running_);
   by_id_.erase(r.request_id);
   UpdateGaugesLocked();
-  events_cv_.notify_all();
+  r.events_cv.notify_all();
 }
 
 void Coordinator::FailLocked(Request& r, const absl::Status& status) {
@@ -299,8 +298,12 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const v1::WorkerHello& hello,
 
 void Coordinator::OnStepResult(uint64_t worker, v1::StepResult result) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!worker_ || worker_->id != worker || result.step_id() != awaiting_step_) return;
-  result_ = std::move(result);
+  if (!worker_ || worker_->id != worker) return;
+  const bool expected = std::any_of(in_flight_.begin(), in_flight_.end(), [&](const auto& step) {
+    return step.step_id == result.step_id();
+  });
+  if (!expected) return;
+  results_[result.step_id()] = std::move(result);
   work_cv_.notify_all();
 }
 
@@ -332,6 +335,9 @@ void Coordinator::LoseWorkerLocked(const std::string& why) {
   running_.clear();
   waiting_.insert(waiting_.begin(), unseen.begin(), unseen.end());
   pending_release_.clear();
+  in_flight_.clear();
+  results_.clear();
+  promised_ = false;
   held_kda_ = held_mla_ = held_tokens_ = 0;
   metrics_.kda_bytes.Set(0);
   metrics_.mla_bytes.Set(0);
@@ -399,7 +405,6 @@ v1::StepPlan Coordinator::BuildStepLocked(std::vector<StepItem>* items) {
     budget_s -= cost_.Cost(piece.tokens, piece.prefix);
     items->push_back({r, piece, output});
     r->started = true;
-    r->in_step = true;
     if (!r->was_scheduled) {
       r->was_scheduled = true;
       r->scheduled = now;
@@ -520,7 +525,7 @@ void Coordinator::OnTokenLocked(Request& r, const v1::SequenceOutput& out) {
     r.text_sent = emit_to;
   }
   r.events.push_back(std::move(e));
-  events_cv_.notify_all();
+  r.events_cv.notify_all();
   if (end) FinishLocked(r, std::move(*end));
 }
 
@@ -528,7 +533,6 @@ void Coordinator::ProcessResultLocked(const v1::StepResult& result,
                                       const std::vector<StepItem>& items) {
   ++steps_;
   metrics_.steps.Add();
-  for (const auto& item : items) item.request->in_step = false;
   held_kda_ = result.kda_state_bytes();
   held_mla_ = result.mla_cache_bytes();
   held_tokens_ = 0;
@@ -579,35 +583,56 @@ void Coordinator::ProcessResultLocked(const v1::StepResult& result,
   }
 }
 
+bool Coordinator::PromptLeftLocked() const {
+  if (!waiting_.empty()) return true;
+  return std::any_of(running_.begin(), running_.end(),
+                     [](const auto& r) { return r->fed < r->prompt.size(); });
+}
+
 void Coordinator::SchedulerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    work_cv_.wait(lock, [&] { return stop_ || (worker_ && HasWorkLocked()); });
+    // Results are used in step order, whatever order they arrive in.
+    while (!in_flight_.empty() && results_.contains(in_flight_.front().step_id)) {
+      auto node = results_.extract(in_flight_.front().step_id);
+      ProcessResultLocked(node.mapped(), in_flight_.front().items);
+      in_flight_.pop_front();
+    }
     if (stop_) break;
-    std::vector<StepItem> items;
+    // A step goes out when nothing is in flight, or when the last one sent
+    // promised a successor and the window (one step per pipeline stage) has
+    // room; otherwise wait for results, work or a worker.
+    const bool can_send =
+        worker_ && (in_flight_.empty()
+                        ? HasWorkLocked()
+                        : promised_ && static_cast<int64_t>(in_flight_.size()) <
+                                           worker_->hello.pipeline_stages());
+    if (!can_send) {
+      work_cv_.wait(lock);
+      continue;
+    }
+    InFlightStep step;
     v1::CoordinatorMessage message;
-    *message.mutable_step() = BuildStepLocked(&items);
-    if (message.step().work_size() == 0 && message.step().release_size() == 0) continue;
+    *message.mutable_step() = BuildStepLocked(&step.items);
+    if (message.step().work_size() == 0 && message.step().release_size() == 0 && !promised_) {
+      continue;
+    }
+    // Prefill chunks that sample nothing do not need their result before the
+    // next chunks: with more prompt left, promise a successor, so the worker
+    // starts it while its later stages still run this one.
+    const bool samples = std::any_of(step.items.begin(), step.items.end(), [](const auto& i) {
+      return i.output == v1::SequenceWork::OUTPUT_SAMPLE;
+    });
+    promised_ = worker_->hello.pipeline_stages() > 1 && !samples && PromptLeftLocked();
+    message.mutable_step()->set_more_coming(promised_);
+    step.step_id = message.step().step_id();
+    in_flight_.push_back(std::move(step));
     const uint64_t worker = worker_->id;
     std::shared_ptr<WorkerSender> sender = worker_->sender;
-    awaiting_step_ = message.step().step_id();
-    result_.reset();
     lock.unlock();
     const bool sent = sender->Send(message);
     lock.lock();
-    if (!sent) {
-      if (worker_ && worker_->id == worker) LoseWorkerLocked("the link to it broke");
-      continue;
-    }
-    work_cv_.wait(lock, [&] {
-      return stop_ || result_.has_value() || !worker_ || worker_->id != worker;
-    });
-    if (!result_) {
-      for (const auto& item : items) item.request->in_step = false;
-      continue;  // the worker went (its requests have ended) or we stop
-    }
-    ProcessResultLocked(*result_, items);
-    result_.reset();
+    if (!sent && worker_ && worker_->id == worker) LoseWorkerLocked("the link to it broke");
   }
 }
 

@@ -155,6 +155,7 @@ class Coordinator {
 
   absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);
   bool HasWorkLocked() const;
+  bool PromptLeftLocked() const;
   v1::StepPlan BuildStepLocked(std::vector<StepItem>* items);
   void ProcessResultLocked(const v1::StepResult& result, const std::vector<StepItem>& items);
   void OnTokenLocked(Request& r, const v1::SequenceOutput& out);
@@ -170,8 +171,7 @@ class Coordinator {
   ChunkCostModel cost_;
 
   mutable std::mutex mu_;
-  std::condition_variable work_cv_;    // scheduler: work, results, worker changes
-  std::condition_variable events_cv_;  // RPC threads: tokens and outcomes
+  std::condition_variable work_cv_;  // scheduler: work, results, worker changes
   bool stop_ = false;
   uint64_t next_sequence_ = 1;
   uint64_t next_step_ = 1;
@@ -181,8 +181,13 @@ class Coordinator {
   std::vector<std::shared_ptr<Request>> running_;
   std::vector<uint64_t> pending_release_;
   std::optional<Worker> worker_;
-  std::optional<v1::StepResult> result_;
-  uint64_t awaiting_step_ = 0;
+  struct InFlightStep {
+    uint64_t step_id = 0;
+    std::vector<StepItem> items;
+  };
+  std::deque<InFlightStep> in_flight_;        // sent, in order
+  std::map<uint64_t, v1::StepResult> results_;  // arrived, not yet used
+  bool promised_ = false;  // the last step sent said more_coming
   std::function<void(bool)> serving_callback_;
   // What the worker held after the last step.
   int64_t held_kda_ = 0, held_mla_ = 0, held_tokens_ = 0;

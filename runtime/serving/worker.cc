@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 
 #include <grpcpp/grpcpp.h>
 
@@ -72,41 +73,42 @@ absl::StatusOr<std::string> RecvBytes(Communicator& world, int src, int tag) {
   return bytes;
 }
 
-// What one rank reports after each step.
-struct RankReport {
-  int64_t kda_bytes = 0, mla_bytes = 0, sequences = 0;
-  int32_t stage = 0;
-  double compute_s = 0;
-};
-
 }  // namespace
 
-absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan,
-                     v1::StepResult* result) {
+absl::StatusOr<LocalStep> ExecuteStep(StepExecutor& executor, const v1::StepPlan& plan) {
   StageRunner& stage = executor.stage();
   Communicator& world = stage.world();
   const int leader = stage.leader_rank();
   const bool is_leader = world.rank() == leader;
   const double compute_before = stage.stats().compute_s;
+  LocalStep local;
+  local.step_id = plan.step_id();
   auto outputs = executor.Run(FromProto(plan));
   // A refused step is refused on every rank alike (the same validation runs
   // everywhere before any communication); it is reported, not fatal.
-  std::string error = outputs.ok() ? "" : std::string(outputs.status().message());
-  v1::StepResult local;
+  if (!outputs.ok()) local.error = std::string(outputs.status().message());
   if (executor.is_output() && outputs.ok()) {
-    for (const auto& r : *outputs) ToProto(r, local.add_outputs());
+    for (const auto& r : *outputs) ToProto(r, local.outputs.add_outputs());
   }
   if (executor.is_output() && !is_leader) {
-    DELTASERVE_RETURN_IF_ERROR(SendBytes(world, local.SerializeAsString(), leader, kResultTag));
+    DELTASERVE_RETURN_IF_ERROR(
+        SendBytes(world, local.outputs.SerializeAsString(), leader, kResultTag));
   }
   const HeldState held = executor.Held();
-  RankReport report{held.kda_bytes, held.mla_bytes, held.sequences, stage.coord().stage,
-                    stage.stats().compute_s - compute_before};
+  local.report = {held.kda_bytes, held.mla_bytes, held.sequences, stage.coord().stage,
+                  stage.stats().compute_s - compute_before};
   if (!is_leader) {
-    return world.Send(&report, sizeof(report), leader, kHeldTag);
+    DELTASERVE_RETURN_IF_ERROR(world.Send(&local.report, sizeof(local.report), leader, kHeldTag));
   }
+  return local;
+}
+
+absl::Status CollectStep(StepExecutor& executor, LocalStep local, v1::StepResult* result) {
+  StageRunner& stage = executor.stage();
+  Communicator& world = stage.world();
+  const int leader = stage.leader_rank();
   if (executor.is_output()) {
-    *result = std::move(local);
+    *result = std::move(local.outputs);
   } else {
     DELTASERVE_ASSIGN_OR_RETURN(std::string bytes,
                                 RecvBytes(world, stage.output_rank(), kResultTag));
@@ -114,11 +116,11 @@ absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan,
       return absl::DataLossError("the output rank's step result does not parse");
     }
   }
-  result->set_step_id(plan.step_id());
-  if (!error.empty()) result->set_error(error);
+  result->set_step_id(local.step_id);
+  if (!local.error.empty()) result->set_error(local.error);
   std::vector<double> stage_compute(stage.layout().pp, 0.0);
-  int64_t kda = report.kda_bytes, mla = report.mla_bytes;
-  stage_compute[0] = std::max(stage_compute[0], report.compute_s);
+  int64_t kda = local.report.kda_bytes, mla = local.report.mla_bytes;
+  stage_compute[0] = local.report.compute_s;
   for (int r = 0; r < world.size(); ++r) {
     if (r == leader || stage.layout().CoordOf(r).replica != stage.coord().replica) continue;
     RankReport other;
@@ -127,11 +129,19 @@ absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan,
     mla += other.mla_bytes;
     stage_compute[other.stage] = std::max(stage_compute[other.stage], other.compute_s);
   }
-  result->set_live_sequences(held.sequences);
+  result->set_live_sequences(local.report.sequences);
   result->set_kda_state_bytes(kda);
   result->set_mla_cache_bytes(mla);
   for (double s : stage_compute) result->add_stage_compute_s(s);
   return absl::OkStatus();
+}
+
+absl::Status RunStep(StepExecutor& executor, const v1::StepPlan& plan, v1::StepResult* result) {
+  DELTASERVE_ASSIGN_OR_RETURN(LocalStep local, ExecuteStep(executor, plan));
+  if (executor.stage().world().rank() != executor.stage().leader_rank()) {
+    return absl::OkStatus();
+  }
+  return CollectStep(executor, std::move(local), result);
 }
 
 v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& layout,
@@ -178,6 +188,8 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
   }
   v1::CoordinatorMessage message;
   bool told_to_stop = false;
+  const int pp = executor.stage().layout().pp;
+  std::deque<std::pair<LocalStep, std::chrono::steady_clock::time_point>> outstanding;
   while (status.ok() && stream->Read(&message)) {
     if (message.has_refused()) {
       status = absl::FailedPreconditionError(
@@ -193,11 +205,22 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
     std::string bytes = plan.SerializeAsString();
     // A size of zero tells the other ranks to stop; a real plan is never empty.
     DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &bytes));
-    v1::WorkerMessage reply;
-    DELTASERVE_RETURN_IF_ERROR(RunStep(executor, plan, reply.mutable_result()));
-    reply.mutable_result()->set_wall_s(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (!stream->Write(reply)) break;
+    DELTASERVE_ASSIGN_OR_RETURN(LocalStep local, ExecuteStep(executor, plan));
+    outstanding.push_back({std::move(local), start});
+    // With more to come, answer the older steps only: the later stages are
+    // still working on them while this rank starts the next plan.
+    const size_t keep = plan.more_coming() ? static_cast<size_t>(pp - 1) : 0;
+    bool link_ok = true;
+    while (outstanding.size() > keep && link_ok) {
+      v1::WorkerMessage reply;
+      DELTASERVE_RETURN_IF_ERROR(
+          CollectStep(executor, std::move(outstanding.front().first), reply.mutable_result()));
+      reply.mutable_result()->set_wall_s(std::chrono::duration<double>(
+          std::chrono::steady_clock::now() - outstanding.front().second).count());
+      outstanding.pop_front();
+      link_ok = stream->Write(reply);
+    }
+    if (!link_ok) break;
   }
   std::string stop;
   DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &stop));

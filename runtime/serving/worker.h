@@ -26,7 +26,28 @@ struct WorkerOptions {
   double connect_timeout_s = 60;  // waiting for the coordinator to be up
 };
 
-// Runs one step plan on this rank (every rank of the replica calls it with
+// What one rank reports to the leader after each step.
+struct RankReport {
+  int64_t kda_bytes = 0, mla_bytes = 0, sequences = 0;
+  int32_t stage = 0;
+  double compute_s = 0;
+};
+
+// This rank's part of a step: ExecuteStep runs the plan's work here (every
+// rank of the replica, in plan order) and sends the output rank's tokens
+// and this rank's report to the leader; on the leader, CollectStep then
+// gathers them into the step's result. The leader may execute later plans
+// before collecting an earlier one (messages between two ranks keep order).
+struct LocalStep {
+  uint64_t step_id = 0;
+  std::string error;       // the executor refused the step
+  v1::StepResult outputs;  // on the output rank
+  RankReport report;
+};
+absl::StatusOr<LocalStep> ExecuteStep(StepExecutor& executor, const v1::StepPlan& plan);
+absl::Status CollectStep(StepExecutor& executor, LocalStep local, v1::StepResult* result);
+
+// Both at once: runs one step plan on this rank (every rank of the replica calls it with
 // the same plan). On the leader, fills `result` with the output rank's tokens
 // and every rank's held state; a step the executor refused is reported in
 // result->error(). An error return means this rank's communication failed

@@ -36,7 +36,9 @@ bool WaitForHealth(const std::string& address, const std::string& want) {
 }
 
 TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
-  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  // Small steps: the 3000-token prompt runs as a dozen or more chunks, which
+  // the coordinator sends ahead through the two stages (more_coming).
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --step-tokens 256");
   ASSERT_NE(coordinator.stub, nullptr);
   // No worker yet: not serving, though the API answers.
   EXPECT_EQ(testing::Probe("health " + coordinator.address), "NOT_SERVING\n");
@@ -46,7 +48,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   auto worker = StartWorker(coordinator.address, dir + "/worker1.log");
   ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
 
-  const std::vector<int32_t> prompt = testing::RandomTokens(300, 21);
+  const std::vector<int32_t> prompt = testing::RandomTokens(3000, 21);
   std::string expected;
   ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " +
                                     K3Tiny() + " --tokens " + testing::Join(prompt) +

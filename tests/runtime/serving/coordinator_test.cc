@@ -1,0 +1,222 @@
+// The coordinator's schedule, step by step: a worker that records every step
+// plan and runs it on a real StepExecutor (the golden k3-tiny model).
+#include "runtime/serving/coordinator.h"
+
+#include <mutex>
+
+#include "runtime/comm/single_communicator.h"
+#include "runtime/engine/session.h"
+#include "runtime/serving/worker.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+// Reports each step as taking what the coordinator's own starting cost model
+// says, so the schedule does not depend on this machine's timing.
+class RecordingWorker final : public WorkerSender {
+ public:
+  RecordingWorker(const Model& model, Coordinator& coordinator)
+      : layout_(*WorldLayout::Make(1, 1, 1)),
+        executor_(model, layout_, world_),
+        coordinator_(coordinator),
+        cost_(model.config()) {}
+
+  // Attaches saying it has `stages` pipeline stages (the steps still run here,
+  // in one stage).
+  void Attach(const ModelConfig& config, int stages) {
+    std::shared_ptr<WorkerSender> self(this, [](WorkerSender*) {});
+    auto id = coordinator_.AttachWorker(
+        MakeWorkerHello(config, *WorldLayout::Make(1, stages, 1), "recording"), self);
+    ASSERT_TRUE(id.ok()) << id.status();
+    id_ = *id;
+  }
+  bool Send(const v1::CoordinatorMessage& message) override {
+    if (!message.has_step() || message.step().shutdown()) return true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      plans_.push_back(message.step());
+    }
+    std::vector<StepPiece> pieces;
+    for (uint64_t id : message.step().release()) lengths_.erase(id);
+    for (const auto& w : message.step().work()) {
+      pieces.push_back({w.tokens_size(), lengths_[w.sequence_id()]});
+      lengths_[w.sequence_id()] += w.tokens_size();
+    }
+    v1::StepResult result;
+    EXPECT_TRUE(RunStep(executor_, message.step(), &result).ok());
+    result.set_wall_s(cost_.Cost(pieces));
+    coordinator_.OnStepResult(id_, std::move(result));
+    return true;
+  }
+  std::vector<v1::StepPlan> plans() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return plans_;
+  }
+
+ private:
+  SingleCommunicator world_;
+  WorldLayout layout_;
+  StepExecutor executor_;
+  Coordinator& coordinator_;
+  const ChunkCostModel cost_;
+  std::map<uint64_t, int64_t> lengths_;
+  uint64_t id_ = 0;
+  std::mutex mu_;
+  std::vector<v1::StepPlan> plans_;
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = Model::Load(testing::GoldenPath("model/k3-tiny"));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+  }
+  void Start(int64_t step_tokens, int stages = 1) {
+    CoordinatorOptions options;
+    options.step_tokens = step_tokens;
+    coordinator_ = std::make_unique<Coordinator>(model_->config(), nullptr, options, metrics_);
+    worker_ = std::make_unique<RecordingWorker>(*model_, *coordinator_);
+    worker_->Attach(model_->config(), stages);
+  }
+  void TearDown() override {
+    if (coordinator_) coordinator_->Shutdown();
+  }
+  // Every token of a request, and how it ended.
+  std::vector<int32_t> Finish(const RequestHandle& handle) {
+    std::vector<int32_t> ids;
+    while (true) {
+      std::vector<TokenEvent> events;
+      auto outcome = coordinator_->Poll(handle, &events, std::chrono::milliseconds(100));
+      for (const auto& e : events) ids.push_back(e.id);
+      if (outcome) {
+        EXPECT_TRUE(outcome->status.ok()) << outcome->status;
+        return ids;
+      }
+    }
+  }
+  std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int64_t n) {
+    Session session(*model_);
+    GenerateOptions options;
+    options.max_tokens = n;
+    std::vector<int32_t> out;
+    EXPECT_TRUE(Generate(session, model_->config().vocab_size, prompt, options,
+                         [&](int32_t t) { out.push_back(t); })
+                    .ok());
+    return out;
+  }
+  RequestHandle Submit(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+    GenerateParams params;
+    params.max_tokens = max_tokens;
+    auto handle = coordinator_->SubmitGenerate("r" + std::to_string(next_++), prompt, params,
+                                               std::nullopt);
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    return *handle;
+  }
+  // Tokens of sequence `id` in each plan (0 where it has no work).
+  static std::vector<int> WorkOf(const std::vector<v1::StepPlan>& plans, uint64_t id) {
+    std::vector<int> sizes;
+    for (const auto& plan : plans) {
+      int n = 0;
+      for (const auto& w : plan.work()) {
+        if (w.sequence_id() == id) n = w.tokens_size();
+      }
+      sizes.push_back(n);
+    }
+    return sizes;
+  }
+
+  std::unique_ptr<Model> model_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<RecordingWorker> worker_;
+  int next_ = 0;
+};
+
+TEST_F(CoordinatorTest, PrefillChunksShrinkAsTheMlaPrefixGrows) {
+  Start(256);
+  const auto prompt = testing::RandomTokens(6000, 1);
+  EXPECT_EQ(Finish(Submit(prompt, 4)), Alone(prompt, 4));
+  std::vector<int> chunks;
+  for (int n : WorkOf(worker_->plans(), 1)) {
+    if (n > 0) chunks.push_back(n);
+  }
+  chunks.resize(chunks.size() - 3);  // the decode steps
+  int64_t total = 0;
+  for (int n : chunks) total += n;
+  EXPECT_EQ(total, 6000);
+  EXPECT_EQ(chunks.front(), 256);
+  // Non-increasing but for the prompt's last piece, and much smaller by the
+  // end: attention over a 6000-token prefix costs many times the rest.
+  for (size_t i = 1; i + 1 < chunks.size(); ++i) {
+    EXPECT_LE(chunks[i], chunks[i - 1]) << "chunk " << i;
+  }
+  EXPECT_LT(chunks[chunks.size() - 2], 256 / 3);
+}
+
+TEST_F(CoordinatorTest, ShortRequestsDecodeWhileALongPromptPrefills) {
+  Start(256);
+  const auto long_prompt = testing::RandomTokens(4000, 2);
+  const auto short_prompt = testing::RandomTokens(5, 3);
+  // Submitted together: the short one is prefilled first (shortest prompt
+  // first, the oldest keeping a share) and decodes in the steps that carry
+  // the long prompt's chunks.
+  RequestHandle long_request = Submit(long_prompt, 2);
+  RequestHandle short_request = Submit(short_prompt, 10);
+  EXPECT_EQ(Finish(short_request), Alone(short_prompt, 10));
+  EXPECT_EQ(Finish(long_request), Alone(long_prompt, 2));
+  const auto plans = worker_->plans();
+  const auto long_work = WorkOf(plans, 1), short_work = WorkOf(plans, 2);
+  int shared = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (long_work[i] > 1 && short_work[i] == 1) ++shared;  // a chunk and a decode
+    int tokens = 0;
+    for (const auto& w : plans[i].work()) tokens += w.tokens_size();
+    EXPECT_LE(tokens, 256) << "step " << i << " is over the token budget";
+  }
+  EXPECT_EQ(shared, 9);  // every decode of the short request
+}
+
+TEST_F(CoordinatorTest, PurePrefillStepsPromiseASuccessorToAPipeline) {
+  Start(256, /*stages=*/2);
+  const auto prompt = testing::RandomTokens(2000, 4);
+  EXPECT_EQ(Finish(Submit(prompt, 3)), Alone(prompt, 3));
+  const auto plans = worker_->plans();
+  ASSERT_GE(plans.size(), 4u);
+  // Chunks that sample nothing say more_coming; the prompt's last chunk
+  // (which samples) and the decode steps do not.
+  size_t i = 0;
+  for (; i < plans.size() && plans[i].work_size() == 1 &&
+         plans[i].work(0).output() == v1::SequenceWork::OUTPUT_NONE;
+       ++i) {
+    EXPECT_TRUE(plans[i].more_coming()) << "step " << i;
+  }
+  EXPECT_GE(i, 3u);
+  for (; i < plans.size(); ++i) EXPECT_FALSE(plans[i].more_coming()) << "step " << i;
+}
+
+TEST_F(CoordinatorTest, CancellingFreesTheStateWithTheNextStep) {
+  Start(256);
+  RequestHandle handle = Submit({1, 2, 3}, 1000000);
+  std::vector<TokenEvent> events;
+  while (events.size() < 3) coordinator_->Poll(handle, &events, std::chrono::milliseconds(100));
+  coordinator_->Cancel(handle, absl::CancelledError("test"));
+  std::optional<RequestOutcome> outcome;
+  while (!outcome) outcome = coordinator_->Poll(handle, &events, std::chrono::milliseconds(100));
+  EXPECT_EQ(outcome->status.code(), absl::StatusCode::kCancelled);
+  for (int i = 0; i < 100 && coordinator_->Status().kda_state_bytes > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const ServerStatusData status = coordinator_->Status();
+  EXPECT_EQ(status.kda_state_bytes, 0);
+  EXPECT_EQ(status.mla_cache_bytes, 0);
+  EXPECT_EQ(status.running_sequences, 0);
+  const auto plans = worker_->plans();
+  ASSERT_FALSE(plans.empty());
+  ASSERT_EQ(plans.back().release_size(), 1);
+  EXPECT_EQ(plans.back().release(0), 1u);
+}
+
+}  // namespace
+}  // namespace deltaserve
