@@ -13,6 +13,7 @@
 namespace deltaserve {
 namespace {
 
+constexpr int kPlanTag = 10;
 constexpr int kResultTag = 11;
 constexpr int kHeldTag = 12;
 
@@ -49,13 +50,53 @@ void ToProto(const SequenceResult& r, v1::SequenceOutput* out) {
   out->mutable_target_logprobs()->Add(r.target_logprobs.begin(), r.target_logprobs.end());
 }
 
-// Bytes to every rank of the replica from the leader: the size, then them.
-absl::Status BroadcastBytes(Communicator& world, int root, std::string* bytes) {
-  uint64_t size = bytes->size();
-  DELTASERVE_RETURN_IF_ERROR(world.Broadcast(&size, sizeof(size), root));
-  bytes->resize(size);
-  if (size == 0) return absl::OkStatus();
-  return world.Broadcast(bytes->data(), size, root);
+// A step plan from the leader to the other ranks of its replica: the size,
+// then the bytes (a size of zero: stop). Sent without waiting, so the leader
+// can start the next plan while later stages still work on earlier ones (a
+// broadcast would hold it until every rank had taken the plan); the sends are
+// waited for when their step is collected.
+class PlanSends {
+ public:
+  absl::Status Start(Communicator& world, const StageRunner& stage, std::string bytes) {
+    auto size = std::make_unique<uint64_t>(bytes.size());
+    auto data = std::make_unique<std::string>(std::move(bytes));
+    for (int r = 0; r < world.size(); ++r) {
+      if (r == world.rank() || stage.layout().CoordOf(r).replica != stage.coord().replica) {
+        continue;
+      }
+      DELTASERVE_ASSIGN_OR_RETURN(auto request,
+                                  world.Isend(size.get(), sizeof(uint64_t), r, kPlanTag));
+      requests_.push_back(std::move(request));
+      if (!data->empty()) {
+        DELTASERVE_ASSIGN_OR_RETURN(request, world.Isend(data->data(), data->size(), r,
+                                                         kPlanTag));
+        requests_.push_back(std::move(request));
+      }
+    }
+    sizes_.push_back(std::move(size));
+    buffers_.push_back(std::move(data));
+    return absl::OkStatus();
+  }
+  absl::Status Wait() {
+    for (auto& request : requests_) DELTASERVE_RETURN_IF_ERROR(request->Wait());
+    requests_.clear();
+    sizes_.clear();
+    buffers_.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<uint64_t>> sizes_;
+  std::vector<std::unique_ptr<std::string>> buffers_;
+  std::vector<std::unique_ptr<SendRequest>> requests_;
+};
+
+absl::StatusOr<std::string> RecvPlan(Communicator& world, int leader) {
+  uint64_t size = 0;
+  DELTASERVE_RETURN_IF_ERROR(world.Recv(&size, sizeof(size), leader, kPlanTag));
+  std::string bytes(size, '\0');
+  if (size > 0) DELTASERVE_RETURN_IF_ERROR(world.Recv(bytes.data(), size, leader, kPlanTag));
+  return bytes;
 }
 
 absl::Status SendBytes(Communicator& world, const std::string& bytes, int dest, int tag) {
@@ -165,7 +206,6 @@ namespace {
 absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
                        const WorkerOptions& options) {
   Communicator& world = executor.stage().world();
-  const int leader = executor.stage().leader_rank();
   auto stub = v1::WorkerLink::NewStub(options.channel);
   grpc::ClientContext context;
   // Wait for the coordinator to come up rather than failing at once.
@@ -173,8 +213,8 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
   if (!options.channel->WaitForConnected(
           std::chrono::system_clock::now() +
           std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1e3)))) {
-    std::string stop;
-    (void)BroadcastBytes(world, leader, &stop);
+    PlanSends stop;
+    if (stop.Start(world, executor.stage(), "").ok()) (void)stop.Wait();
     return absl::UnavailableError(absl::StrCat("cannot reach the coordinator within ",
                                                options.connect_timeout_s, " s"));
   }
@@ -190,6 +230,7 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
   bool told_to_stop = false;
   const int pp = executor.stage().layout().pp;
   std::deque<std::pair<LocalStep, std::chrono::steady_clock::time_point>> outstanding;
+  PlanSends sends;
   while (status.ok() && stream->Read(&message)) {
     if (message.has_refused()) {
       status = absl::FailedPreconditionError(
@@ -202,15 +243,15 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
       break;
     }
     const auto start = std::chrono::steady_clock::now();
-    std::string bytes = plan.SerializeAsString();
     // A size of zero tells the other ranks to stop; a real plan is never empty.
-    DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &bytes));
+    DELTASERVE_RETURN_IF_ERROR(sends.Start(world, executor.stage(), plan.SerializeAsString()));
     DELTASERVE_ASSIGN_OR_RETURN(LocalStep local, ExecuteStep(executor, plan));
     outstanding.push_back({std::move(local), start});
     // With more to come, answer the older steps only: the later stages are
     // still working on them while this rank starts the next plan.
     const size_t keep = plan.more_coming() ? static_cast<size_t>(pp - 1) : 0;
     bool link_ok = true;
+    if (outstanding.size() > keep) DELTASERVE_RETURN_IF_ERROR(sends.Wait());
     while (outstanding.size() > keep && link_ok) {
       v1::WorkerMessage reply;
       DELTASERVE_RETURN_IF_ERROR(
@@ -218,12 +259,12 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
       reply.mutable_result()->set_wall_s(std::chrono::duration<double>(
           std::chrono::steady_clock::now() - outstanding.front().second).count());
       outstanding.pop_front();
-      link_ok = stream->Write(reply);
+        link_ok = stream->Write(reply);
     }
     if (!link_ok) break;
   }
-  std::string stop;
-  DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &stop));
+  DELTASERVE_RETURN_IF_ERROR(sends.Start(world, executor.stage(), ""));
+  DELTASERVE_RETURN_IF_ERROR(sends.Wait());
   stream->WritesDone();
   const grpc::Status finish = stream->Finish();
   if (!status.ok()) return status;
@@ -242,8 +283,7 @@ absl::Status RunWorker(StepExecutor& executor, const ModelConfig& config,
   const int leader = executor.stage().leader_rank();
   if (world.rank() == leader) return RunLeader(executor, config, options);
   while (true) {
-    std::string bytes;
-    DELTASERVE_RETURN_IF_ERROR(BroadcastBytes(world, leader, &bytes));
+    DELTASERVE_ASSIGN_OR_RETURN(std::string bytes, RecvPlan(world, leader));
     if (bytes.empty()) return absl::OkStatus();
     v1::StepPlan plan;
     if (!plan.ParseFromString(bytes)) {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Long-prompt prefill through the coordinator on k3-small: a worker job of 2
+# pipeline stages (two MPI ranks, one thread each) against one stage (one
+# rank, one thread), both behind the same `deltaserve coordinator`. Prints
+# the time to first token of each and the speedup against the ideal 2.0.
+#
+#   bash bench/coordinator_pipeline_bench.sh [prompt tokens] [step tokens]   (default 16384 2048)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=${1:-16384}
+step=${2:-2048}
+bin=build/bin/deltaserve
+model=${MODEL:-/tmp/deltaserve_bench_k3_small}
+[[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
+run=$(mktemp -d)
+tokens=$(awk -v n="$T" 'BEGIN { srand(1); for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), int(rand() * 256) }')
+$bin coordinator --model "$model" --host 127.0.0.1 --port 0 --port-file "$run/port" \
+  --step-tokens "$step" 2>"$run/coordinator.log" &
+coordinator=$!
+worker=
+trap 'kill -TERM $coordinator $worker 2>/dev/null; wait 2>/dev/null; rm -rf "$run"' EXIT
+for _ in $(seq 600); do [[ -s $run/port ]] && break; sleep 0.1; done
+address=127.0.0.1:$(head -1 "$run/port")
+
+ttft() {  # $1: ranks; prints the time to first token in ms
+  OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to core \
+    --mca mpi_yield_when_idle 1 -np "$1" $bin worker --coordinator "$address" \
+    --model "$model" --pp "$1" --threads 1 --plan-context "$T" 2>"$run/worker$1.log" &
+  worker=$!
+  for _ in $(seq 600); do
+    $bin client status --server "$address" 2>/dev/null | grep -q worker_attached && break
+    sleep 0.1
+  done
+  $bin client generate --server "$address" --tokens "$tokens" --max-tokens 1 --ids 2>&1 >/dev/null |
+    sed -n 's/.*time to first token: \([0-9.]*\) ms.*/\1/p'
+  kill -TERM $worker; wait $worker 2>/dev/null || true
+  worker=
+  for _ in $(seq 100); do
+    $bin client status --server "$address" 2>/dev/null | grep -q worker_attached || break
+    sleep 0.1
+  done
+}
+one=$(ttft 1)
+two=$(ttft 2)
+echo "| prompt tokens | step tokens | 1 stage TTFT ms | 2 stages TTFT ms | speedup (ideal 2.0) |"
+echo "|---|---|---|---|---|"
+awk -v T="$T" -v s="$step" -v a="$one" -v b="$two" \
+  'BEGIN { printf "| %d | %d | %.0f | %.0f | %.2f |\n", T, s, a, b, a / b }'
