@@ -1,10 +1,10 @@
 // make-model, generate and score: the single-process tools.
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -17,11 +17,13 @@
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace deltaserve {
 namespace {
 
-// Byte-level tokens for the 256-token vocabularies: one token per byte.
+// The prompt's token ids: given, or --prompt encoded by the model's tokenizer
+// (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags,
                                                   const ModelConfig& config) {
   const bool has_prompt = flags.Has("prompt"), has_tokens = flags.Has("tokens");
@@ -39,29 +41,15 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags,
     text << in.rdbuf();
     return ParseTokenList(text.str(), path);
   }
-  if (config.vocab_size < 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--prompt needs a byte-level vocabulary of at least 256 tokens; this "
-        "model has ", config.vocab_size, ": use --tokens"));
-  }
   const std::string prompt = flags.GetString("prompt");
   if (prompt.empty()) return absl::InvalidArgumentError("--prompt is empty");
-  std::vector<int32_t> tokens;
-  for (unsigned char c : prompt) tokens.push_back(c);
-  return tokens;
-}
-
-// A byte token as text; bytes that would disturb a terminal are escaped.
-std::string ByteText(int32_t token) {
-  if (token >= 0 && token < 256) {
-    const unsigned char c = static_cast<unsigned char>(token);
-    if (std::isprint(c) || c == '\n' || c == '\t' || c >= 0x80) {
-      return std::string(1, static_cast<char>(c));
-    }
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                              LoadTokenizer(flags.GetString("model"), config.vocab_size));
+  auto tokens = tokenizer->Encode(prompt);
+  if (!tokens.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompt: ", tokens.status().message()));
   }
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned>(token & 0xff));
-  return buf;
+  return *tokens;
 }
 
 }  // namespace
@@ -132,22 +120,32 @@ absl::Status RunGenerate(const Args& args) {
       Deploy(flags, config, static_cast<int64_t>(prompt.size()) + options.max_tokens));
   SequenceRunner& runner = *deployment.runner;
   const bool print = runner.IsOutput();
-  const bool ids = flags.Has("ids");
+  // Text through the model's tokenizer, UTF-8 split across tokens held until
+  // whole; token ids with --ids, or when the model has no tokenizer.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!flags.Has("ids")) {
+    auto loaded = LoadTokenizer(flags.GetString("model"), config.vocab_size);
+    if (loaded.ok()) tokenizer = std::move(*loaded);
+  }
+  std::optional<IncrementalDetokenizer> text;
+  if (tokenizer) text.emplace(*tokenizer);
   bool first = true;
   DELTASERVE_ASSIGN_OR_RETURN(
       GenerateStats stats,
       Generate(runner, config.vocab_size, prompt, options, [&](int32_t token) {
         if (!print) return;
-        if (ids) {
-          std::printf(first ? "%d" : " %d", token);
+        if (text) {
+          auto piece = text->Add(token);
+          std::fputs(piece.ok() ? piece->c_str() : "\xEF\xBF\xBD", stdout);
         } else {
-          std::fputs(ByteText(token).c_str(), stdout);
+          std::printf(first ? "%d" : " %d", token);
         }
         first = false;
         std::fflush(stdout);
       }));
   if (flags.Has("stats")) PrintPipelineStats(deployment);
   if (!print) return absl::OkStatus();
+  if (text) std::fputs(text->Finish().c_str(), stdout);
   std::printf("\n");
   std::fflush(stdout);
   const double decode_rate =

@@ -7,7 +7,12 @@
 #include <mutex>
 #include <thread>
 
+#include <filesystem>
+
 #include "runtime/engine/session.h"
+#include "runtime/model/presets.h"
+#include "runtime/model/random_checkpoint.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
 #include "tests/runtime/serving/serving_test_util.h"
@@ -338,6 +343,52 @@ TEST(ServeApiTest, HealthReflectionModelInfoAndStopStrings) {
   EXPECT_EQ(stopped.text, full.text.substr(0, at));
   const size_t n = std::find(full.ids.begin(), full.ids.end(), *printable) - full.ids.begin();
   EXPECT_EQ(stopped.ids, std::vector<int32_t>(full.ids.begin(), full.ids.begin() + n + 1));
+}
+
+// A K3-shaped model with a Kimi tiktoken tokenizer (the fixture of
+// tests/runtime/tokenizer: 676 BPE ranks and 256 special tokens) and a
+// 1024-token vocabulary: text prompts are encoded with the BPE, and the
+// streamed text is the same as deltaserve generate prints.
+TEST(ServeTokenizerTest, TextPromptsGoThroughTheCheckpointsTiktokenBpe) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::TempDir("tiktoken_model");
+  auto config = PresetConfig("k3-tiny");
+  ASSERT_TRUE(config.ok());
+  config->vocab_size = 1024;
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, dir, 5).ok());
+  for (const char* file : {"tiktoken.model", "tokenizer_config.json"}) {
+    fs::copy_file(std::string(DELTASERVE_SOURCE_DIR) + "/tests/data/tokenizer/" + file,
+                  dir + "/" + file);
+  }
+  auto tokenizer = LoadTokenizer(dir, 1024);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "Hello, world! Don't stop: 12345 你好世界";
+  auto prompt = (*tokenizer)->Encode(text);
+  ASSERT_TRUE(prompt.ok());
+
+  auto server = testing::StartServer("serve --model " + dir);
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.tokenizer(), "tiktoken");
+
+  v1::GenerateRequest req;
+  req.set_text(text);
+  req.set_max_tokens(30);
+  req.set_ignore_eos(true);  // deltaserve generate does not stop at end tokens
+  const Streamed streamed = GenerateAll(*server.stub, req);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  EXPECT_EQ(streamed.completion.usage().prompt_tokens(), static_cast<int64_t>(prompt->size()));
+  // Same prompt ids, same tokens, same text as the generate command.
+  const Streamed by_ids = GenerateAll(*server.stub, TokensRequest(*prompt, 30));
+  EXPECT_EQ(by_ids.ids, streamed.ids);
+  std::string ids;
+  for (size_t i = 0; i < streamed.ids.size(); ++i) {
+    ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
+  }
+  const std::string base = "generate --model " + dir + " --prompt \"" + text + "\" --max-tokens 30";
+  EXPECT_EQ(FirstLine(Deltaserve(base + " --ids 2>/dev/null")), ids);
+  EXPECT_EQ(Deltaserve(base + " 2>/dev/null"), streamed.text + "\n");
 }
 
 }  // namespace
