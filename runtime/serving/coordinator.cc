@@ -25,6 +25,7 @@ struct Request {
   std::optional<Clock::time_point> deadline;
 
   // Scheduler side.
+  void* worker = nullptr;  // the Worker running it, once admitted to one
   size_t fed = 0;         // prompt tokens sent to the worker
   bool started = false;   // the worker holds state for it
   std::vector<int32_t> generated;
@@ -75,42 +76,37 @@ Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenize
           m.AddGauge("deltaserve_mla_cache_bytes", "MLA latent cache held on the worker, all ranks."),
           m.AddGauge("deltaserve_prefill_tokens_per_second",
                      "Prompt tokens per second of the last step that prefilled."),
-          m.AddGauge("deltaserve_worker_attached", "1 when a worker is attached."),
+          m.AddGauge("deltaserve_workers_attached", "Workers (replicas) attached."),
           m.AddCounter("deltaserve_steps_total", "Steps run on the worker."),
-      } {
-  scheduler_ = std::thread([this] { SchedulerLoop(); });
-}
+      } {}
 
 Coordinator::~Coordinator() { Shutdown(); }
 
 void Coordinator::Shutdown() {
+  std::vector<std::shared_ptr<WorkerSender>> senders;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
     const absl::Status status = absl::UnavailableError("the server is shutting down");
     while (!waiting_.empty()) FailLocked(*waiting_.front(), status);
-    while (!running_.empty()) FailLocked(*running_.front(), status);
+    for (auto& [id, w] : workers_) {
+      while (!w->running.empty()) FailLocked(*w->running.front(), status);
+      senders.push_back(w->sender);
+    }
   }
   work_cv_.notify_all();
-  if (scheduler_.joinable()) scheduler_.join();
-  // Tell the worker, so its ranks end cleanly instead of seeing a broken link.
-  std::shared_ptr<WorkerSender> sender;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (worker_) sender = worker_->sender;
-  }
-  if (sender != nullptr) {
-    v1::CoordinatorMessage message;
-    message.mutable_step()->set_shutdown(true);
-    sender->Send(message);
-  }
+  for (auto& t : schedulers_) t.join();
+  // Tell the workers, so their ranks end cleanly instead of seeing a broken link.
+  v1::CoordinatorMessage message;
+  message.mutable_step()->set_shutdown(true);
+  for (auto& sender : senders) sender->Send(message);
 }
 
 void Coordinator::SetServingCallback(std::function<void(bool)> callback) {
   std::lock_guard<std::mutex> lock(mu_);
   serving_callback_ = std::move(callback);
-  if (serving_callback_) serving_callback_(worker_.has_value());
+  if (serving_callback_) serving_callback_(!workers_.empty());
 }
 
 absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
@@ -148,14 +144,16 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
   }
   int64_t waiting_tokens = 0;
   for (const auto& w : waiting_) waiting_tokens += static_cast<int64_t>(w->prompt.size());
-  const bool room_to_run = static_cast<int64_t>(running_.size()) < options_.max_running &&
-                           waiting_.empty();
+  const bool room_to_run =
+      waiting_.empty() && std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
+        return HasRoomLocked(*w.second);
+      });
   if (!room_to_run) {
     if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
       metrics_.rejected.Add();
       return absl::ResourceExhaustedError(absl::StrCat(
           "the queue is full: ", waiting_.size(), " requests waiting (limit ",
-          options_.max_waiting, ", --max-waiting) behind ", running_.size(), " running"));
+          options_.max_waiting, ", --max-waiting) behind the running ones"));
     }
     if (waiting_tokens + static_cast<int64_t>(r->prompt.size()) > options_.max_waiting_tokens) {
       metrics_.rejected.Add();
@@ -205,19 +203,23 @@ bool Coordinator::Abort(const std::string& request_id) {
 ServerStatusData Coordinator::Status() const {
   std::lock_guard<std::mutex> lock(mu_);
   ServerStatusData s;
-  s.worker_attached = worker_.has_value();
+  s.worker_attached = !workers_.empty();
+  s.workers = static_cast<int32_t>(workers_.size());
   s.waiting_requests = static_cast<int64_t>(waiting_.size());
   for (const auto& w : waiting_) s.waiting_tokens += static_cast<int64_t>(w->prompt.size());
-  s.running_sequences = static_cast<int64_t>(running_.size());
-  s.kda_state_bytes = held_kda_;
-  s.mla_cache_bytes = held_mla_;
-  s.mla_cache_tokens = held_tokens_;
+  for (const auto& [id, w] : workers_) {
+    s.running_sequences += static_cast<int64_t>(w->running.size());
+    s.kda_state_bytes += w->held_kda;
+    s.mla_cache_bytes += w->held_mla;
+    for (const auto& r : w->running) s.mla_cache_tokens += r->started ? r->length() : 0;
+  }
   s.steps = steps_;
   s.requests_finished = finished_;
-  if (worker_) {
-    s.pp = worker_->hello.pipeline_stages();
-    s.tp = worker_->hello.tensor_parallel();
-    s.replicas = worker_->hello.replicas();
+  if (!workers_.empty()) {
+    const v1::WorkerHello& hello = workers_.begin()->second->hello;
+    s.pp = hello.pipeline_stages();
+    s.tp = hello.tensor_parallel();
+    s.replicas = static_cast<int32_t>(workers_.size());
   }
   return s;
 }
@@ -239,15 +241,18 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   r.ended = true;
   r.outcome = std::move(outcome);
   ++finished_;
-  if (r.started) pending_release_.push_back(r.sequence_id);
-  r.started = false;
   auto drop = [&](auto& list) {
     list.erase(std::remove_if(list.begin(), list.end(),
                               [&](const auto& p) { return p.get() == &r; }),
                list.end());
   };
   drop(waiting_);
-  drop(running_);
+  if (auto* w = static_cast<Worker*>(r.worker)) {
+    if (r.started) w->pending_release.push_back(r.sequence_id);
+    drop(w->running);
+  }
+  r.started = false;
+  r.worker = nullptr;
   by_id_.erase(r.request_id);
   UpdateGaugesLocked();
   r.events_cv.notify_all();
@@ -260,8 +265,17 @@ void Coordinator::FailLocked(Request& r, const absl::Status& status) {
 }
 
 void Coordinator::UpdateGaugesLocked() {
-  metrics_.running.Set(static_cast<double>(running_.size()));
+  int64_t running = 0, kda = 0, mla = 0;
+  for (const auto& [id, w] : workers_) {
+    running += static_cast<int64_t>(w->running.size());
+    kda += w->held_kda;
+    mla += w->held_mla;
+  }
+  metrics_.running.Set(static_cast<double>(running));
   metrics_.waiting.Set(static_cast<double>(waiting_.size()));
+  metrics_.kda_bytes.Set(static_cast<double>(kda));
+  metrics_.mla_bytes.Set(static_cast<double>(mla));
+  metrics_.worker.Set(static_cast<double>(workers_.size()));
 }
 
 // --- The worker link --------------------------------------------------------
@@ -278,103 +292,105 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const v1::WorkerHello& hello,
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return absl::UnavailableError("the coordinator is shutting down");
-  if (worker_) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "a worker is already attached (", worker_->hello.description(),
-        "); this coordinator serves one replica"));
-  }
-  Worker w;
-  w.id = next_worker_++;
-  w.hello = hello;
-  w.sender = std::move(sender);
-  worker_ = std::move(w);
-  pending_release_.clear();  // a new worker holds nothing
-  metrics_.worker.Set(1);
-  if (serving_callback_) serving_callback_(true);
-  std::fprintf(stderr, "coordinator: worker attached: %s\n", hello.description().c_str());
+  auto w = std::make_shared<Worker>();
+  w->id = next_worker_++;
+  w->hello = hello;
+  w->sender = std::move(sender);
+  workers_[w->id] = w;
+  UpdateGaugesLocked();
+  if (workers_.size() == 1 && serving_callback_) serving_callback_(true);
+  std::fprintf(stderr, "coordinator: worker %llu attached: %s\n",
+               static_cast<unsigned long long>(w->id), hello.description().c_str());
+  schedulers_.emplace_back([this, w] { SchedulerLoop(w); });
   work_cv_.notify_all();
-  return worker_->id;
+  return w->id;
 }
 
 void Coordinator::OnStepResult(uint64_t worker, v1::StepResult result) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!worker_ || worker_->id != worker) return;
-  const bool expected = std::any_of(in_flight_.begin(), in_flight_.end(), [&](const auto& step) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return;
+  Worker& w = *it->second;
+  const bool expected = std::any_of(w.in_flight.begin(), w.in_flight.end(), [&](const auto& step) {
     return step.step_id == result.step_id();
   });
   if (!expected) return;
-  results_[result.step_id()] = std::move(result);
+  w.results[result.step_id()] = std::move(result);
   work_cv_.notify_all();
 }
 
 void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!worker_ || worker_->id != worker) return;
-  LoseWorkerLocked(why);
+  auto it = workers_.find(worker);
+  if (it != workers_.end()) LoseWorkerLocked(*it->second, why);
 }
 
-void Coordinator::LoseWorkerLocked(const std::string& why) {
-  std::fprintf(stderr, "coordinator: worker lost: %s\n", why.c_str());
-  worker_.reset();
-  metrics_.worker.Set(0);
-  if (serving_callback_) serving_callback_(false);
+void Coordinator::LoseWorkerLocked(Worker& w, const std::string& why) {
+  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n",
+               static_cast<unsigned long long>(w.id), why.c_str());
+  w.gone = true;
   // What the worker held is gone: requests it had state for end; requests it
   // never saw go back to the front of the queue in their order.
   const absl::Status status =
       absl::UnavailableError(absl::StrCat("the worker went away (", why, ")"));
-  std::vector<std::shared_ptr<Request>> held = running_;
+  std::vector<std::shared_ptr<Request>> held = w.running;
   std::vector<std::shared_ptr<Request>> unseen;
   for (const auto& r : held) {
     if (r->started || r->fed > 0) {
       r->started = false;  // nothing to release on a worker that is gone
       FailLocked(*r, status);
     } else {
+      r->worker = nullptr;
       unseen.push_back(r);
     }
   }
-  running_.clear();
   waiting_.insert(waiting_.begin(), unseen.begin(), unseen.end());
-  pending_release_.clear();
-  in_flight_.clear();
-  results_.clear();
-  promised_ = false;
-  held_kda_ = held_mla_ = held_tokens_ = 0;
-  metrics_.kda_bytes.Set(0);
-  metrics_.mla_bytes.Set(0);
+  workers_.erase(w.id);  // its scheduler thread holds it until it sees `gone`
+  w.running.clear();
+  w.in_flight.clear();
+  w.results.clear();
+  if (workers_.empty() && serving_callback_) serving_callback_(false);
   UpdateGaugesLocked();
   work_cv_.notify_all();
 }
 
 // --- Scheduling -------------------------------------------------------------
 
-bool Coordinator::HasWorkLocked() const {
-  if (!pending_release_.empty()) return true;
-  if (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
-    return true;
-  }
-  return !running_.empty();
+bool Coordinator::HasRoomLocked(const Worker& w) const {
+  if (static_cast<int64_t>(w.running.size()) >= options_.max_running) return false;
+  // New requests go to the least loaded worker.
+  return std::none_of(workers_.begin(), workers_.end(), [&](const auto& other) {
+    return other.second->running.size() < w.running.size();
+  });
 }
 
-v1::StepPlan Coordinator::BuildStepLocked(std::vector<StepItem>* items) {
+bool Coordinator::HasWorkLocked(const Worker& w) const {
+  if (!w.pending_release.empty()) return true;
+  if (!waiting_.empty() && HasRoomLocked(w)) return true;
+  return !w.running.empty();
+}
+
+v1::StepPlan Coordinator::BuildStepLocked(Worker& w, std::vector<StepItem>* items) {
   const auto now = Clock::now();
   // Deadlines first: a request past its deadline ends before it costs more.
   std::vector<std::shared_ptr<Request>> live(waiting_.begin(), waiting_.end());
-  live.insert(live.end(), running_.begin(), running_.end());
+  live.insert(live.end(), w.running.begin(), w.running.end());
   for (const auto& r : live) {
     if (r->deadline && now >= *r->deadline) {
       FailLocked(*r, absl::DeadlineExceededError("the request's deadline passed"));
     }
   }
-  while (static_cast<int64_t>(running_.size()) < options_.max_running && !waiting_.empty()) {
-    running_.push_back(waiting_.front());
+  while (!waiting_.empty() && HasRoomLocked(w)) {
+    waiting_.front()->worker = &w;
+    w.running.push_back(waiting_.front());
     waiting_.pop_front();
   }
   UpdateGaugesLocked();
 
   v1::StepPlan plan;
   plan.set_step_id(next_step_++);
-  for (uint64_t id : pending_release_) plan.add_release(id);
-  pending_release_.clear();
+  for (uint64_t id : w.pending_release) plan.add_release(id);
+  w.pending_release.clear();
 
   int64_t budget_tokens = options_.step_tokens;
   double budget_s = cost_.Cost(options_.step_tokens, 0);
@@ -412,7 +428,7 @@ v1::StepPlan Coordinator::BuildStepLocked(std::vector<StepItem>* items) {
     }
   };
   // Decode: one token for each sequence past its prompt.
-  for (const auto& r : running_) {
+  for (const auto& r : w.running) {
     if (r->fed == r->prompt.size() && !r->generated.empty()) {
       add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
     }
@@ -423,7 +439,7 @@ v1::StepPlan Coordinator::BuildStepLocked(std::vector<StepItem>* items) {
   // a million-token prefill; what is left returns to the oldest. The oldest
   // always gets some tokens, so a prompt progresses under any decode load.
   std::vector<std::shared_ptr<Request>> prefills;
-  for (const auto& r : running_) {
+  for (const auto& r : w.running) {
     if (r->fed < r->prompt.size()) prefills.push_back(r);
   }
   if (prefills.empty()) return plan;
@@ -529,16 +545,13 @@ void Coordinator::OnTokenLocked(Request& r, const v1::SequenceOutput& out) {
   if (end) FinishLocked(r, std::move(*end));
 }
 
-void Coordinator::ProcessResultLocked(const v1::StepResult& result,
+void Coordinator::ProcessResultLocked(Worker& w, const v1::StepResult& result,
                                       const std::vector<StepItem>& items) {
   ++steps_;
   metrics_.steps.Add();
-  held_kda_ = result.kda_state_bytes();
-  held_mla_ = result.mla_cache_bytes();
-  held_tokens_ = 0;
-  for (const auto& r : running_) held_tokens_ += r->started ? r->length() : 0;
-  metrics_.kda_bytes.Set(static_cast<double>(held_kda_));
-  metrics_.mla_bytes.Set(static_cast<double>(held_mla_));
+  w.held_kda = result.kda_state_bytes();
+  w.held_mla = result.mla_cache_bytes();
+  UpdateGaugesLocked();
   if (!result.error().empty()) {
     // The worker refused the step and advanced nothing: its sequences end.
     const absl::Status status =
@@ -583,38 +596,38 @@ void Coordinator::ProcessResultLocked(const v1::StepResult& result,
   }
 }
 
-bool Coordinator::PromptLeftLocked() const {
-  if (!waiting_.empty()) return true;
-  return std::any_of(running_.begin(), running_.end(),
+bool Coordinator::PromptLeftLocked(const Worker& w) const {
+  if (!waiting_.empty() && HasRoomLocked(w)) return true;
+  return std::any_of(w.running.begin(), w.running.end(),
                      [](const auto& r) { return r->fed < r->prompt.size(); });
 }
 
-void Coordinator::SchedulerLoop() {
+void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     // Results are used in step order, whatever order they arrive in.
-    while (!in_flight_.empty() && results_.contains(in_flight_.front().step_id)) {
-      auto node = results_.extract(in_flight_.front().step_id);
-      ProcessResultLocked(node.mapped(), in_flight_.front().items);
-      in_flight_.pop_front();
+    while (!w->in_flight.empty() && w->results.contains(w->in_flight.front().step_id)) {
+      auto node = w->results.extract(w->in_flight.front().step_id);
+      ProcessResultLocked(*w, node.mapped(), w->in_flight.front().items);
+      w->in_flight.pop_front();
     }
-    if (stop_) break;
+    if (stop_ || w->gone) break;
     // A step goes out when nothing is in flight, or when the last one sent
     // promised a successor and the window (one step per pipeline stage) has
-    // room; otherwise wait for results, work or a worker.
+    // room; otherwise wait for results, work or the end.
     const bool can_send =
-        worker_ && (in_flight_.empty()
-                        ? HasWorkLocked()
-                        : promised_ && static_cast<int64_t>(in_flight_.size()) <
-                                           worker_->hello.pipeline_stages());
+        w->in_flight.empty()
+            ? HasWorkLocked(*w)
+            : w->promised &&
+                  static_cast<int64_t>(w->in_flight.size()) < w->hello.pipeline_stages();
     if (!can_send) {
       work_cv_.wait(lock);
       continue;
     }
     InFlightStep step;
     v1::CoordinatorMessage message;
-    *message.mutable_step() = BuildStepLocked(&step.items);
-    if (message.step().work_size() == 0 && message.step().release_size() == 0 && !promised_) {
+    *message.mutable_step() = BuildStepLocked(*w, &step.items);
+    if (message.step().work_size() == 0 && message.step().release_size() == 0 && !w->promised) {
       continue;
     }
     // Prefill chunks that sample nothing do not need their result before the
@@ -623,16 +636,14 @@ void Coordinator::SchedulerLoop() {
     const bool samples = std::any_of(step.items.begin(), step.items.end(), [](const auto& i) {
       return i.output == v1::SequenceWork::OUTPUT_SAMPLE;
     });
-    promised_ = worker_->hello.pipeline_stages() > 1 && !samples && PromptLeftLocked();
-    message.mutable_step()->set_more_coming(promised_);
+    w->promised = w->hello.pipeline_stages() > 1 && !samples && PromptLeftLocked(*w);
+    message.mutable_step()->set_more_coming(w->promised);
     step.step_id = message.step().step_id();
-    in_flight_.push_back(std::move(step));
-    const uint64_t worker = worker_->id;
-    std::shared_ptr<WorkerSender> sender = worker_->sender;
+    w->in_flight.push_back(std::move(step));
     lock.unlock();
-    const bool sent = sender->Send(message);
+    const bool sent = w->sender->Send(message);
     lock.lock();
-    if (!sent && worker_ && worker_->id == worker) LoseWorkerLocked("the link to it broke");
+    if (!sent && !w->gone) LoseWorkerLocked(*w, "the link to it broke");
   }
 }
 

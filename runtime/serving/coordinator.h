@@ -88,6 +88,7 @@ class RequestHandle {
 
 struct ServerStatusData {
   bool worker_attached = false;
+  int32_t workers = 0;
   int64_t waiting_requests = 0, waiting_tokens = 0, running_sequences = 0;
   int64_t kda_state_bytes = 0, mla_cache_bytes = 0, mla_cache_tokens = 0;
   int64_t steps = 0, requests_finished = 0;
@@ -130,8 +131,9 @@ class Coordinator {
   bool Abort(const std::string& request_id);
   ServerStatusData Status() const;
 
-  // The worker link. Attach refuses a worker whose model differs from ours
-  // or when one is attached already (one replica is served).
+  // The worker link. Each attached worker is a replica with its own
+  // scheduler thread; new requests go to the least loaded. Attach refuses a
+  // worker whose model differs from ours.
   absl::StatusOr<uint64_t> AttachWorker(const v1::WorkerHello& hello,
                                         std::shared_ptr<WorkerSender> sender);
   void OnStepResult(uint64_t worker, v1::StepResult result);
@@ -142,28 +144,43 @@ class Coordinator {
   void Shutdown();
 
  private:
-  struct Worker {
-    uint64_t id = 0;
-    v1::WorkerHello hello;
-    std::shared_ptr<WorkerSender> sender;
-  };
   struct StepItem {
     std::shared_ptr<Request> request;
     StepPiece piece;
     v1::SequenceWork::Output output;
   };
+  struct InFlightStep {
+    uint64_t step_id = 0;
+    std::vector<StepItem> items;
+  };
+  // An attached worker: one replica, with its own requests, steps and
+  // scheduler thread.
+  struct Worker {
+    uint64_t id = 0;
+    v1::WorkerHello hello;
+    std::shared_ptr<WorkerSender> sender;
+    bool gone = false;
+    std::vector<std::shared_ptr<Request>> running;  // holding (or about to hold) state
+    std::vector<uint64_t> pending_release;
+    std::deque<InFlightStep> in_flight;        // sent, in order
+    std::map<uint64_t, v1::StepResult> results;  // arrived, not yet used
+    bool promised = false;  // the last step sent said more_coming
+    int64_t held_kda = 0, held_mla = 0;  // after its last step
+  };
 
   absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);
-  bool HasWorkLocked() const;
-  bool PromptLeftLocked() const;
-  v1::StepPlan BuildStepLocked(std::vector<StepItem>* items);
-  void ProcessResultLocked(const v1::StepResult& result, const std::vector<StepItem>& items);
+  bool HasRoomLocked(const Worker& w) const;
+  bool HasWorkLocked(const Worker& w) const;
+  bool PromptLeftLocked(const Worker& w) const;
+  v1::StepPlan BuildStepLocked(Worker& w, std::vector<StepItem>* items);
+  void ProcessResultLocked(Worker& w, const v1::StepResult& result,
+                           const std::vector<StepItem>& items);
   void OnTokenLocked(Request& r, const v1::SequenceOutput& out);
   void FinishLocked(Request& r, RequestOutcome outcome);
   void FailLocked(Request& r, const absl::Status& status);
-  void LoseWorkerLocked(const std::string& why);
+  void LoseWorkerLocked(Worker& w, const std::string& why);
   void UpdateGaugesLocked();
-  void SchedulerLoop();
+  void SchedulerLoop(std::shared_ptr<Worker> w);
 
   const ModelConfig config_;
   const std::unique_ptr<Tokenizer> tokenizer_;
@@ -171,28 +188,17 @@ class Coordinator {
   ChunkCostModel cost_;
 
   mutable std::mutex mu_;
-  std::condition_variable work_cv_;  // scheduler: work, results, worker changes
+  std::condition_variable work_cv_;  // schedulers: work, results, worker changes
   bool stop_ = false;
   uint64_t next_sequence_ = 1;
   uint64_t next_step_ = 1;
   uint64_t next_worker_ = 1;
   std::map<std::string, std::shared_ptr<Request>> by_id_;  // live requests
   std::deque<std::shared_ptr<Request>> waiting_;
-  std::vector<std::shared_ptr<Request>> running_;
-  std::vector<uint64_t> pending_release_;
-  std::optional<Worker> worker_;
-  struct InFlightStep {
-    uint64_t step_id = 0;
-    std::vector<StepItem> items;
-  };
-  std::deque<InFlightStep> in_flight_;        // sent, in order
-  std::map<uint64_t, v1::StepResult> results_;  // arrived, not yet used
-  bool promised_ = false;  // the last step sent said more_coming
+  std::map<uint64_t, std::shared_ptr<Worker>> workers_;
+  std::vector<std::thread> schedulers_;  // one per worker ever attached
   std::function<void(bool)> serving_callback_;
-  // What the worker held after the last step.
-  int64_t held_kda_ = 0, held_mla_ = 0, held_tokens_ = 0;
   int64_t steps_ = 0, finished_ = 0;
-  std::thread scheduler_;
 
   struct Metrics {
     Histogram& ttft;

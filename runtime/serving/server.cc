@@ -282,6 +282,7 @@ class GenerationService final : public v1::Generation::Service {
     status->set_mla_cache_tokens(s.mla_cache_tokens);
     status->set_steps(s.steps);
     status->set_requests_finished(s.requests_finished);
+    status->set_workers(s.workers);
     return grpc::Status::OK;
   }
 

@@ -1,8 +1,8 @@
 // `deltaserve coordinator` with a worker job started by mpirun (two pipeline
 // stages), as on a cluster: health follows the worker, tokens equal the
-// single-process generate, and a worker job killed mid-stream ends its
-// streams with UNAVAILABLE while the coordinator stays up and serves again
-// once a new worker job attaches.
+// single-process generate, a worker job killed mid-stream ends its streams
+// with UNAVAILABLE while the coordinator stays up and serves again once a new
+// worker job attaches, and a second worker is a second replica.
 #include <signal.h>
 
 #include "tests/runtime/serving/serving_test_util.h"
@@ -100,16 +100,60 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   ASSERT_TRUE(again.status.ok());
   EXPECT_EQ(again.ids, first.ids);
 
-  // A second worker for the same coordinator is refused with the reason.
-  std::string output;
-  EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " worker --coordinator " +
-                                    coordinator.address + " --model " + K3Tiny() +
-                                    " --connect-timeout 10",
-                                &output),
-            0);
-  EXPECT_NE(output.find("already attached"), std::string::npos) << output;
+  // A second worker job (one process) is a second replica: requests spread
+  // over both, and losing one ends only the streams it held.
+  auto replica = testing::ChildProcess::Start(testing::BinPath("deltaserve") +
+                                                  " worker --threads 1 --coordinator " +
+                                                  coordinator.address + " --model " + K3Tiny(),
+                                              dir + "/replica.log");
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& st) { return st.workers() == 2; },
+      std::chrono::seconds(30)))
+      << replica->Log();
+  constexpr int kStreams = 8;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    v1::GenerateRequest req = TokensRequest({i + 1, 2, 3}, 1000000);
+    req.set_request_id("stream-" + std::to_string(i));
+    streams.push_back(coordinator.stub->Generate(contexts.back().get(), req));
+    ASSERT_TRUE(streams.back()->Read(&response));
+  }
+  replica->Signal(SIGKILL);
+  replica->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& st) { return st.workers() == 1; },
+      std::chrono::seconds(10)));
+  // The streams the surviving replica runs are still there to abort; the
+  // others ended with the replica.
+  int running = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    grpc::ClientContext context;
+    v1::AbortRequest abort;
+    abort.set_request_id("stream-" + std::to_string(i));
+    v1::AbortResponse reply;
+    ASSERT_TRUE(coordinator.stub->Abort(&context, abort, &reply).ok());
+    running += reply.found();
+  }
+  int lost = 0, aborted = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    while (streams[i]->Read(&response)) {
+    }
+    const grpc::StatusCode code = streams[i]->Finish().error_code();
+    lost += code == grpc::StatusCode::UNAVAILABLE;
+    aborted += code == grpc::StatusCode::CANCELLED;
+  }
+  // New requests go to the least loaded replica: half were on each.
+  EXPECT_EQ(running, kStreams / 2) << coordinator.process->Log();
+  EXPECT_EQ(lost, kStreams / 2);
+  EXPECT_EQ(aborted, kStreams / 2);
+  const Streamed after = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20));
+  ASSERT_TRUE(after.status.ok());
+  EXPECT_EQ(after.ids, first.ids);
+
   // A worker with another model is refused, naming the mismatch.
-  output.clear();
+  std::string output;
   EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " worker --coordinator " +
                                     coordinator.address + " --model " +
                                     testing::GoldenPath("model/kimi-linear-tiny"),
