@@ -14,13 +14,9 @@ bin=build/bin/deltaserve
 model=${MODEL:-/tmp/deltaserve_bench_k3_small}
 [[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
 run=$(mktemp -d)
-$bin serve --model "$model" --port 0 --port-file "$run/port" 2>"$run/server.log" &
-server=$!
+server=
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$run"' EXIT
-for _ in $(seq 600); do
-  [[ -s $run/port ]] && break
-  kill -0 $server 2>/dev/null || { cat "$run/server.log"; exit 1; }
-  sleep 0.1
-done
-$bin bench-serve --server "127.0.0.1:$(head -1 "$run/port")" --concurrency 1,8,32 \
+source deploy/serve_lib.sh
+start_serve "$model" "$run"
+$bin bench-serve --server "$address" --concurrency 1,8,32 \
   --prompt-tokens "$prompt" --max-tokens "$output" --compare-model "$model"

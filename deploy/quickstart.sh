@@ -11,15 +11,10 @@ model=build/models/k3-tiny
 [[ -f $model/model.safetensors ]] || build/bin/deltaserve make-model --preset k3-tiny --out "$model" --seed 1
 
 run=$(mktemp -d)
-build/bin/deltaserve serve --model "$model" --port 0 --port-file "$run/port" 2>"$run/server.log" &
-server=$!
+server=
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$run"' EXIT
-for _ in $(seq 300); do
-  [[ -s $run/port ]] && break
-  kill -0 $server 2>/dev/null || { cat "$run/server.log"; exit 1; }
-  sleep 0.1
-done
-port=$(head -1 "$run/port")
-echo "deltaserve serve is listening on 127.0.0.1:$port; streaming a request:" >&2
-build/bin/deltaserve client generate --server "127.0.0.1:$port" --prompt "Kimi Delta Attention " \
+source deploy/serve_lib.sh
+start_serve "$model" "$run"
+echo "deltaserve serve is listening on $address; streaming a request:" >&2
+build/bin/deltaserve client generate --server "$address" --prompt "Kimi Delta Attention " \
   --max-tokens 48 --temperature 0.8 --top-p 0.95 --seed 7

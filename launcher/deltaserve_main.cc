@@ -18,7 +18,7 @@ constexpr char kUsage[] =
     "  make-model --preset NAME|--config FILE --out DIR [--seed N]\n"
     "  generate   --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N]\n"
     "             [--temperature T --top-k K --top-p P --seed S]\n"
-    "             [--prefill-chunk N --threads N --ids --stats]\n"
+    "             [--prefill-chunk N --threads N --ids --stats --ignore-eos]\n"
     "  score      --model DIR (--tokens 1,2,3 | --tokens-file F)\n"
     "             --logits-out OUT.safetensors [--prefill-chunk N --decode-from K]\n"
     "             [--threads N --stats]\n"

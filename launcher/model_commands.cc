@@ -96,7 +96,7 @@ absl::Status RunGenerate(const Args& args) {
       Flags::Parse("generate", args,
                    With({"prompt", "tokens", "tokens-file", "max-tokens", "temperature",
                          "top-k", "top-p", "seed", "prefill-chunk"}),
-                   {"ids", "stats"}));
+                   {"ids", "stats", "ignore-eos"}));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(flags, config));
   GenerateOptions options;
@@ -122,13 +122,15 @@ absl::Status RunGenerate(const Args& args) {
   const bool print = runner.IsOutput();
   // Text through the model's tokenizer, UTF-8 split across tokens held until
   // whole; token ids with --ids, or when the model has no tokenizer.
+  // Generation ends at the tokenizer's end tokens (as over the API) unless
+  // --ignore-eos.
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!flags.Has("ids")) {
-    auto loaded = LoadTokenizer(flags.GetString("model"), config.vocab_size);
-    if (loaded.ok()) tokenizer = std::move(*loaded);
+  if (auto loaded = LoadTokenizer(flags.GetString("model"), config.vocab_size); loaded.ok()) {
+    tokenizer = std::move(*loaded);
+    if (!flags.Has("ignore-eos")) options.stop_ids = tokenizer->end_ids();
   }
   std::optional<IncrementalDetokenizer> text;
-  if (tokenizer) text.emplace(*tokenizer);
+  if (tokenizer && !flags.Has("ids")) text.emplace(*tokenizer);
   bool first = true;
   DELTASERVE_ASSIGN_OR_RETURN(
       GenerateStats stats,

@@ -60,7 +60,11 @@ absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
   stats.time_to_first_token_s = seconds(start, first);
   on_token(token);
   stats.generated_tokens = 1;
-  while (stats.generated_tokens < options.max_tokens) {
+  const auto stops = [&](int32_t t) {
+    return std::find(options.stop_ids.begin(), options.stop_ids.end(), t) !=
+           options.stop_ids.end();
+  };
+  while (stats.generated_tokens < options.max_tokens && !stops(token)) {
     DELTASERVE_ASSIGN_OR_RETURN(logits, runner.Decode(token));
     DELTASERVE_ASSIGN_OR_RETURN(token, next(logits));
     on_token(token);

@@ -39,6 +39,7 @@ struct GenerateOptions {
   kernels::SamplingParams sampling;
   uint64_t seed = 0;
   int64_t prefill_chunk = 0;  // 0: the whole prompt at once
+  std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
 };
 
 struct GenerateStats {
@@ -49,7 +50,8 @@ struct GenerateStats {
 };
 
 // Prefills `prompt`, then samples up to max_tokens tokens, calling on_token
-// for each as soon as it is chosen (on every runner, after ShareToken).
+// for each as soon as it is chosen (on every runner, after ShareToken); a
+// token in stop_ids is the last.
 absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
                                        std::span<const int32_t> prompt,
                                        const GenerateOptions& options,

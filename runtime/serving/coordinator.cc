@@ -567,10 +567,16 @@ void Coordinator::ProcessResultLocked(Worker& w, const v1::StepResult& result,
       prefill_tokens += item.piece.tokens;
     }
   }
-  cost_.Observe(pieces, result.wall_s());
+  // The cost model learns from the slowest stage's compute time: that is
+  // what bounds a step in a pipeline, and it leaves out time a stage spent
+  // waiting for its neighbours. The step's wall time stands in when no stage
+  // time is reported.
+  double stage_s = 0;
+  for (double t : result.stage_compute_s()) stage_s = std::max(stage_s, t);
+  cost_.Observe(pieces, stage_s > 0 ? stage_s : result.wall_s());
+  metrics_.prompt_tokens.Add(static_cast<double>(prefill_tokens));
   if (prefill_tokens > 0 && result.wall_s() > 0) {
     metrics_.prefill_rate.Set(static_cast<double>(prefill_tokens) / result.wall_s());
-    metrics_.prompt_tokens.Add(static_cast<double>(prefill_tokens));
   }
   std::map<uint64_t, const v1::SequenceOutput*> outputs;
   for (const auto& out : result.outputs()) outputs[out.sequence_id()] = &out;

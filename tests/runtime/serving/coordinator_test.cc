@@ -46,6 +46,8 @@ class RecordingWorker final : public WorkerSender {
     v1::StepResult result;
     EXPECT_TRUE(RunStep(executor_, message.step(), &result).ok());
     result.set_wall_s(cost_.Cost(pieces));
+    result.clear_stage_compute_s();
+    result.add_stage_compute_s(cost_.Cost(pieces));
     coordinator_.OnStepResult(id_, std::move(result));
     return true;
   }

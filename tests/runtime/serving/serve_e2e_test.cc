@@ -375,20 +375,32 @@ TEST(ServeTokenizerTest, TextPromptsGoThroughTheCheckpointsTiktokenBpe) {
   v1::GenerateRequest req;
   req.set_text(text);
   req.set_max_tokens(30);
-  req.set_ignore_eos(true);  // deltaserve generate does not stop at end tokens
+  req.set_ignore_eos(true);  // a random model may well sample [EOS] early
   const Streamed streamed = GenerateAll(*server.stub, req);
   ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
   EXPECT_EQ(streamed.completion.usage().prompt_tokens(), static_cast<int64_t>(prompt->size()));
   // Same prompt ids, same tokens, same text as the generate command.
-  const Streamed by_ids = GenerateAll(*server.stub, TokensRequest(*prompt, 30));
+  v1::GenerateRequest by_ids_req = TokensRequest(*prompt, 30);
+  by_ids_req.set_ignore_eos(true);
+  const Streamed by_ids = GenerateAll(*server.stub, by_ids_req);
   EXPECT_EQ(by_ids.ids, streamed.ids);
   std::string ids;
   for (size_t i = 0; i < streamed.ids.size(); ++i) {
     ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
   }
-  const std::string base = "generate --model " + dir + " --prompt \"" + text + "\" --max-tokens 30";
-  EXPECT_EQ(FirstLine(Deltaserve(base + " --ids 2>/dev/null")), ids);
-  EXPECT_EQ(Deltaserve(base + " 2>/dev/null"), streamed.text + "\n");
+  const std::string base =
+      "generate --model " + dir + " --prompt \"" + text + "\" --max-tokens 30";
+  EXPECT_EQ(FirstLine(Deltaserve(base + " --ignore-eos --ids 2>/dev/null")), ids);
+  EXPECT_EQ(Deltaserve(base + " --ignore-eos 2>/dev/null"), streamed.text + "\n");
+  // Without ignore_eos both stop at the tokenizer's end tokens alike.
+  req.set_ignore_eos(false);
+  const Streamed stopping = GenerateAll(*server.stub, req);
+  ASSERT_TRUE(stopping.status.ok());
+  std::string stopping_ids;
+  for (size_t i = 0; i < stopping.ids.size(); ++i) {
+    stopping_ids += (i ? " " : "") + std::to_string(stopping.ids[i]);
+  }
+  EXPECT_EQ(FirstLine(Deltaserve(base + " --ids 2>/dev/null")), stopping_ids);
 }
 
 }  // namespace
