@@ -28,6 +28,7 @@ struct Request {
   void* worker = nullptr;  // the Worker running it, once admitted to one
   size_t fed = 0;         // prompt tokens sent to the worker
   bool started = false;   // the worker holds state for it
+  bool awaiting = false;  // a step that samples its next token is in flight
   std::vector<int32_t> generated;
   std::unique_ptr<IncrementalDetokenizer> detok;
   std::string text;       // generated text so far
@@ -421,15 +422,17 @@ v1::StepPlan Coordinator::BuildStepLocked(Worker& w, std::vector<StepItem>* item
     budget_s -= cost_.Cost(piece.tokens, piece.prefix);
     items->push_back({r, piece, output});
     r->started = true;
+    if (output == v1::SequenceWork::OUTPUT_SAMPLE) r->awaiting = true;
     if (!r->was_scheduled) {
       r->was_scheduled = true;
       r->scheduled = now;
       metrics_.queue.Observe(Seconds(r->accepted, now));
     }
   };
-  // Decode: one token for each sequence past its prompt.
+  // Decode: one token for each sequence past its prompt whose last token is
+  // known (not still being sampled in a step in flight).
   for (const auto& r : w.running) {
-    if (r->fed == r->prompt.size() && !r->generated.empty()) {
+    if (r->fed == r->prompt.size() && !r->generated.empty() && !r->awaiting) {
       add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
     }
   }
@@ -549,6 +552,9 @@ void Coordinator::ProcessResultLocked(Worker& w, const v1::StepResult& result,
                                       const std::vector<StepItem>& items) {
   ++steps_;
   metrics_.steps.Add();
+  for (const auto& item : items) {
+    if (item.output == v1::SequenceWork::OUTPUT_SAMPLE) item.request->awaiting = false;
+  }
   w.held_kda = result.kda_state_bytes();
   w.held_mla = result.mla_cache_bytes();
   UpdateGaugesLocked();
@@ -636,13 +642,11 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
     if (message.step().work_size() == 0 && message.step().release_size() == 0 && !w->promised) {
       continue;
     }
-    // Prefill chunks that sample nothing do not need their result before the
-    // next chunks: with more prompt left, promise a successor, so the worker
-    // starts it while its later stages still run this one.
-    const bool samples = std::any_of(step.items.begin(), step.items.end(), [](const auto& i) {
-      return i.output == v1::SequenceWork::OUTPUT_SAMPLE;
-    });
-    w->promised = w->hello.pipeline_stages() > 1 && !samples && PromptLeftLocked(*w);
+    // With prompt left to prefill, the next step has work that needs
+    // nothing from this one (sequences whose token is being sampled here sit
+    // it out): promise a successor, so the worker starts it while its later
+    // stages still run this one.
+    w->promised = w->hello.pipeline_stages() > 1 && PromptLeftLocked(*w);
     message.mutable_step()->set_more_coming(w->promised);
     step.step_id = message.step().step_id();
     w->in_flight.push_back(std::move(step));

@@ -180,6 +180,31 @@ TEST_F(CoordinatorTest, ShortRequestsDecodeWhileALongPromptPrefills) {
   EXPECT_EQ(shared, 9);  // every decode of the short request
 }
 
+TEST_F(CoordinatorTest, StepsPromiseASuccessorWhilePromptIsLeft) {
+  Start(256, /*stages=*/2);
+  const auto long_prompt = testing::RandomTokens(3000, 6);
+  const auto short_prompt = testing::RandomTokens(4, 7);
+  RequestHandle long_request = Submit(long_prompt, 2);
+  RequestHandle short_request = Submit(short_prompt, 6);
+  EXPECT_EQ(Finish(short_request), Alone(short_prompt, 6));
+  EXPECT_EQ(Finish(long_request), Alone(long_prompt, 2));
+  // Steps that carry the short request's decode next to the long prompt's
+  // chunks still promise a successor; once the prompt is in, none do.
+  const auto plans = worker_->plans();
+  const auto long_work = WorkOf(plans, 1), short_work = WorkOf(plans, 2);
+  int mixed = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (long_work[i] > 1 && short_work[i] == 1) {
+      ++mixed;
+      EXPECT_TRUE(plans[i].more_coming()) << "step " << i;
+    }
+    if (long_work[i] <= 1 && short_work[i] <= 1) {
+      EXPECT_FALSE(plans[i].more_coming()) << "step " << i;
+    }
+  }
+  EXPECT_EQ(mixed, 5);
+}
+
 TEST_F(CoordinatorTest, PurePrefillStepsPromiseASuccessorToAPipeline) {
   Start(256, /*stages=*/2);
   const auto prompt = testing::RandomTokens(2000, 4);

@@ -63,6 +63,36 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   }
   EXPECT_EQ(ids + "\n", expected);
 
+  // Short requests next to the long prefill: the steps that carry their
+  // decodes are sent ahead too (a sequence being sampled sits out the next
+  // step), and each still gets the tokens it gets alone.
+  {
+    std::vector<std::vector<int32_t>> shorts;
+    std::vector<Streamed> alone(4), together(4);
+    for (int i = 0; i < 4; ++i) {
+      shorts.push_back(testing::RandomTokens(3 + i, 40 + i));
+      alone[i] = GenerateAll(*coordinator.stub, TokensRequest(shorts[i], 12));
+      ASSERT_TRUE(alone[i].status.ok());
+    }
+    Streamed long_again;
+    std::thread long_thread(
+        [&] { long_again = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back(
+          [&, i] { together[i] = GenerateAll(*coordinator.stub, TokensRequest(shorts[i], 12)); });
+    }
+    for (auto& t : threads) t.join();
+    long_thread.join();
+    ASSERT_TRUE(long_again.status.ok());
+    EXPECT_EQ(long_again.ids, first.ids);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(together[i].status.ok());
+      EXPECT_EQ(together[i].ids, alone[i].ids) << "short request " << i;
+    }
+  }
+
   // Kill the whole worker job while a stream is running.
   grpc::ClientContext context;
   auto reader = coordinator.stub->Generate(&context, TokensRequest({1, 2, 3}, 1000000));
