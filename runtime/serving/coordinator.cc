@@ -29,6 +29,7 @@ struct Request {
   size_t fed = 0;         // prompt tokens sent to the worker
   bool started = false;   // the worker holds state for it
   bool awaiting = false;  // a step that samples its next token is in flight
+  uint64_t last_step = 0;  // the last step that carried work for it
   std::vector<int32_t> generated;
   std::unique_ptr<IncrementalDetokenizer> detok;
   std::string text;       // generated text so far
@@ -422,6 +423,7 @@ v1::StepPlan Coordinator::BuildStepLocked(Worker& w, std::vector<StepItem>* item
     budget_s -= cost_.Cost(piece.tokens, piece.prefix);
     items->push_back({r, piece, output});
     r->started = true;
+    r->last_step = plan.step_id();
     if (output == v1::SequenceWork::OUTPUT_SAMPLE) r->awaiting = true;
     if (!r->was_scheduled) {
       r->was_scheduled = true;
@@ -430,11 +432,23 @@ v1::StepPlan Coordinator::BuildStepLocked(Worker& w, std::vector<StepItem>* item
     }
   };
   // Decode: one token for each sequence past its prompt whose last token is
-  // known (not still being sampled in a step in flight).
+  // known (not still being sampled in a step in flight). With P pipeline
+  // stages a step takes 1/P of the decoding sequences, least recently served
+  // first, so P steps of them are in the pipeline at once.
+  std::vector<std::shared_ptr<Request>> decoders, ready;
   for (const auto& r : w.running) {
-    if (r->fed == r->prompt.size() && !r->generated.empty() && !r->awaiting) {
-      add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
+    if (r->fed == r->prompt.size() && !r->generated.empty()) {
+      decoders.push_back(r);
+      if (!r->awaiting) ready.push_back(r);
     }
+  }
+  const size_t stages = std::max<int64_t>(1, w.hello.pipeline_stages());
+  const size_t per_step = (decoders.size() + stages - 1) / stages;
+  std::stable_sort(ready.begin(), ready.end(),
+                   [](const auto& x, const auto& y) { return x->last_step < y->last_step; });
+  if (ready.size() > per_step) ready.resize(per_step);
+  for (const auto& r : ready) {
+    add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
   }
   // Prefill. The oldest prompt is promised a quarter of the budget, so a long
   // one keeps moving under any load; the rest of the budget goes to the
@@ -614,6 +628,14 @@ bool Coordinator::PromptLeftLocked(const Worker& w) const {
                      [](const auto& r) { return r->fed < r->prompt.size(); });
 }
 
+bool Coordinator::DecodersOutsideLocked(const Worker& w, const std::vector<StepItem>& items) const {
+  return std::any_of(w.running.begin(), w.running.end(), [&](const auto& r) {
+    const bool decoding = r->fed == r->prompt.size() && !r->generated.empty();
+    return decoding && std::none_of(items.begin(), items.end(),
+                                    [&](const StepItem& i) { return i.request == r; });
+  });
+}
+
 void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -642,11 +664,12 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
     if (message.step().work_size() == 0 && message.step().release_size() == 0 && !w->promised) {
       continue;
     }
-    // With prompt left to prefill, the next step has work that needs
-    // nothing from this one (sequences whose token is being sampled here sit
-    // it out): promise a successor, so the worker starts it while its later
-    // stages still run this one.
-    w->promised = w->hello.pipeline_stages() > 1 && PromptLeftLocked(*w);
+    // When the next step has work that needs nothing from this one (prompt
+    // left to prefill, or sequences decoding that are not in this step),
+    // promise a successor, so the worker starts it while its later stages
+    // still run this one. A sequence sampled here sits the next step out.
+    w->promised = w->hello.pipeline_stages() > 1 && (PromptLeftLocked(*w) ||
+                                                     DecodersOutsideLocked(*w, step.items));
     message.mutable_step()->set_more_coming(w->promised);
     step.step_id = message.step().step_id();
     w->in_flight.push_back(std::move(step));

@@ -172,6 +172,7 @@ class Coordinator {
   bool HasRoomLocked(const Worker& w) const;
   bool HasWorkLocked(const Worker& w) const;
   bool PromptLeftLocked(const Worker& w) const;
+  bool DecodersOutsideLocked(const Worker& w, const std::vector<StepItem>& items) const;
   v1::StepPlan BuildStepLocked(Worker& w, std::vector<StepItem>* items);
   void ProcessResultLocked(Worker& w, const v1::StepResult& result,
                            const std::vector<StepItem>& items);

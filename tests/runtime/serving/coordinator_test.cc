@@ -205,6 +205,28 @@ TEST_F(CoordinatorTest, StepsPromiseASuccessorWhilePromptIsLeft) {
   EXPECT_EQ(mixed, 5);
 }
 
+TEST_F(CoordinatorTest, DecodesSplitIntoOneGroupPerPipelineStage) {
+  Start(256, /*stages=*/2);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<RequestHandle> handles;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(testing::RandomTokens(3, 50 + i));
+    handles.push_back(Submit(prompts.back(), 10));
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(Finish(handles[i]), Alone(prompts[i], 10)) << i;
+  // Four sequences decoding on two stages: two per step, alternating, each
+  // step promising the next while the other group waits.
+  int decode_steps = 0;
+  for (const auto& plan : worker_->plans()) {
+    int decodes = 0;
+    for (const auto& w : plan.work()) decodes += w.tokens_size() == 1;
+    if (decodes == 0) continue;
+    ++decode_steps;
+    EXPECT_LE(decodes, 2) << plan.DebugString();
+  }
+  EXPECT_GE(decode_steps, 2 * 9);  // 9 decodes each, at most two per step
+}
+
 TEST_F(CoordinatorTest, PurePrefillStepsPromiseASuccessorToAPipeline) {
   Start(256, /*stages=*/2);
   const auto prompt = testing::RandomTokens(2000, 4);
