@@ -1,19 +1,19 @@
 // bench-serve: a load generator for a running server. N clients each stream
 // requests back to back; reports requests/s, output tokens/s, time to first
 // token and time per output token (median and p99), as the client sees them.
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
+#include "kernels/threads.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
-#include "kernels/threads.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/session.h"
 #include "runtime/model/model.h"
@@ -76,9 +76,10 @@ v1::GenerateRequest MakeRequest(int c, int64_t i, int64_t prompt_tokens, int64_t
 // `deltaserve generate`'s code path in this process (a Session and Generate),
 // alternated `repeats` times after one warm-up each, so that drift in the
 // machine's speed falls on both alike. Returns the two medians, in seconds.
-absl::StatusOr<std::pair<double, double>> CompareWithGenerate(
-    v1::Generation::Stub& stub, const std::string& dir, const v1::GenerateRequest& req,
-    int repeats) {
+absl::StatusOr<std::pair<double, double>> CompareWithGenerate(v1::Generation::Stub& stub,
+                                                              const std::string& dir,
+                                                              const v1::GenerateRequest& req,
+                                                              int repeats) {
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
   const std::vector<int32_t> prompt(req.tokens().ids().begin(), req.tokens().ids().end());
   GenerateOptions options;
@@ -88,9 +89,8 @@ absl::StatusOr<std::pair<double, double>> CompareWithGenerate(
     DELTASERVE_ASSIGN_OR_RETURN(Sample s, OneRequest(stub, req));
     Session session(*model);
     const auto start = Clock::now();
-    DELTASERVE_ASSIGN_OR_RETURN(
-        GenerateStats stats,
-        Generate(session, model->config().vocab_size, prompt, options, [](int32_t) {}));
+    DELTASERVE_ASSIGN_OR_RETURN(GenerateStats stats, Generate(session, model->config().vocab_size,
+                                                              prompt, options, [](int32_t) {}));
     (void)stats;
     if (r == 0) continue;  // warm-up
     local.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -104,11 +104,11 @@ absl::StatusOr<std::pair<double, double>> CompareWithGenerate(
 absl::Status RunBenchServe(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(
       Flags flags, Flags::Parse("bench-serve", args,
-                                {"server", "concurrency", "prompt-tokens", "max-tokens",
-                                 "requests", "compare-model", "threads"}));
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> levels,
-                              ParseTokenList(flags.GetString("concurrency", "1,8,32"),
-                                             "--concurrency"));
+                                {"server", "concurrency", "prompt-tokens", "max-tokens", "requests",
+                                 "compare-model", "threads"}));
+  DELTASERVE_ASSIGN_OR_RETURN(
+      std::vector<int32_t> levels,
+      ParseTokenList(flags.GetString("concurrency", "1,8,32"), "--concurrency"));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t prompt_tokens, flags.GetInt("prompt-tokens", 128));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t max_tokens, flags.GetInt("max-tokens", 64));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t requests, flags.GetInt("requests", 0));
@@ -133,8 +133,9 @@ absl::Status RunBenchServe(const Args& args) {
   std::printf("# bench-serve: %s, %lld prompt tokens, %lld output tokens per request\n",
               info.model_type().c_str(), static_cast<long long>(prompt_tokens),
               static_cast<long long>(max_tokens));
-  std::printf("| clients | requests | requests/s | output tokens/s | TTFT median ms | "
-              "TTFT p99 ms | TPOT median ms | TPOT p99 ms | latency median ms |\n");
+  std::printf(
+      "| clients | requests | requests/s | output tokens/s | TTFT median ms | "
+      "TTFT p99 ms | TPOT median ms | TPOT p99 ms | latency median ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   double single_rate = 0;
   for (int32_t n : levels) {
@@ -150,8 +151,8 @@ absl::Status RunBenchServe(const Args& args) {
     for (int c = 0; c < n; ++c) {
       clients.emplace_back([&, c] {
         for (int64_t i = 0; i < per_client; ++i) {
-          auto s = OneRequest(*stub, MakeRequest(c, i, prompt_tokens, max_tokens,
-                                                 info.vocab_size()));
+          auto s =
+              OneRequest(*stub, MakeRequest(c, i, prompt_tokens, max_tokens, info.vocab_size()));
           std::lock_guard<std::mutex> lock(mu);
           if (s.ok()) {
             samples.push_back(*s);
@@ -190,9 +191,10 @@ absl::Status RunBenchServe(const Args& args) {
         CompareWithGenerate(*stub, flags.GetString("compare-model"),
                             MakeRequest(0, 0, prompt_tokens, max_tokens, info.vocab_size()), 7));
     const auto [served, local] = medians;
-    std::printf("# one request, served vs deltaserve generate's path in-process (median of 7, "
-                "alternated): %.1f ms vs %.1f ms, serving overhead %+.1f%%\n",
-                served * 1e3, local * 1e3, (served / local - 1) * 100);
+    std::printf(
+        "# one request, served vs deltaserve generate's path in-process (median of 7, "
+        "alternated): %.1f ms vs %.1f ms, serving overhead %+.1f%%\n",
+        served * 1e3, local * 1e3, (served / local - 1) * 100);
   }
   return absl::OkStatus();
 }

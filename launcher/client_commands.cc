@@ -1,9 +1,9 @@
 // client: a small gRPC client of the Generation API (generate, score, info,
 // status), for people at a terminal, scripts and the e2e tests.
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <cstdio>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -52,10 +52,14 @@ absl::Status SetInput(const Flags& flags, Req* req) {
 
 const char* FinishName(v1::FinishReason reason) {
   switch (reason) {
-    case v1::FINISH_REASON_LENGTH: return "length";
-    case v1::FINISH_REASON_STOP: return "stop";
-    case v1::FINISH_REASON_CONTEXT: return "context";
-    default: return "unspecified";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_CONTEXT:
+      return "context";
+    default:
+      return "unspecified";
   }
 }
 
@@ -83,9 +87,9 @@ absl::Status ClientGenerate(const Args& args) {
   req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
   if (flags.Has("stop")) req.add_stop(flags.GetString("stop"));
   if (flags.Has("stop-token-ids")) {
-    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                                ParseTokenList(flags.GetString("stop-token-ids"),
-                                               "--stop-token-ids"));
+    DELTASERVE_ASSIGN_OR_RETURN(
+        std::vector<int32_t> ids,
+        ParseTokenList(flags.GetString("stop-token-ids"), "--stop-token-ids"));
     req.mutable_stop_token_ids()->Add(ids.begin(), ids.end());
   }
   req.set_request_id(flags.GetString("request-id"));
@@ -184,8 +188,8 @@ absl::Status RunClientCommand(const Args& args) {
   if (args[0] == "score") return ClientScore(rest);
   if (args[0] == "info") return ClientInfo(rest, false);
   if (args[0] == "status") return ClientInfo(rest, true);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "client: unknown subcommand '", args[0], "': generate, score, info, status"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("client: unknown subcommand '", args[0], "': generate, score, info, status"));
 }
 
 }  // namespace
@@ -194,8 +198,8 @@ absl::Status RunClientCommand(const Args& args) {
 absl::Status RunClient(const Args& args) {
   const absl::Status status = RunClientCommand(args);
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
-                                                  status.message()));
+  return absl::Status(
+      status.code(), absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
 }
 
 }  // namespace deltaserve

@@ -1,8 +1,8 @@
 // make-model, generate and score: the single-process tools.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -24,13 +24,11 @@ namespace {
 
 // The prompt's token ids: given, or --prompt encoded by the model's tokenizer
 // (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes).
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags,
-                                                  const ModelConfig& config) {
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const ModelConfig& config) {
   const bool has_prompt = flags.Has("prompt"), has_tokens = flags.Has("tokens");
   const bool has_file = flags.Has("tokens-file");
   if (has_prompt + has_tokens + has_file != 1) {
-    return absl::InvalidArgumentError(
-        "give exactly one of --prompt, --tokens, --tokens-file");
+    return absl::InvalidArgumentError("give exactly one of --prompt, --tokens, --tokens-file");
   }
   if (has_tokens) return ParseTokenList(flags.GetString("tokens"), "--tokens");
   if (has_file) {
@@ -73,8 +71,7 @@ absl::Status RunMakeModel(const Args& args) {
     text << in.rdbuf();
     DELTASERVE_ASSIGN_OR_RETURN(config, ParseModelConfig(text.str(), path));
   }
-  DELTASERVE_RETURN_IF_ERROR(
-      WriteRandomCheckpoint(config, out, static_cast<uint64_t>(seed)));
+  DELTASERVE_RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, static_cast<uint64_t>(seed)));
   std::fprintf(stderr, "wrote %s (%s, %lld layers, hidden %lld)\n", out.c_str(),
                config.model_type.c_str(), static_cast<long long>(config.num_layers),
                static_cast<long long>(config.hidden_size));
@@ -92,11 +89,10 @@ std::set<std::string> With(std::set<std::string> flags) {
 
 absl::Status RunGenerate(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags,
-      Flags::Parse("generate", args,
-                   With({"prompt", "tokens", "tokens-file", "max-tokens", "temperature",
-                         "top-k", "top-p", "seed", "prefill-chunk"}),
-                   {"ids", "stats", "ignore-eos"}));
+      Flags flags, Flags::Parse("generate", args,
+                                With({"prompt", "tokens", "tokens-file", "max-tokens",
+                                      "temperature", "top-k", "top-p", "seed", "prefill-chunk"}),
+                                {"ids", "stats", "ignore-eos"}));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(flags, config));
   GenerateOptions options;
@@ -133,8 +129,7 @@ absl::Status RunGenerate(const Args& args) {
   if (tokenizer && !flags.Has("ids")) text.emplace(*tokenizer);
   bool first = true;
   DELTASERVE_ASSIGN_OR_RETURN(
-      GenerateStats stats,
-      Generate(runner, config.vocab_size, prompt, options, [&](int32_t token) {
+      GenerateStats stats, Generate(runner, config.vocab_size, prompt, options, [&](int32_t token) {
         if (!print) return;
         if (text) {
           auto piece = text->Add(token);
@@ -150,26 +145,24 @@ absl::Status RunGenerate(const Args& args) {
   if (text) std::fputs(text->Finish().c_str(), stdout);
   std::printf("\n");
   std::fflush(stdout);
-  const double decode_rate =
-      stats.generated_tokens > 1 && stats.decode_s > 0
-          ? (stats.generated_tokens - 1) / stats.decode_s : 0.0;
+  const double decode_rate = stats.generated_tokens > 1 && stats.decode_s > 0
+                                 ? (stats.generated_tokens - 1) / stats.decode_s
+                                 : 0.0;
   std::fprintf(stderr,
                "prompt tokens: %lld, generated: %lld, time to first token: %.1f ms, "
                "prefill: %.1f tokens/s, decode: %.1f tokens/s\n",
                static_cast<long long>(stats.prompt_tokens),
-               static_cast<long long>(stats.generated_tokens),
-               stats.time_to_first_token_s * 1e3,
-               stats.prompt_tokens / std::max(stats.time_to_first_token_s, 1e-9),
-               decode_rate);
+               static_cast<long long>(stats.generated_tokens), stats.time_to_first_token_s * 1e3,
+               stats.prompt_tokens / std::max(stats.time_to_first_token_s, 1e-9), decode_rate);
   return absl::OkStatus();
 }
 
 absl::Status RunScore(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags, Flags::Parse("score", args,
-                                With({"tokens", "tokens-file", "logits-out", "prefill-chunk",
-                                      "decode-from"}),
-                                {"stats"}));
+      Flags flags,
+      Flags::Parse("score", args,
+                   With({"tokens", "tokens-file", "logits-out", "prefill-chunk", "decode-from"}),
+                   {"stats"}));
   DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("logits-out"));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, PromptTokens(flags, config));
@@ -187,8 +180,8 @@ absl::Status RunScore(const Args& args) {
   if (flags.Has("stats")) {
     PrintPipelineStats(deployment);
     if (deployment.runner->IsOutput()) {
-      std::fprintf(stderr, "score: %zu tokens in %.3f s (%.1f tokens/s)\n", tokens.size(),
-                   seconds, tokens.size() / std::max(seconds, 1e-9));
+      std::fprintf(stderr, "score: %zu tokens in %.3f s (%.1f tokens/s)\n", tokens.size(), seconds,
+                   tokens.size() / std::max(seconds, 1e-9));
     }
   }
   // Written once, by the rank that holds the last stage (TP rank 0).
@@ -199,9 +192,8 @@ absl::Status RunScore(const Args& args) {
     const int64_t v = tokens[i];
     std::memcpy(token_bytes.data() + 8 * i, &v, 8);
   }
-  return WriteSafetensors(
-      out, {MakeF32Tensor("logits", {T, config.vocab_size}, logits),
-            TensorData{"tokens", DType::kI64, {T}, token_bytes}});
+  return WriteSafetensors(out, {MakeF32Tensor("logits", {T, config.vocab_size}, logits),
+                                TensorData{"tokens", DType::kI64, {T}, token_bytes}});
 }
 
 }  // namespace deltaserve

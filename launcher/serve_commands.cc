@@ -1,9 +1,9 @@
 // serve, coordinator and worker: the serving processes.
+#include <grpcpp/grpcpp.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/commands.h"
@@ -21,8 +21,8 @@ namespace deltaserve {
 namespace {
 
 const std::set<std::string> kServerFlags = {
-    "model",        "host",        "port",          "metrics-port",       "port-file",
-    "max-running",  "max-waiting", "step-tokens",   "max-waiting-tokens", "max-request-bytes"};
+    "model",       "host",        "port",        "metrics-port",       "port-file",
+    "max-running", "max-waiting", "step-tokens", "max-waiting-tokens", "max-request-bytes"};
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after
 // it, so that WaitForSignal (sigwait) is where they arrive.
@@ -83,8 +83,7 @@ absl::Status Announce(const Flags& flags, const Server& server, const std::strin
   std::fprintf(stderr, "\n");
   if (!flags.Has("port-file")) return absl::OkStatus();
   const std::string text = absl::StrCat(server.port(), "\n", server.metrics_port(), "\n");
-  return WriteFileAtomically(flags.GetString("port-file"),
-                             [&](std::ostream& out) { out << text; });
+  return WriteFileAtomically(flags.GetString("port-file"), [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace
@@ -156,10 +155,10 @@ absl::Status RunWorkerCommand(const Args& args) {
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    options.channel = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(),
-                                                channel_args);
-    std::fprintf(stderr, "deltaserve worker: %s, attaching to %s\n",
-                 options.description.c_str(), coordinator.c_str());
+    options.channel =
+        grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), channel_args);
+    std::fprintf(stderr, "deltaserve worker: %s, attaching to %s\n", options.description.c_str(),
+                 coordinator.c_str());
   }
   return RunWorker(executor, config, options);
 }

@@ -1,17 +1,17 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <fcntl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -66,19 +66,13 @@ static double RelL2Impl(const std::vector<A>& a, const std::vector<double>& b) {
   return std::sqrt(num / den);
 }
 
-double RelL2(const std::vector<float>& a, const std::vector<double>& b) {
-  return RelL2Impl(a, b);
-}
-double RelL2(const std::vector<double>& a, const std::vector<double>& b) {
-  return RelL2Impl(a, b);
-}
+double RelL2(const std::vector<float>& a, const std::vector<double>& b) { return RelL2Impl(a, b); }
+double RelL2(const std::vector<double>& a, const std::vector<double>& b) { return RelL2Impl(a, b); }
 
-::testing::AssertionResult AllClose(const std::vector<float>& a,
-                                    const std::vector<double>& b, double atol,
-                                    double rtol) {
+::testing::AssertionResult AllClose(const std::vector<float>& a, const std::vector<double>& b,
+                                    double atol, double rtol) {
   if (a.size() != b.size()) {
-    return ::testing::AssertionFailure()
-           << "size " << a.size() << " != " << b.size();
+    return ::testing::AssertionFailure() << "size " << a.size() << " != " << b.size();
   }
   int failures = 0;
   std::ostringstream msg;
@@ -86,16 +80,15 @@ double RelL2(const std::vector<double>& a, const std::vector<double>& b) {
     const double diff = std::abs(static_cast<double>(a[i]) - b[i]);
     if (!(diff <= atol + rtol * std::abs(b[i]))) {
       if (failures < 5) {
-        msg << "\n  [" << i << "] got " << a[i] << " want " << b[i]
-            << " (diff " << diff << ")";
+        msg << "\n  [" << i << "] got " << a[i] << " want " << b[i] << " (diff " << diff << ")";
       }
       ++failures;
     }
   }
   if (failures == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
-         << failures << " of " << a.size() << " elements differ (atol " << atol
-         << ", rtol " << rtol << "):" << msg.str();
+         << failures << " of " << a.size() << " elements differ (atol " << atol << ", rtol " << rtol
+         << "):" << msg.str();
 }
 
 double ReductionTolerance(int64_t n, double factor) {
@@ -109,8 +102,7 @@ std::string GoldenPath(const std::string& relative) {
 
 GoldenLogits LoadGoldenLogits(const std::string& model) {
   GoldenLogits golden;
-  auto file =
-      SafetensorsFile::Open(GoldenPath("model/" + model + "/expected_logits.safetensors"));
+  auto file = SafetensorsFile::Open(GoldenPath("model/" + model + "/expected_logits.safetensors"));
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return golden;
   auto tokens = (*file)->Get("tokens");
@@ -144,8 +136,7 @@ std::string TempDir(const std::string& tag) {
   };
   static Registry registry;
   std::random_device rd;
-  fs::path dir = fs::temp_directory_path() /
-                 ("deltaserve_" + tag + "_" + std::to_string(rd()));
+  fs::path dir = fs::temp_directory_path() / ("deltaserve_" + tag + "_" + std::to_string(rd()));
   fs::create_directories(dir);
   registry.dirs.push_back(dir);
   return dir.string();

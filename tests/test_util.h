@@ -17,8 +17,7 @@
 namespace deltaserve::testing {
 
 // Uniform values in [lo, hi), reproducible from the seed.
-std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f,
-                                float hi = 1.0f);
+std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 std::vector<double> ToDouble(const std::vector<float>& x);
 std::vector<float> ToFloat(const std::vector<double>& x);
 
@@ -34,9 +33,8 @@ double RelL2(const std::vector<float>& a, const std::vector<double>& b);
 double RelL2(const std::vector<double>& a, const std::vector<double>& b);
 
 // Elementwise |a - b| <= atol + rtol * |b|; reports the first failures.
-::testing::AssertionResult AllClose(const std::vector<float>& a,
-                                    const std::vector<double>& b, double atol,
-                                    double rtol);
+::testing::AssertionResult AllClose(const std::vector<float>& a, const std::vector<double>& b,
+                                    double atol, double rtol);
 
 // Tolerance for a float32 result of a reduction over `n` terms of magnitude
 // about 1: unit roundoff times sqrt(n) for the accumulation, times a safety

@@ -28,8 +28,8 @@ float HorizontalSum(__m256 v) {
 // RW x MR dot products along k, 8 lanes at a time, each W row read once from
 // memory for all MR rows of x.
 template <int RW, int MR>
-void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y,
-                int64_t ldy, bool accumulate) {
+void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y, int64_t ldy,
+                bool accumulate) {
   __m256 acc[RW][MR];
   for (int r = 0; r < RW; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_setzero_ps();
@@ -54,8 +54,8 @@ void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y
 
 // Rows [i0, i0 + MR) of x against rows [j0, j1) of W.
 template <int MR>
-void SkinnyRows(const float* x, int64_t ldx, const float* w, int64_t j0, int64_t j1,
-                int64_t k, float* y, int64_t ldy, bool accumulate) {
+void SkinnyRows(const float* x, int64_t ldx, const float* w, int64_t j0, int64_t j1, int64_t k,
+                float* y, int64_t ldy, bool accumulate) {
   int64_t j = j0;
   for (; j + 4 <= j1; j += 4) {
     SkinnyTile<4, MR>(x, ldx, w + j * k, k, y + j, ldy, accumulate);
@@ -66,8 +66,8 @@ void SkinnyRows(const float* x, int64_t ldx, const float* w, int64_t j0, int64_t
 // 3..kMaxSkinnyRows rows: threads split W's rows; each thread takes x four
 // rows at a time over its block of W, so W streams from memory once and the
 // block is reused from cache for the other rows of x.
-void SkinnyLinear(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n,
-                  int64_t k, float* y, int64_t ldy, bool accumulate) {
+void SkinnyLinear(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n, int64_t k,
+                  float* y, int64_t ldy, bool accumulate) {
   // Blocks of W rows small enough to stay in L2 while x's rows pass over them.
   const int64_t block = std::max<int64_t>(4, (64 * 1024 / (4 * std::max<int64_t>(k, 1))) / 4 * 4);
   const int64_t blocks = (n + block - 1) / block;
@@ -92,9 +92,8 @@ constexpr int64_t kMaxSkinnyRows = 0;  // no AVX2/FMA: sgemm for every size
 
 }  // namespace
 
-void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m,
-                   int64_t n, int64_t k, float* y, int64_t ldy,
-                   bool accumulate) {
+void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n, int64_t k,
+                   float* y, int64_t ldy, bool accumulate) {
   DELTASERVE_CHECK(m >= 0 && n >= 0 && k >= 0 && ldx >= k && ldy >= n);
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -108,9 +107,8 @@ void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m,
     // Decode-sized: sgemm would pack (copy) all of W for one or two rows of
     // x; sgemv streams W once per row, which is what bounds this case.
     for (int64_t i = 0; i < m; ++i) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n),
-                  static_cast<int>(k), 1.0f, w, static_cast<int>(k), x + i * ldx,
-                  1, accumulate ? 1.0f : 0.0f, y + i * ldy, 1);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.0f, w,
+                  static_cast<int>(k), x + i * ldx, 1, accumulate ? 1.0f : 0.0f, y + i * ldy, 1);
     }
     return;
   }
@@ -120,14 +118,13 @@ void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m,
     return;
   }
 #endif
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0f, x,
-              static_cast<int>(ldx), w, static_cast<int>(k),
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(k),
               accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
 }
 
-void Linear(const float* x, const float* w, int64_t m, int64_t n, int64_t k,
-            float* y, bool accumulate) {
+void Linear(const float* x, const float* w, int64_t m, int64_t n, int64_t k, float* y,
+            bool accumulate) {
   LinearStrided(x, k, w, m, n, k, y, n, accumulate);
 }
 

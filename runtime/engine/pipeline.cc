@@ -7,8 +7,7 @@
 
 namespace deltaserve {
 
-PipelineRunner::PipelineRunner(const Model& model, const WorldLayout& layout,
-                               Communicator& world)
+PipelineRunner::PipelineRunner(const Model& model, const WorldLayout& layout, Communicator& world)
     : stage_(model, layout, world), state_(model.NewSequence()) {}
 
 absl::StatusOr<std::vector<float>> PipelineRunner::Prefill(std::span<const int32_t> tokens,
@@ -36,8 +35,7 @@ absl::StatusOr<std::vector<float>> PipelineRunner::Decode(int32_t token) {
 }
 
 absl::StatusOr<int32_t> PipelineRunner::ShareToken(int32_t token) {
-  DELTASERVE_RETURN_IF_ERROR(
-      stage_.world().Broadcast(&token, sizeof(token), stage_.output_rank()));
+  DELTASERVE_RETURN_IF_ERROR(stage_.world().Broadcast(&token, sizeof(token), stage_.output_rank()));
   return token;
 }
 

@@ -26,14 +26,11 @@ class PipelineRunner : public SequenceRunner {
   // ranks numbered as `layout` says.
   PipelineRunner(const Model& model, const WorldLayout& layout, Communicator& world);
 
-  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
-                                             int64_t chunk = 0,
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, int64_t chunk = 0,
                                              bool all_logits = false) override;
   absl::StatusOr<std::vector<float>> Decode(int32_t token) override;
   bool HasLogits() const override { return stage_.last_stage(); }
-  bool IsOutput() const override {
-    return stage_.last_stage() && stage_.coord().tp_rank == 0;
-  }
+  bool IsOutput() const override { return stage_.last_stage() && stage_.coord().tp_rank == 0; }
   absl::StatusOr<int32_t> ShareToken(int32_t token) override;
 
   const PipelineStats& stats() const { return stage_.stats(); }

@@ -8,16 +8,15 @@
 
 namespace deltaserve {
 
-absl::StatusOr<std::vector<float>> Session::Prefill(
-    std::span<const int32_t> tokens, int64_t chunk, bool all_logits) {
+absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tokens, int64_t chunk,
+                                                    bool all_logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("prefill: no tokens");
   if (chunk <= 0) chunk = static_cast<int64_t>(tokens.size());
   std::vector<float> logits;
   for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
     const size_t n = std::min<size_t>(chunk, tokens.size() - begin);
     const ForwardInput input{state_.get(), tokens.subspan(begin, n), all_logits};
-    DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> piece,
-                                model_.Forward(std::span(&input, 1)));
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> piece, model_.Forward(std::span(&input, 1)));
     if (all_logits) {
       logits.insert(logits.end(), piece.begin(), piece.end());
     } else {
@@ -47,9 +46,8 @@ absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
   // Runners with logits sample (the same draws everywhere, from the same
   // seed); the output runner's choice is shared with the rest.
   auto next = [&](const std::vector<float>& logits) -> absl::StatusOr<int32_t> {
-    const int32_t token = runner.HasLogits()
-                              ? kernels::Sample(logits.data(), vocab, options.sampling, rng)
-                              : 0;
+    const int32_t token =
+        runner.HasLogits() ? kernels::Sample(logits.data(), vocab, options.sampling, rng) : 0;
     return runner.ShareToken(token);
   };
   const auto start = Clock::now();
@@ -61,8 +59,7 @@ absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
   on_token(token);
   stats.generated_tokens = 1;
   const auto stops = [&](int32_t t) {
-    return std::find(options.stop_ids.begin(), options.stop_ids.end(), t) !=
-           options.stop_ids.end();
+    return std::find(options.stop_ids.begin(), options.stop_ids.end(), t) != options.stop_ids.end();
   };
   while (stats.generated_tokens < options.max_tokens && !stops(token)) {
     DELTASERVE_ASSIGN_OR_RETURN(logits, runner.Decode(token));
@@ -75,8 +72,8 @@ absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
 }
 
 absl::StatusOr<std::vector<float>> ScoreTokens(SequenceRunner& runner,
-                                               std::span<const int32_t> tokens,
-                                               int64_t chunk, int64_t decode_from) {
+                                               std::span<const int32_t> tokens, int64_t chunk,
+                                               int64_t decode_from) {
   const size_t split =
       decode_from <= 0 ? tokens.size() : std::min<size_t>(decode_from, tokens.size());
   DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> logits,

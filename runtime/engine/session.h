@@ -18,11 +18,9 @@ namespace deltaserve {
 
 class Session : public SequenceRunner {
  public:
-  explicit Session(const Model& model)
-      : model_(model), state_(model.NewSequence()) {}
+  explicit Session(const Model& model) : model_(model), state_(model.NewSequence()) {}
 
-  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
-                                             int64_t chunk = 0,
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens, int64_t chunk = 0,
                                              bool all_logits = false) override;
   absl::StatusOr<std::vector<float>> Decode(int32_t token) override;
 
@@ -38,7 +36,7 @@ struct GenerateOptions {
   int64_t max_tokens = 32;
   kernels::SamplingParams sampling;
   uint64_t seed = 0;
-  int64_t prefill_chunk = 0;  // 0: the whole prompt at once
+  int64_t prefill_chunk = 0;      // 0: the whole prompt at once
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
 };
 
@@ -61,7 +59,7 @@ absl::StatusOr<GenerateStats> Generate(SequenceRunner& runner, int64_t vocab,
 // prefill in pieces of `chunk`, the rest one decode step each. [T, vocab] on
 // runners with logits.
 absl::StatusOr<std::vector<float>> ScoreTokens(SequenceRunner& runner,
-                                               std::span<const int32_t> tokens,
-                                               int64_t chunk, int64_t decode_from);
+                                               std::span<const int32_t> tokens, int64_t chunk,
+                                               int64_t decode_from);
 
 }  // namespace deltaserve

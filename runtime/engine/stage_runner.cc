@@ -64,8 +64,7 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   DELTASERVE_ASSIGN_OR_RETURN(
       send.request,
       world_.Isend(send.packet.data(), bytes,
-                   layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank),
-                   kActivationTag));
+                   layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank), kActivationTag));
   stats_.bytes_sent += static_cast<int64_t>(bytes);
   stats_.tokens_sent += rows;
   in_flight_.push_back(std::move(send));

@@ -47,14 +47,15 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
     }
     const bool exists = sequences_.contains(w.sequence_id);
     if (w.start == exists) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step.id, ": sequence ", w.sequence_id,
-          w.start ? " started again while it still holds state" : " has no state (never started, or released)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
+                       w.start ? " started again while it still holds state"
+                               : " has no state (never started, or released)"));
     }
     if (w.output == WorkOutput::kScore && w.targets.size() != w.tokens.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", step.id, ": sequence ", w.sequence_id, " has ", w.tokens.size(),
-          " tokens but ", w.targets.size(), " score targets"));
+      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
+                                                     " has ", w.tokens.size(), " tokens but ",
+                                                     w.targets.size(), " score targets"));
     }
   }
   const Model& model = stage_.model();
@@ -69,8 +70,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
   std::vector<ForwardInput> inputs;
   inputs.reserve(step.work.size());
   for (const SequenceWork& w : step.work) {
-    inputs.push_back({sequences_.at(w.sequence_id).state.get(), w.tokens,
-                      w.output == WorkOutput::kScore});
+    inputs.push_back(
+        {sequences_.at(w.sequence_id).state.get(), w.tokens, w.output == WorkOutput::kScore});
   }
   std::vector<float> logits;
   absl::Status status = stage_.Forward(inputs, &logits);
@@ -104,10 +105,9 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
         const int64_t n = std::min<int64_t>(w.top_logprobs, vocab);
         std::vector<int32_t> order(vocab);
         std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + n, order.end(),
-                          [&](int32_t a, int32_t b) {
-                            return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
-                          });
+        std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+          return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+        });
         for (int64_t i = 0; i < n; ++i) {
           r.top_ids.push_back(order[i]);
           r.top_logprobs.push_back(static_cast<float>(lp[order[i]]));
@@ -120,8 +120,7 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
           r.target_logprobs.push_back(0.0f);
           continue;
         }
-        r.target_logprobs.push_back(
-            static_cast<float>(LogSoftmax(row + t * vocab, vocab)[target]));
+        r.target_logprobs.push_back(static_cast<float>(LogSoftmax(row + t * vocab, vocab)[target]));
       }
     }
     row += rows * vocab;

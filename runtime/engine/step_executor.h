@@ -68,9 +68,7 @@ class StepExecutor {
   absl::StatusOr<std::vector<SequenceResult>> Run(const Step& step);
 
   HeldState Held() const;
-  bool is_output() const {
-    return stage_.last_stage() && stage_.coord().tp_rank == 0;
-  }
+  bool is_output() const { return stage_.last_stage() && stage_.coord().tp_rank == 0; }
   StageRunner& stage() { return stage_; }
 
  private:

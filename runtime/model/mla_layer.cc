@@ -21,13 +21,12 @@ struct MlaDims {
 
 // o [t, n, Vd] for t >= 2 new tokens: kv_b over the whole cache, then causal
 // attention of the new queries.
-void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix,
-                   int64_t t, const float* q, const float* cache, float scale,
-                   float* o) {
+void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t, const float* q,
+                   const float* cache, float scale, float* o) {
   const int64_t S = prefix + t;
   std::vector<float> kv(S * m.n * (m.P + m.Vd));
-  kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b.data(), S,
-                         m.n * (m.P + m.Vd), m.C, kv.data(), m.n * (m.P + m.Vd));
+  kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b.data(), S, m.n * (m.P + m.Vd), m.C,
+                         kv.data(), m.n * (m.P + m.Vd));
   kernels::MlaPrefillArgs args;
   args.t = t;
   args.prefix = prefix;
@@ -46,20 +45,18 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix,
 
 // The absorbed form: q_latent_h = W_UK_hᵀ q_nope_h, attention over the cached
 // [c | kr], o_h = W_UV_h o_latent_h.
-void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix,
-                    int64_t t, const float* q, const float* cache, float scale,
-                    float* o) {
+void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t,
+                    const float* q, const float* cache, float scale, float* o) {
   std::vector<float> q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
   std::vector<float> o_latent(t * m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
-    kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(),
-                           w.w_uk_t.data() + h * m.C * m.P, t, m.C, m.P,
-                           q_latent.data() + h * m.C, m.n * m.C);
+    kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(), w.w_uk_t.data() + h * m.C * m.P, t,
+                           m.C, m.P, q_latent.data() + h * m.C, m.n * m.C);
   }
   for (int64_t i = 0; i < t; ++i)
     for (int64_t h = 0; h < m.n; ++h)
-      std::memcpy(q_rope.data() + (i * m.n + h) * m.R,
-                  q + (i * m.n + h) * m.QkDim() + m.P, m.R * sizeof(float));
+      std::memcpy(q_rope.data() + (i * m.n + h) * m.R, q + (i * m.n + h) * m.QkDim() + m.P,
+                  m.R * sizeof(float));
   kernels::MlaAbsorbedArgs args;
   args.t = t;
   args.prefix = prefix;
@@ -74,8 +71,8 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix,
   kernels::MlaAbsorbedAttention(args);
   for (int64_t h = 0; h < m.n; ++h) {
     const float* w_uv = w.kv_b.data() + (h * (m.P + m.Vd) + m.P) * m.C;  // [Vd, C]
-    kernels::LinearStrided(o_latent.data() + h * m.C, m.n * m.C, w_uv, t, m.Vd,
-                           m.C, o + h * m.Vd, m.n * m.Vd);
+    kernels::LinearStrided(o_latent.data() + h * m.C, m.n * m.C, w_uv, t, m.Vd, m.C, o + h * m.Vd,
+                           m.n * m.Vd);
   }
 }
 
@@ -86,21 +83,19 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix,
 // token, and a short chunk after a long prefix, are cheaper absorbed.
 bool AbsorbedIsCheaper(const MlaDims& m, int64_t prefix, int64_t t) {
   const double pairs = static_cast<double>(t) * (static_cast<double>(prefix) + (t + 1) / 2.0);
-  const double materialised = static_cast<double>(prefix + t) * (m.P + m.Vd) * m.C +
-                              pairs * (m.P + m.R + m.Vd);
-  const double absorbed = static_cast<double>(t) * (m.P + m.Vd) * m.C +
-                          pairs * (2 * m.C + m.R);
+  const double materialised =
+      static_cast<double>(prefix + t) * (m.P + m.Vd) * m.C + pairs * (m.P + m.R + m.Vd);
+  const double absorbed = static_cast<double>(t) * (m.P + m.Vd) * m.C + pairs * (2 * m.C + m.R);
   return t == 1 || absorbed < materialised;
 }
 
 }  // namespace
 
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out,
-                        Communicator* tp) {
+                        const BatchRows& batch, const float* x, float* out, Communicator* tp) {
   using namespace kernels;
-  const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim,
-                  config.qk_rope_head_dim, config.v_head_dim, config.kv_lora_rank};
+  const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim,
+                  config.v_head_dim, config.kv_lora_rank};
   const int64_t rows = batch.rows(), D = config.hidden_size;
   const float eps = config.rms_norm_eps;
 

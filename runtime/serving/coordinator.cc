@@ -26,14 +26,14 @@ struct Request {
 
   // Scheduler side.
   void* worker = nullptr;  // the Worker running it, once admitted to one
-  size_t fed = 0;         // prompt tokens sent to the worker
-  bool started = false;   // the worker holds state for it
-  bool awaiting = false;  // a step that samples its next token is in flight
+  size_t fed = 0;          // prompt tokens sent to the worker
+  bool started = false;    // the worker holds state for it
+  bool awaiting = false;   // a step that samples its next token is in flight
   uint64_t last_step = 0;  // the last step that carried work for it
   std::vector<int32_t> generated;
   std::unique_ptr<IncrementalDetokenizer> detok;
-  std::string text;       // generated text so far
-  size_t text_sent = 0;   // bytes of `text` handed out
+  std::string text;      // generated text so far
+  size_t text_sent = 0;  // bytes of `text` handed out
   std::vector<float> score_logprobs;
   Clock::time_point accepted, scheduled, first_token, last_token;
   bool was_scheduled = false;
@@ -75,7 +75,8 @@ Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenize
           m.AddCounter("deltaserve_requests_rejected_total",
                        "Requests refused at admission (RESOURCE_EXHAUSTED)."),
           m.AddGauge("deltaserve_kda_state_bytes", "KDA state held on the worker, all ranks."),
-          m.AddGauge("deltaserve_mla_cache_bytes", "MLA latent cache held on the worker, all ranks."),
+          m.AddGauge("deltaserve_mla_cache_bytes",
+                     "MLA latent cache held on the worker, all ranks."),
           m.AddGauge("deltaserve_prefill_tokens_per_second",
                      "Prompt tokens per second of the last step that prefilled."),
           m.AddGauge("deltaserve_workers_attached", "Workers (replicas) attached."),
@@ -147,22 +148,21 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
   int64_t waiting_tokens = 0;
   for (const auto& w : waiting_) waiting_tokens += static_cast<int64_t>(w->prompt.size());
   const bool room_to_run =
-      waiting_.empty() && std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
-        return HasRoomLocked(*w.second);
-      });
+      waiting_.empty() && std::any_of(workers_.begin(), workers_.end(),
+                                      [&](const auto& w) { return HasRoomLocked(*w.second); });
   if (!room_to_run) {
     if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
       metrics_.rejected.Add();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the queue is full: ", waiting_.size(), " requests waiting (limit ",
-          options_.max_waiting, ", --max-waiting) behind the running ones"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the queue is full: ", waiting_.size(), " requests waiting (limit ",
+                       options_.max_waiting, ", --max-waiting) behind the running ones"));
     }
     if (waiting_tokens + static_cast<int64_t>(r->prompt.size()) > options_.max_waiting_tokens) {
       metrics_.rejected.Add();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the queue is full: ", waiting_tokens, " prompt tokens waiting, ", r->prompt.size(),
-          " more would pass the limit of ", options_.max_waiting_tokens,
-          " (--max-waiting-tokens)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the queue is full: ", waiting_tokens, " prompt tokens waiting, ",
+                       r->prompt.size(), " more would pass the limit of ",
+                       options_.max_waiting_tokens, " (--max-waiting-tokens)"));
     }
   }
   r->sequence_id = next_sequence_++;
@@ -196,8 +196,8 @@ bool Coordinator::Abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(request_id);
   if (it == by_id_.end()) return false;
-  FailLocked(*it->second, absl::CancelledError(
-                              absl::StrCat("request '", request_id, "' was aborted")));
+  FailLocked(*it->second,
+             absl::CancelledError(absl::StrCat("request '", request_id, "' was aborted")));
   work_cv_.notify_all();
   return true;
 }
@@ -244,9 +244,9 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   r.outcome = std::move(outcome);
   ++finished_;
   auto drop = [&](auto& list) {
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [&](const auto& p) { return p.get() == &r; }),
-               list.end());
+    list.erase(
+        std::remove_if(list.begin(), list.end(), [&](const auto& p) { return p.get() == &r; }),
+        list.end());
   };
   drop(waiting_);
   if (auto* w = static_cast<Worker*>(r.worker)) {
@@ -287,10 +287,10 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const v1::WorkerHello& hello,
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig theirs,
                               ParseModelConfig(hello.config_json(), "the worker's config.json"));
   if (ModelConfigToJson(theirs) != ModelConfigToJson(config_)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the worker's model (", theirs.model_type, ", ", theirs.num_layers, " layers, hidden ",
-        theirs.hidden_size, ", vocab ", theirs.vocab_size,
-        ") is not the coordinator's: start both with the same --model"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the worker's model (", theirs.model_type, ", ", theirs.num_layers,
+                     " layers, hidden ", theirs.hidden_size, ", vocab ", theirs.vocab_size,
+                     ") is not the coordinator's: start both with the same --model"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return absl::UnavailableError("the coordinator is shutting down");
@@ -328,8 +328,8 @@ void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
 }
 
 void Coordinator::LoseWorkerLocked(Worker& w, const std::string& why) {
-  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n",
-               static_cast<unsigned long long>(w.id), why.c_str());
+  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n", static_cast<unsigned long long>(w.id),
+               why.c_str());
   w.gone = true;
   // What the worker held is gone: requests it had state for end; requests it
   // never saw go back to the front of the queue in their order.
@@ -652,8 +652,7 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
     const bool can_send =
         w->in_flight.empty()
             ? HasWorkLocked(*w)
-            : w->promised &&
-                  static_cast<int64_t>(w->in_flight.size()) < w->hello.pipeline_stages();
+            : w->promised && static_cast<int64_t>(w->in_flight.size()) < w->hello.pipeline_stages();
     if (!can_send) {
       work_cv_.wait(lock);
       continue;
@@ -668,8 +667,8 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
     // left to prefill, or sequences decoding that are not in this step),
     // promise a successor, so the worker starts it while its later stages
     // still run this one. A sequence sampled here sits the next step out.
-    w->promised = w->hello.pipeline_stages() > 1 && (PromptLeftLocked(*w) ||
-                                                     DecodersOutsideLocked(*w, step.items));
+    w->promised = w->hello.pipeline_stages() > 1 &&
+                  (PromptLeftLocked(*w) || DecodersOutsideLocked(*w, step.items));
     message.mutable_step()->set_more_coming(w->promised);
     step.step_id = message.step().step_id();
     w->in_flight.push_back(std::move(step));

@@ -1,14 +1,18 @@
 // The coordinator: admits requests, keeps the queue, and schedules the
-// attached worker one step at a time. Each step carries a decode token for
-// every running sequence that has finished its prompt, then prefill chunks of
-// the others up to a token budget, each cut by a cost model so that chunks
-// shrink as a sequence's MLA prefix grows (runtime/scheduler/chunk_cost.h).
-// Sampled tokens come back with the step's result and are detokenized, checked
-// against stop conditions and handed to the request's RPC. Cancellation,
-// deadlines and finished requests free the sequence's state on the worker with
-// the next step. A worker that goes away fails the requests it held with
-// UNAVAILABLE; requests still waiting stay queued for the next worker.
-// Thread-safe: RPC threads submit and poll, one scheduler thread runs steps.
+// attached workers (replicas), each on its own scheduler thread. A waiting
+// request goes to the least loaded replica and stays there. Each step carries
+// decode tokens for the replica's sequences past their prompt (1/P of them on
+// a P-stage pipeline), then prefill chunks up to a token budget, each cut by a
+// cost model so that chunks shrink as a sequence's MLA prefix grows
+// (runtime/scheduler/chunk_cost.h). Steps that need nothing from their
+// predecessor's result are sent ahead (more_coming), so pipeline stages
+// overlap. Sampled tokens come back with the step's result and are
+// detokenized, checked against stop conditions and handed to the request's
+// RPC. Cancellation, deadlines and finished requests free the sequence's
+// state on the worker with the next step. A worker that goes away fails the
+// requests it held with UNAVAILABLE; requests it never started wait for
+// another. Thread-safe: RPC threads submit and poll, scheduler threads run
+// steps, the WorkerLink service delivers results.
 #pragma once
 
 #include <chrono>
@@ -37,10 +41,10 @@ namespace deltaserve {
 using Clock = std::chrono::steady_clock;
 
 struct CoordinatorOptions {
-  int64_t max_running = 64;             // sequences holding state on the worker
-  int64_t max_waiting = 1024;           // requests queued behind them
+  int64_t max_running = 64;              // sequences holding state, per worker
+  int64_t max_waiting = 1024;            // requests queued behind them
   int64_t max_waiting_tokens = 1 << 23;  // prompt tokens queued
-  int64_t step_tokens = 512;            // token budget of one step
+  int64_t step_tokens = 512;             // token budget of one step
 };
 
 struct GenerateParams {
@@ -80,6 +84,7 @@ struct Request;  // coordinator.cc
 class RequestHandle {
  public:
   const std::string& request_id() const;
+
  private:
   friend class Coordinator;
   explicit RequestHandle(std::shared_ptr<Request> r) : request_(std::move(r)) {}
@@ -105,8 +110,8 @@ class WorkerSender {
 
 class Coordinator {
  public:
-  Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
-              CoordinatorOptions options, MetricsRegistry& metrics);
+  Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer, CoordinatorOptions options,
+              MetricsRegistry& metrics);
   ~Coordinator();  // Shutdown()s
 
   const ModelConfig& config() const { return config_; }
@@ -115,8 +120,7 @@ class Coordinator {
 
   // Admission. The service layer has validated the fields; this checks the
   // request id is free and the queue limits (RESOURCE_EXHAUSTED when full).
-  absl::StatusOr<RequestHandle> SubmitGenerate(std::string request_id,
-                                               std::vector<int32_t> prompt,
+  absl::StatusOr<RequestHandle> SubmitGenerate(std::string request_id, std::vector<int32_t> prompt,
                                                GenerateParams params,
                                                std::optional<Clock::time_point> deadline);
   absl::StatusOr<RequestHandle> SubmitScore(std::string request_id, std::vector<int32_t> tokens,
@@ -162,10 +166,10 @@ class Coordinator {
     bool gone = false;
     std::vector<std::shared_ptr<Request>> running;  // holding (or about to hold) state
     std::vector<uint64_t> pending_release;
-    std::deque<InFlightStep> in_flight;        // sent, in order
+    std::deque<InFlightStep> in_flight;          // sent, in order
     std::map<uint64_t, v1::StepResult> results;  // arrived, not yet used
-    bool promised = false;  // the last step sent said more_coming
-    int64_t held_kda = 0, held_mla = 0;  // after its last step
+    bool promised = false;                       // the last step sent said more_coming
+    int64_t held_kda = 0, held_mla = 0;          // after its last step
   };
 
   absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);

@@ -1,11 +1,11 @@
 #include "runtime/serving/server.h"
 
-#include <atomic>
-#include <cmath>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+
+#include <atomic>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
@@ -62,9 +62,9 @@ absl::StatusOr<std::vector<int32_t>> InputTokens(const Req& req, bool has_text, 
     }
     for (int i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || ids[i] >= config.vocab_size) {
-        return Invalid(absl::StrCat(name, ".ids[", i, "]"),
-                       absl::StrCat(ids[i], " is outside the vocabulary [0, ",
-                                    config.vocab_size, ")"));
+        return Invalid(
+            absl::StrCat(name, ".ids[", i, "]"),
+            absl::StrCat(ids[i], " is outside the vocabulary [0, ", config.vocab_size, ")"));
       }
     }
     tokens.assign(ids.begin(), ids.end());
@@ -85,8 +85,8 @@ absl::StatusOr<GenerateParams> Params(const v1::GenerateRequest& req,
   GenerateParams p;
   const v1::SamplingParams& s = req.sampling();
   if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
-    return Invalid("sampling.temperature", absl::StrCat(s.temperature(),
-                                                        ": must be a finite number >= 0"));
+    return Invalid("sampling.temperature",
+                   absl::StrCat(s.temperature(), ": must be a finite number >= 0"));
   }
   if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(s.top_k(), ": must be >= 0"));
   if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1)) {
@@ -101,21 +101,20 @@ absl::StatusOr<GenerateParams> Params(const v1::GenerateRequest& req,
   }
   p.max_tokens = req.max_tokens() == 0 ? kDefaultMaxTokens : req.max_tokens();
   if (prompt_tokens + p.max_tokens > config.max_position_embeddings) {
-    return Invalid("max_tokens", absl::StrCat(prompt_tokens, " prompt tokens + ", p.max_tokens,
-                                              " exceed the context of ",
-                                              config.max_position_embeddings));
+    return Invalid("max_tokens",
+                   absl::StrCat(prompt_tokens, " prompt tokens + ", p.max_tokens,
+                                " exceed the context of ", config.max_position_embeddings));
   }
   if (req.stop_size() > kMaxStops) {
-    return Invalid("stop", absl::StrCat(req.stop_size(), " strings, over the limit of ",
-                                        kMaxStops));
+    return Invalid("stop",
+                   absl::StrCat(req.stop_size(), " strings, over the limit of ", kMaxStops));
   }
   for (int i = 0; i < req.stop_size(); ++i) {
     const std::string& stop = req.stop(i);
     const std::string name = absl::StrCat("stop[", i, "]");
     if (stop.empty()) return Invalid(name, "empty");
     if (stop.size() > kMaxStopBytes) {
-      return Invalid(name, absl::StrCat(stop.size(), " bytes, over the limit of ",
-                                        kMaxStopBytes));
+      return Invalid(name, absl::StrCat(stop.size(), " bytes, over the limit of ", kMaxStopBytes));
     }
     if (coordinator.tokenizer() == nullptr) {
       return Invalid(name, "this model has no tokenizer to match text against");
@@ -131,8 +130,8 @@ absl::StatusOr<GenerateParams> Params(const v1::GenerateRequest& req,
     p.stop_ids.push_back(id);
   }
   if (req.top_logprobs() < 0 || req.top_logprobs() > kMaxTopLogprobs) {
-    return Invalid("top_logprobs", absl::StrCat(req.top_logprobs(), ": must be in [0, ",
-                                                kMaxTopLogprobs, "]"));
+    return Invalid("top_logprobs",
+                   absl::StrCat(req.top_logprobs(), ": must be in [0, ", kMaxTopLogprobs, "]"));
   }
   p.logprobs = req.logprobs() || req.top_logprobs() > 0;
   p.top_logprobs = req.top_logprobs();
@@ -289,8 +288,8 @@ class GenerationService final : public v1::Generation::Service {
  private:
   absl::StatusOr<std::string> RequestId(const std::string& given) {
     if (given.size() > kMaxRequestIdBytes) {
-      return Invalid("request_id", absl::StrCat(given.size(), " bytes, over the limit of ",
-                                                kMaxRequestIdBytes));
+      return Invalid("request_id",
+                     absl::StrCat(given.size(), " bytes, over the limit of ", kMaxRequestIdBytes));
     }
     if (!given.empty()) return given;
     return absl::StrCat("req-", next_id_.fetch_add(1));
@@ -311,8 +310,7 @@ class GenerationService final : public v1::Generation::Service {
 // later writes fail once the RPC that owns the stream is ending.
 class StreamSender final : public WorkerSender {
  public:
-  explicit StreamSender(
-      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
+  explicit StreamSender(grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
       : stream_(stream) {}
   bool Send(const v1::CoordinatorMessage& message) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -418,8 +416,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
-                                               " (in use, or not an address of this host)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address, " (in use, or not an address of this host)"));
   }
   grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
   impl->coordinator->SetServingCallback([health](bool serving) {

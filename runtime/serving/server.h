@@ -14,9 +14,9 @@ namespace deltaserve {
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  int port = 50051;          // 0: any free port (see Server::port)
-  int metrics_port = -1;     // -1: no metrics endpoint; 0: any free port
-  std::string model_dir;     // config.json and the tokenizer files
+  int port = 50051;       // 0: any free port (see Server::port)
+  int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
+  std::string model_dir;  // config.json and the tokenizer files
   CoordinatorOptions coordinator;
   int64_t max_request_bytes = 64 << 20;  // a request's text or token ids
 };

@@ -1,10 +1,10 @@
 #include "runtime/serving/worker.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <cstring>
 #include <deque>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
@@ -68,8 +68,7 @@ class PlanSends {
                                   world.Isend(size.get(), sizeof(uint64_t), r, kPlanTag));
       requests_.push_back(std::move(request));
       if (!data->empty()) {
-        DELTASERVE_ASSIGN_OR_RETURN(request, world.Isend(data->data(), data->size(), r,
-                                                         kPlanTag));
+        DELTASERVE_ASSIGN_OR_RETURN(request, world.Isend(data->data(), data->size(), r, kPlanTag));
         requests_.push_back(std::move(request));
       }
     }
@@ -215,13 +214,12 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
           std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1e3)))) {
     PlanSends stop;
     if (stop.Start(world, executor.stage(), "").ok()) (void)stop.Wait();
-    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator within ",
-                                               options.connect_timeout_s, " s"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the coordinator within ", options.connect_timeout_s, " s"));
   }
   auto stream = stub->Attach(&context);
   v1::WorkerMessage hello;
-  *hello.mutable_hello() =
-      MakeWorkerHello(config, executor.stage().layout(), options.description);
+  *hello.mutable_hello() = MakeWorkerHello(config, executor.stage().layout(), options.description);
   absl::Status status = absl::OkStatus();
   if (!stream->Write(hello)) {
     status = absl::UnavailableError("the coordinator closed the link before the hello");
@@ -256,10 +254,12 @@ absl::Status RunLeader(StepExecutor& executor, const ModelConfig& config,
       v1::WorkerMessage reply;
       DELTASERVE_RETURN_IF_ERROR(
           CollectStep(executor, std::move(outstanding.front().first), reply.mutable_result()));
-      reply.mutable_result()->set_wall_s(std::chrono::duration<double>(
-          std::chrono::steady_clock::now() - outstanding.front().second).count());
+      reply.mutable_result()->set_wall_s(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                        outstanding.front().second)
+              .count());
       outstanding.pop_front();
-        link_ok = stream->Write(reply);
+      link_ok = stream->Write(reply);
     }
     if (!link_ok) break;
   }

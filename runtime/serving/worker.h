@@ -7,10 +7,10 @@
 // the leader tells its ranks and all return.
 #pragma once
 
+#include <grpcpp/channel.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
 
 #include "absl/status/status.h"
 #include "deltaserve/v1/worker.pb.h"
@@ -22,7 +22,7 @@ namespace deltaserve {
 struct WorkerOptions {
   // The leader's channel to the coordinator (null on other ranks).
   std::shared_ptr<grpc::Channel> channel;
-  std::string description;  // for the coordinator's log
+  std::string description;        // for the coordinator's log
   double connect_timeout_s = 60;  // waiting for the coordinator to be up
 };
 

@@ -24,13 +24,13 @@ TEST(ChunkCostTest, ChunksShrinkAsThePrefixGrowsAndKeepTheBudget) {
     EXPECT_GT(model.Cost(chunk + 1, prefix), budget);
     last = chunk;
   }
-  EXPECT_EQ(model.ChunkFor(0, budget, 100), 100);  // the rest of a prompt
+  EXPECT_EQ(model.ChunkFor(0, budget, 100), 100);      // the rest of a prompt
   EXPECT_EQ(model.ChunkFor(1 << 30, budget, 100), 1);  // always progress
 }
 
 TEST(ChunkCostTest, FitsTheStepTimesItIsShown) {
   ChunkCostModel model(K3Small(), 5e11);  // a prior ten times off
-  const double a = 2e-5, b = 3e-9;       // the "machine"
+  const double a = 2e-5, b = 3e-9;        // the "machine"
   for (int i = 0; i < 500; ++i) {
     const std::vector<StepPiece> pieces = {{1 + (i * 37) % 512, (i * 7919) % 200000},
                                            {1, (i * 104729) % 50000}};

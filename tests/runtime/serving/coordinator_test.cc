@@ -103,16 +103,16 @@ class CoordinatorTest : public ::testing::Test {
     GenerateOptions options;
     options.max_tokens = n;
     std::vector<int32_t> out;
-    EXPECT_TRUE(Generate(session, model_->config().vocab_size, prompt, options,
-                         [&](int32_t t) { out.push_back(t); })
-                    .ok());
+    EXPECT_TRUE(Generate(session, model_->config().vocab_size, prompt, options, [&](int32_t t) {
+                  out.push_back(t);
+                }).ok());
     return out;
   }
   RequestHandle Submit(const std::vector<int32_t>& prompt, int64_t max_tokens) {
     GenerateParams params;
     params.max_tokens = max_tokens;
-    auto handle = coordinator_->SubmitGenerate("r" + std::to_string(next_++), prompt, params,
-                                               std::nullopt);
+    auto handle =
+        coordinator_->SubmitGenerate("r" + std::to_string(next_++), prompt, params, std::nullopt);
     EXPECT_TRUE(handle.ok()) << handle.status();
     return *handle;
   }

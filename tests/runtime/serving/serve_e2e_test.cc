@@ -4,17 +4,16 @@
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
-#include <filesystem>
-
 #include "runtime/engine/session.h"
+#include "runtime/engine/step_executor.h"
+#include "runtime/model/model.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/tokenizer/tokenizer.h"
-#include "runtime/engine/step_executor.h"
-#include "runtime/model/model.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
 namespace deltaserve {
@@ -44,8 +43,8 @@ TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
   auto server = testing::StartServer("serve --model " + ModelDir());
   ASSERT_NE(server.stub, nullptr);
   const std::vector<int32_t> prompt = testing::RandomTokens(37, 3);
-  for (const auto& [sampling, seed] : {std::pair<std::string, int>{"", 0},
-                                       {" --temperature 0.8 --top-k 40 --top-p 0.9", 11}}) {
+  for (const auto& [sampling, seed] :
+       {std::pair<std::string, int>{"", 0}, {" --temperature 0.8 --top-k 40 --top-p 0.9", 11}}) {
     const std::string flags = " --tokens " + Join(prompt) + " --max-tokens 24 --ids" + sampling +
                               (seed ? " --seed " + std::to_string(seed) : "");
     int code = 0;
@@ -124,7 +123,8 @@ std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
 // prompt is still being prefilled.
 TEST(ServeLoadTest, ConcurrentMixedRequestsEachGetTheirOwnTokens) {
   // One compute thread: the 32 client threads share the two cores with it.
-  auto server = testing::StartServer("serve --model " + K3Tiny() + " --step-tokens 256 --threads 1");
+  auto server =
+      testing::StartServer("serve --model " + K3Tiny() + " --step-tokens 256 --threads 1");
   struct Job {
     std::vector<int32_t> prompt;
     int max_tokens;
@@ -144,8 +144,8 @@ TEST(ServeLoadTest, ConcurrentMixedRequestsEachGetTheirOwnTokens) {
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < jobs.size(); ++i) {
     threads.emplace_back([&, i] {
-      jobs[i].together = GenerateAll(*server.stub, TokensRequest(jobs[i].prompt,
-                                                                 jobs[i].max_tokens));
+      jobs[i].together =
+          GenerateAll(*server.stub, TokensRequest(jobs[i].prompt, jobs[i].max_tokens));
     });
     if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -304,8 +304,7 @@ TEST(ServeApiTest, HealthReflectionModelInfoAndStopStrings) {
       *server.stub, [](const v1::ServerStatus& s) { return s.worker_attached(); },
       std::chrono::seconds(10)));
   EXPECT_EQ(testing::Probe("health " + server.address), "SERVING\n");
-  EXPECT_EQ(testing::Probe("health " + server.address + " deltaserve.v1.Generation"),
-            "SERVING\n");
+  EXPECT_EQ(testing::Probe("health " + server.address + " deltaserve.v1.Generation"), "SERVING\n");
   const std::string services = testing::Probe("services " + server.address);
   EXPECT_NE(services.find("deltaserve.v1.Generation"), std::string::npos) << services;
   EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos);
@@ -388,8 +387,7 @@ TEST(ServeTokenizerTest, TextPromptsGoThroughTheCheckpointsTiktokenBpe) {
   for (size_t i = 0; i < streamed.ids.size(); ++i) {
     ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
   }
-  const std::string base =
-      "generate --model " + dir + " --prompt \"" + text + "\" --max-tokens 30";
+  const std::string base = "generate --model " + dir + " --prompt \"" + text + "\" --max-tokens 30";
   EXPECT_EQ(FirstLine(Deltaserve(base + " --ignore-eos --ids 2>/dev/null")), ids);
   EXPECT_EQ(Deltaserve(base + " --ignore-eos 2>/dev/null"), streamed.text + "\n");
   // Without ignore_eos both stop at the tokenizer's end tokens alike.

@@ -50,8 +50,8 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
 
   const std::vector<int32_t> prompt = testing::RandomTokens(3000, 21);
   std::string expected;
-  ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " +
-                                    K3Tiny() + " --tokens " + testing::Join(prompt) +
+  ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + K3Tiny() +
+                                    " --tokens " + testing::Join(prompt) +
                                     " --max-tokens 20 --ids 2>/dev/null",
                                 &expected),
             0);
