@@ -614,7 +614,9 @@ void Coordinator::ProcessResultLocked(Worker& w, const v1::StepResult& result,
     } else {
       const auto& lp = it->second->target_logprobs();
       r.score_logprobs.insert(r.score_logprobs.end(), lp.begin(), lp.end());
-      if (r.fed == r.prompt.size()) {
+      // Done when every piece's result is in (later pieces may have been
+      // sent already, with steps in flight).
+      if (r.score_logprobs.size() == r.prompt.size()) {
         r.score_logprobs.resize(r.prompt.size() - 1);  // the last token has no target
         FinishLocked(r, RequestOutcome{});
       }
