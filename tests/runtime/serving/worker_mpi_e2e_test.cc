@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "runtime/engine/session.h"
 #include "runtime/engine/step_executor.h"
@@ -220,6 +221,54 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
                                 &output),
             0);
   EXPECT_NE(output.find("not the coordinator's"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace deltaserve
+
+namespace deltaserve {
+namespace {
+
+// Tensor parallelism behind the coordinator: a 2-rank TP worker and a
+// 2-stage x 2-rank TP worker give the single process's greedy tokens
+// (kimi-linear-tiny, whose TP logits are within 1.6e-6 of one process:
+// docs/numerics.md), prefill pipelined in chunks included.
+TEST(WorkerJobTest, TensorAndPipelineParallelWorkersGiveGenerateTokens) {
+  const std::string model = testing::GoldenPath("model/kimi-linear-tiny");
+  auto coordinator = testing::StartServer("coordinator --model " + model + " --step-tokens 128");
+  const std::vector<int32_t> prompt = testing::RandomTokens(1000, 61);
+  std::string expected;
+  ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + model +
+                                    " --tokens " + testing::Join(prompt) +
+                                    " --max-tokens 16 --ids 2>/dev/null",
+                                &expected),
+            0);
+  const std::string dir = testing::TempDir("tp_worker");
+  for (const auto& [ranks, pp, tp] : {std::tuple{2, 1, 2}, std::tuple{4, 2, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "pp " << pp << " tp " << tp);
+    auto worker = testing::ChildProcess::Start(
+        "mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -np " +
+            std::to_string(ranks) + " " + testing::BinPath("deltaserve") +
+            " worker --coordinator " + coordinator.address + " --model " + model + " --pp " +
+            std::to_string(pp) + " --tp " + std::to_string(tp) + " --threads 1",
+        dir + "/worker" + std::to_string(ranks) + ".log");
+    ASSERT_TRUE(testing::WaitForStatus(
+        *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+        std::chrono::seconds(60)))
+        << worker->Log();
+    const Streamed streamed = GenerateAll(*coordinator.stub, TokensRequest(prompt, 16));
+    ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+    std::string ids;
+    for (size_t i = 0; i < streamed.ids.size(); ++i) {
+      ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
+    }
+    EXPECT_EQ(ids + "\n", expected);
+    worker->Signal(SIGTERM);
+    worker->Wait(std::chrono::seconds(20));
+    ASSERT_TRUE(testing::WaitForStatus(
+        *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 0; },
+        std::chrono::seconds(20)));
+  }
 }
 
 }  // namespace
