@@ -10,11 +10,15 @@
 
 namespace deltaserve {
 
-std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
+double LogSumExp(const float* logits, int64_t vocab) {
   const double max = *std::max_element(logits, logits + vocab);
   double sum = 0;
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
-  const double log_z = max + std::log(sum);
+  return max + std::log(sum);
+}
+
+std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
+  const double log_z = LogSumExp(logits, vocab);
   std::vector<double> out(vocab);
   for (int64_t i = 0; i < vocab; ++i) out[i] = logits[i] - log_z;
   return out;
@@ -120,7 +124,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
           r.target_logprobs.push_back(0.0f);
           continue;
         }
-        r.target_logprobs.push_back(static_cast<float>(LogSoftmax(row + t * vocab, vocab)[target]));
+        const float* logits = row + t * vocab;
+        r.target_logprobs.push_back(static_cast<float>(logits[target] - LogSumExp(logits, vocab)));
       }
     }
     row += rows * vocab;

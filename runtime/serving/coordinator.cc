@@ -25,7 +25,7 @@ struct Request {
   std::optional<Clock::time_point> deadline;
 
   // Scheduler side.
-  void* worker = nullptr;  // the Worker running it, once admitted to one
+  uint64_t worker = 0;     // the id of the worker running it, once admitted to one
   size_t fed = 0;          // prompt tokens sent to the worker
   bool started = false;    // the worker holds state for it
   bool awaiting = false;   // a step that samples its next token is in flight
@@ -221,7 +221,6 @@ ServerStatusData Coordinator::Status() const {
     const v1::WorkerHello& hello = workers_.begin()->second->hello;
     s.pp = hello.pipeline_stages();
     s.tp = hello.tensor_parallel();
-    s.replicas = static_cast<int32_t>(workers_.size());
   }
   return s;
 }
@@ -249,12 +248,13 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
         list.end());
   };
   drop(waiting_);
-  if (auto* w = static_cast<Worker*>(r.worker)) {
+  if (auto it = workers_.find(r.worker); it != workers_.end()) {
+    Worker* w = it->second.get();
     if (r.started) w->pending_release.push_back(r.sequence_id);
     drop(w->running);
   }
   r.started = false;
-  r.worker = nullptr;
+  r.worker = 0;
   by_id_.erase(r.request_id);
   UpdateGaugesLocked();
   r.events_cv.notify_all();
@@ -342,7 +342,7 @@ void Coordinator::LoseWorkerLocked(Worker& w, const std::string& why) {
       r->started = false;  // nothing to release on a worker that is gone
       FailLocked(*r, status);
     } else {
-      r->worker = nullptr;
+      r->worker = 0;
       unseen.push_back(r);
     }
   }
@@ -383,7 +383,7 @@ v1::StepPlan Coordinator::BuildStepLocked(Worker& w, std::vector<StepItem>* item
     }
   }
   while (!waiting_.empty() && HasRoomLocked(w)) {
-    waiting_.front()->worker = &w;
+    waiting_.front()->worker = w.id;
     w.running.push_back(waiting_.front());
     waiting_.pop_front();
   }

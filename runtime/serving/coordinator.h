@@ -97,7 +97,7 @@ struct ServerStatusData {
   int64_t waiting_requests = 0, waiting_tokens = 0, running_sequences = 0;
   int64_t kda_state_bytes = 0, mla_cache_bytes = 0, mla_cache_tokens = 0;
   int64_t steps = 0, requests_finished = 0;
-  int32_t pp = 0, tp = 0, replicas = 0;
+  int32_t pp = 0, tp = 0;  // of the first worker
 };
 
 // The link the scheduler sends step plans down; made by the WorkerLink

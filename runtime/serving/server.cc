@@ -262,7 +262,7 @@ class GenerationService final : public v1::Generation::Service {
     info->set_parameters(CountParameters(c).total);
     const ServerStatusData s = coordinator_.Status();
     if (s.worker_attached) {
-      info->mutable_layout()->set_replicas(s.replicas);
+      info->mutable_layout()->set_replicas(s.workers);
       info->mutable_layout()->set_pipeline_stages(s.pp);
       info->mutable_layout()->set_tensor_parallel(s.tp);
     }

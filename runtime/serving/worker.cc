@@ -51,10 +51,10 @@ void ToProto(const SequenceResult& r, v1::SequenceOutput* out) {
 }
 
 // A step plan from the leader to the other ranks of its replica: the size,
-// then the bytes (a size of zero: stop). Sent without waiting, so the leader
-// can start the next plan while later stages still work on earlier ones (a
-// broadcast would hold it until every rank had taken the plan); the sends are
-// waited for when their step is collected.
+// then the bytes (a size of zero: stop), received with RecvBytes. Sent without waiting, so the
+// leader can start the next plan while later stages still work on earlier ones (a broadcast would
+// hold it until every rank had taken the plan); the sends are waited for when their step is
+// collected.
 class PlanSends {
  public:
   absl::Status Start(Communicator& world, const StageRunner& stage, std::string bytes) {
@@ -89,14 +89,6 @@ class PlanSends {
   std::vector<std::unique_ptr<std::string>> buffers_;
   std::vector<std::unique_ptr<SendRequest>> requests_;
 };
-
-absl::StatusOr<std::string> RecvPlan(Communicator& world, int leader) {
-  uint64_t size = 0;
-  DELTASERVE_RETURN_IF_ERROR(world.Recv(&size, sizeof(size), leader, kPlanTag));
-  std::string bytes(size, '\0');
-  if (size > 0) DELTASERVE_RETURN_IF_ERROR(world.Recv(bytes.data(), size, leader, kPlanTag));
-  return bytes;
-}
 
 absl::Status SendBytes(Communicator& world, const std::string& bytes, int dest, int tag) {
   const uint64_t size = bytes.size();
@@ -283,7 +275,7 @@ absl::Status RunWorker(StepExecutor& executor, const ModelConfig& config,
   const int leader = executor.stage().leader_rank();
   if (world.rank() == leader) return RunLeader(executor, config, options);
   while (true) {
-    DELTASERVE_ASSIGN_OR_RETURN(std::string bytes, RecvPlan(world, leader));
+    DELTASERVE_ASSIGN_OR_RETURN(std::string bytes, RecvBytes(world, leader, kPlanTag));
     if (bytes.empty()) return absl::OkStatus();
     v1::StepPlan plan;
     if (!plan.ParseFromString(bytes)) {

@@ -20,7 +20,6 @@ namespace deltaserve {
 namespace {
 
 using testing::GenerateAll;
-using testing::Join;
 using testing::Streamed;
 using testing::TokensRequest;
 
@@ -45,8 +44,8 @@ TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
   const std::vector<int32_t> prompt = testing::RandomTokens(37, 3);
   for (const auto& [sampling, seed] :
        {std::pair<std::string, int>{"", 0}, {" --temperature 0.8 --top-k 40 --top-p 0.9", 11}}) {
-    const std::string flags = " --tokens " + Join(prompt) + " --max-tokens 24 --ids" + sampling +
-                              (seed ? " --seed " + std::to_string(seed) : "");
+    const std::string flags = " --tokens " + absl::StrJoin(prompt, ",") + " --max-tokens 24 --ids" +
+                              sampling + (seed ? " --seed " + std::to_string(seed) : "");
     int code = 0;
     const std::string expected =
         FirstLine(Deltaserve("generate --model " + ModelDir() + flags + " 2>/dev/null", &code));
@@ -63,10 +62,7 @@ TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
     }
     const Streamed streamed = GenerateAll(*server.stub, req);
     ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
-    std::string ids;
-    for (size_t i = 0; i < streamed.ids.size(); ++i) {
-      ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
-    }
+    const std::string ids = absl::StrJoin(streamed.ids, " ");
     EXPECT_EQ(ids, expected) << sampling;
     EXPECT_EQ(streamed.completion.finish_reason(), v1::FINISH_REASON_LENGTH);
     EXPECT_EQ(streamed.completion.usage().prompt_tokens(), 37);
@@ -383,10 +379,7 @@ TEST(ServeTokenizerTest, TextPromptsGoThroughTheCheckpointsTiktokenBpe) {
   by_ids_req.set_ignore_eos(true);
   const Streamed by_ids = GenerateAll(*server.stub, by_ids_req);
   EXPECT_EQ(by_ids.ids, streamed.ids);
-  std::string ids;
-  for (size_t i = 0; i < streamed.ids.size(); ++i) {
-    ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
-  }
+  const std::string ids = absl::StrJoin(streamed.ids, " ");
   const std::string base = "generate --model " + dir + " --prompt \"" + text + "\" --max-tokens 30";
   EXPECT_EQ(FirstLine(Deltaserve(base + " --ignore-eos --ids 2>/dev/null")), ids);
   EXPECT_EQ(Deltaserve(base + " --ignore-eos 2>/dev/null"), streamed.text + "\n");
@@ -394,10 +387,7 @@ TEST(ServeTokenizerTest, TextPromptsGoThroughTheCheckpointsTiktokenBpe) {
   req.set_ignore_eos(false);
   const Streamed stopping = GenerateAll(*server.stub, req);
   ASSERT_TRUE(stopping.status.ok());
-  std::string stopping_ids;
-  for (size_t i = 0; i < stopping.ids.size(); ++i) {
-    stopping_ids += (i ? " " : "") + std::to_string(stopping.ids[i]);
-  }
+  const std::string stopping_ids = absl::StrJoin(stopping.ids, " ");
   EXPECT_EQ(FirstLine(Deltaserve(base + " --ids 2>/dev/null")), stopping_ids);
 }
 

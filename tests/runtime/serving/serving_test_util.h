@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "tests/test_util.h"
 
@@ -57,12 +58,6 @@ inline ServerUnderTest StartServer(const std::string& command_and_flags) {
   s.stub = v1::Generation::NewStub(
       grpc::CreateCustomChannel(s.address, grpc::InsecureChannelCredentials(), args));
   return s;
-}
-
-inline std::string Join(const std::vector<int32_t>& ids) {
-  std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
-  return out;
 }
 
 // A whole Generate stream: the token ids, text, completion and status.

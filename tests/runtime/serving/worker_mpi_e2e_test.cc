@@ -57,16 +57,13 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   const std::vector<int32_t> prompt = testing::RandomTokens(3000, 21);
   std::string expected;
   ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + K3Tiny() +
-                                    " --tokens " + testing::Join(prompt) +
+                                    " --tokens " + absl::StrJoin(prompt, ",") +
                                     " --max-tokens 20 --ids 2>/dev/null",
                                 &expected),
             0);
   const Streamed first = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20));
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
-  std::string ids;
-  for (size_t i = 0; i < first.ids.size(); ++i) {
-    ids += (i ? " " : "") + std::to_string(first.ids[i]);
-  }
+  const std::string ids = absl::StrJoin(first.ids, " ");
   EXPECT_EQ(ids + "\n", expected);
 
   // Short requests next to the long prefill: the steps that carry their
@@ -239,7 +236,7 @@ TEST(WorkerJobTest, TensorAndPipelineParallelWorkersGiveGenerateTokens) {
   const std::vector<int32_t> prompt = testing::RandomTokens(1000, 61);
   std::string expected;
   ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + model +
-                                    " --tokens " + testing::Join(prompt) +
+                                    " --tokens " + absl::StrJoin(prompt, ",") +
                                     " --max-tokens 16 --ids 2>/dev/null",
                                 &expected),
             0);
@@ -258,10 +255,7 @@ TEST(WorkerJobTest, TensorAndPipelineParallelWorkersGiveGenerateTokens) {
         << worker->Log();
     const Streamed streamed = GenerateAll(*coordinator.stub, TokensRequest(prompt, 16));
     ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
-    std::string ids;
-    for (size_t i = 0; i < streamed.ids.size(); ++i) {
-      ids += (i ? " " : "") + std::to_string(streamed.ids[i]);
-    }
+    const std::string ids = absl::StrJoin(streamed.ids, " ");
     EXPECT_EQ(ids + "\n", expected);
     worker->Signal(SIGTERM);
     worker->Wait(std::chrono::seconds(20));
