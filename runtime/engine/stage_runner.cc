@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "runtime/common/status_macros.h"
+#include "runtime/engine/message_tags.h"
 
 namespace deltaserve {
 namespace {
@@ -16,7 +17,6 @@ double Since(Clock::time_point start) {
 // Sends older than this many batches are waited for before the next: bounds
 // the memory of packets in flight while keeping the stages overlapped.
 constexpr size_t kMaxInFlight = 4;
-constexpr int kActivationTag = 1;
 
 }  // namespace
 
@@ -40,7 +40,7 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
     std::vector<float> packet((bank + 1) * rows * D);
     DELTASERVE_RETURN_IF_ERROR(world_.Recv(
         packet.data(), packet.size() * sizeof(float),
-        layout_.Rank(coord_.replica, coord_.stage - 1, coord_.tp_rank), kActivationTag));
+        layout_.Rank(coord_.replica, coord_.stage - 1, coord_.tp_rank), message_tags::kActivation));
     act.rows = rows;
     for (int64_t b = 0; b < bank; ++b) {
       act.bank.emplace_back(packet.begin() + b * rows * D, packet.begin() + (b + 1) * rows * D);
@@ -64,7 +64,7 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   DELTASERVE_ASSIGN_OR_RETURN(
       send.request,
       world_.Isend(send.packet.data(), bytes,
-                   layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank), kActivationTag));
+                   layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank), message_tags::kActivation));
   stats_.bytes_sent += static_cast<int64_t>(bytes);
   stats_.tokens_sent += rows;
   in_flight_.push_back(std::move(send));

@@ -26,7 +26,7 @@ struct PipelineStats {
   int64_t bytes_sent = 0;   // activation packets sent to the next stage
   int64_t tokens_sent = 0;  // tokens those packets carried
   double compute_s = 0;     // embedding, layers and logits on this rank
-  double busy_wall_s = 0;   // wall time inside Prefill / Decode
+  double busy_wall_s = 0;   // wall time inside StepExecutor::Run
 };
 
 class StageRunner {

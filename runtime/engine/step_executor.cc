@@ -1,6 +1,7 @@
 #include "runtime/engine/step_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <set>
@@ -39,6 +40,14 @@ HeldState StepExecutor::Held() const {
 }
 
 absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) {
+  const auto start = std::chrono::steady_clock::now();
+  auto results = RunTimed(step);
+  stage_.stats().busy_wall_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return results;
+}
+
+absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& step) {
   for (uint64_t id : step.release) sequences_.erase(id);
   if (step.work.empty()) return std::vector<SequenceResult>{};
 
@@ -55,6 +64,11 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
           absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
                        w.start ? " started again while it still holds state"
                                : " has no state (never started, or released)"));
+    }
+    if (w.top_logprobs < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ",
+                                                     w.sequence_id, " asks for ", w.top_logprobs,
+                                                     " top log-probs"));
     }
     if (w.output == WorkOutput::kScore && w.targets.size() != w.tokens.size()) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
@@ -75,11 +89,15 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
   inputs.reserve(step.work.size());
   for (const SequenceWork& w : step.work) {
     inputs.push_back(
-        {sequences_.at(w.sequence_id).state.get(), w.tokens, w.output == WorkOutput::kScore});
+        {sequences_.at(w.sequence_id).state.get(), w.tokens,
+         w.output == WorkOutput::kScore || w.output == WorkOutput::kLogits});
   }
   std::vector<float> logits;
-  absl::Status status = stage_.Forward(inputs, &logits);
-  if (status.ok()) status = stage_.DrainSends();
+  // The activation packet to the next stage stays in flight (StageRunner
+  // bounds how many): waiting for it here would hold this rank until the next
+  // stage takes it, while that stage may be waiting for this rank's leader to
+  // collect an earlier step's result.
+  const absl::Status status = stage_.Forward(inputs, &logits);
   if (!status.ok()) {
     // Forward changes no state when it refuses a batch; undo the starts.
     for (const SequenceWork& w : step.work) {
@@ -94,7 +112,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
   const float* row = logits.data();
   for (const SequenceWork& w : step.work) {
     Sequence& seq = sequences_.at(w.sequence_id);
-    const int64_t rows = w.output == WorkOutput::kScore ? static_cast<int64_t>(w.tokens.size()) : 1;
+    const bool all_rows = w.output == WorkOutput::kScore || w.output == WorkOutput::kLogits;
+    const int64_t rows = all_rows ? static_cast<int64_t>(w.tokens.size()) : 1;
     if (w.output == WorkOutput::kNone) {
       row += rows * vocab;
       continue;
@@ -117,6 +136,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::Run(const Step& step) 
           r.top_logprobs.push_back(static_cast<float>(lp[order[i]]));
         }
       }
+    } else if (w.output == WorkOutput::kLogits) {
+      r.logits.assign(row, row + rows * vocab);
     } else {
       for (int64_t t = 0; t < rows; ++t) {
         const int32_t target = w.targets[t];

@@ -1,0 +1,67 @@
+// The unit of work of continuous batching, as plain values: a Step is a batch
+// of work for any number of sequences (prefill chunks, decode tokens, scoring
+// pieces) that one replica runs in one forward pass, and a StepResult is what
+// comes back. The scheduler (runtime/scheduler) makes steps, the replica
+// (runtime/engine/replica.h) runs them; the serving layer converts them to and
+// from protobuf for the worker link in one place (runtime/serving/step_proto.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/sampling.h"
+
+namespace deltaserve {
+
+enum class WorkOutput : int32_t {
+  kNone = 0,    // a prefill chunk that is not the prompt's last
+  kSample = 1,  // sample the next token after the last one given
+  kScore = 2,   // the log-prob of each target
+  kLogits = 3,  // the logits of every token given
+};
+
+struct SequenceWork {
+  uint64_t sequence_id = 0;
+  bool start = false;           // make the sequence's state first
+  std::vector<int32_t> tokens;  // new tokens, non-empty
+  WorkOutput output = WorkOutput::kNone;
+  kernels::SamplingParams sampling;  // read with start
+  uint64_t seed = 0;                 // read with start
+  bool logprobs = false;             // kSample: the sampled token's log-prob
+  int32_t top_logprobs = 0;          // kSample: that many alternatives
+  std::vector<int32_t> targets;      // kScore: the token after each (-1: none)
+};
+
+struct Step {
+  uint64_t id = 0;
+  std::vector<uint64_t> release;  // freed before the work runs
+  std::vector<SequenceWork> work;
+  // Another step follows without waiting for this one's result, so a
+  // pipelined replica may start it while its later stages still run this one.
+  bool more_coming = false;
+};
+
+struct SequenceResult {
+  uint64_t sequence_id = 0;
+  int32_t token = -1;  // kSample
+  float logprob = 0;
+  std::vector<int32_t> top_ids;  // highest first
+  std::vector<float> top_logprobs;
+  std::vector<float> target_logprobs;  // kScore, one per target (0 for -1)
+  std::vector<float> logits;           // kLogits, [tokens, vocab]
+};
+
+struct StepResult {
+  uint64_t step_id = 0;
+  std::string error;  // the replica refused the step; no state advanced
+  std::vector<SequenceResult> outputs;  // the work with output, in work order
+  double wall_s = 0;                    // the leader: step started -> result ready
+  std::vector<double> stage_compute_s;  // per pipeline stage, the slowest rank
+  // What the replica's ranks hold after the step, summed over ranks.
+  int64_t live_sequences = 0;
+  int64_t kda_state_bytes = 0;
+  int64_t mla_cache_bytes = 0;
+};
+
+}  // namespace deltaserve
