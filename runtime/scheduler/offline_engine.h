@@ -1,0 +1,35 @@
+// `deltaserve generate` and `score` on the serving engine: the scheduler and
+// the replica that the coordinator and its workers use, driven in this
+// process with no coordinator in between (the way vLLM's offline API shares
+// the server's engine). On an MPI job the leader rank runs the engine and the
+// other ranks follow it (Replica::Follow); in one process the replica is the
+// whole model.
+#pragma once
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "runtime/engine/replica.h"
+#include "runtime/model/config.h"
+#include "runtime/scheduler/scheduler.h"
+
+namespace deltaserve {
+
+class OfflineEngine {
+ public:
+  // The replica must be the leader's and outlive the engine.
+  OfflineEngine(Replica& replica, const ModelConfig& config, SchedulerOptions options);
+
+  void Add(SequenceRequest request);
+  // Runs steps until every sequence has ended, handing each event (tokens,
+  // scored pieces, failures) to `on_event` as it comes. Errors are
+  // communication failures. The replica's other ranks keep following until
+  // the replica is stopped.
+  absl::Status Run(const std::function<void(const SchedulerEvent&)>& on_event);
+
+ private:
+  Replica& replica_;
+  Scheduler scheduler_;
+};
+
+}  // namespace deltaserve

@@ -1,0 +1,336 @@
+#include "runtime/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+
+namespace deltaserve {
+
+Scheduler::Scheduler(const ModelConfig& config, SchedulerOptions options)
+    : context_length_(config.max_position_embeddings), options_(options), cost_(config) {}
+
+void Scheduler::Add(SequenceRequest request) {
+  auto s = std::make_shared<Sequence>();
+  s->request = std::move(request);
+  waiting_.push_back(std::move(s));
+}
+
+void Scheduler::Drop(const Sequence& s) {
+  auto erase = [&](auto& list) {
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [&](const SequencePtr& p) { return p.get() == &s; }),
+               list.end());
+  };
+  if (s.started) pending_release_.push_back(s.request.id);
+  erase(waiting_);
+  erase(running_);
+}
+
+bool Scheduler::Finish(uint64_t id) {
+  SequencePtr found;
+  for (const SequencePtr& s : running_) {
+    if (s->request.id == id) found = s;
+  }
+  for (const SequencePtr& s : waiting_) {
+    if (s->request.id == id) found = s;
+  }
+  if (found == nullptr) return false;
+  Drop(*found);
+  return true;
+}
+
+bool Scheduler::HasWork() const {
+  return !pending_release_.empty() || !running_.empty() ||
+         (!waiting_.empty() && running() < options_.max_running);
+}
+
+bool Scheduler::Idle() const {
+  return waiting_.empty() && running_.empty() && in_flight_.empty() && pending_release_.empty();
+}
+
+bool Scheduler::CanSchedule() const {
+  if (in_flight_.empty()) return HasWork();
+  return promised_ && in_flight() < std::max(1, options_.pipeline_stages);
+}
+
+bool Scheduler::PromptLeft() const {
+  if (!waiting_.empty() && running() < options_.max_running) return true;
+  return std::any_of(running_.begin(), running_.end(),
+                     [](const SequencePtr& s) { return s->prompt_left(); });
+}
+
+bool Scheduler::DecodersOutside(const std::vector<Item>& items) const {
+  return std::any_of(running_.begin(), running_.end(), [&](const SequencePtr& s) {
+    return s->decoding() && std::none_of(items.begin(), items.end(), [&](const Item& i) {
+             return i.sequence == s;
+           });
+  });
+}
+
+int64_t Scheduler::held_tokens() const {
+  int64_t tokens = 0;
+  for (const SequencePtr& s : running_) tokens += s->started ? s->length() : 0;
+  return tokens;
+}
+
+std::optional<Step> Scheduler::Schedule(Clock::time_point now,
+                                        std::vector<SchedulerEvent>* events) {
+  // Deadlines first: a request past its deadline ends before it costs more.
+  std::vector<SequencePtr> live(waiting_.begin(), waiting_.end());
+  live.insert(live.end(), running_.begin(), running_.end());
+  for (const SequencePtr& s : live) {
+    if (s->request.deadline && now >= *s->request.deadline) {
+      SchedulerEvent e;
+      e.id = s->request.id;
+      e.kind = SchedulerEvent::Kind::kFailed;
+      e.status = absl::DeadlineExceededError("the request's deadline passed");
+      events->push_back(std::move(e));
+      Drop(*s);
+    }
+  }
+  while (!waiting_.empty() && running() < options_.max_running) {
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+
+  Step step;
+  step.id = next_step_++;
+  step.release = std::move(pending_release_);
+  pending_release_.clear();
+  InFlight flight;
+  flight.step_id = step.id;
+
+  int64_t budget_tokens = options_.step_tokens;
+  double budget_s = cost_.Cost(options_.step_tokens, 0);
+  auto add = [&](const SequencePtr& s, std::span<const int32_t> tokens, WorkOutput output) {
+    const SequenceRequest& r = s->request;
+    SequenceWork w;
+    w.sequence_id = r.id;
+    w.start = !s->started;
+    w.tokens.assign(tokens.begin(), tokens.end());
+    w.output = output;
+    w.sampling = r.sampling;
+    w.seed = r.seed;
+    w.logprobs = r.logprobs;
+    w.top_logprobs = r.top_logprobs;
+    if (output == WorkOutput::kScore) {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const size_t next = s->fed + i + 1;
+        w.targets.push_back(next < r.prompt.size() ? r.prompt[next] : -1);
+      }
+    }
+    step.work.push_back(std::move(w));
+    const StepPiece piece{static_cast<int64_t>(tokens.size()), s->length()};
+    budget_tokens -= piece.tokens;
+    budget_s -= cost_.Cost(piece.tokens, piece.prefix);
+    flight.items.push_back({s, piece, output});
+    if (!s->started) {
+      SchedulerEvent e;
+      e.id = r.id;
+      e.kind = SchedulerEvent::Kind::kStarted;
+      events->push_back(std::move(e));
+    }
+    s->started = true;
+    s->last_step = step.id;
+    if (output == WorkOutput::kSample) s->awaiting = true;
+  };
+
+  // Decode: one token for each sequence past its prompt whose last token is
+  // known, 1/P of them per step, least recently served first.
+  std::vector<SequencePtr> decoders, ready;
+  for (const SequencePtr& s : running_) {
+    if (!s->decoding()) continue;
+    decoders.push_back(s);
+    if (!s->awaiting) ready.push_back(s);
+  }
+  const size_t stages = std::max(1, options_.pipeline_stages);
+  const size_t per_step = (decoders.size() + stages - 1) / stages;
+  std::stable_sort(ready.begin(), ready.end(), [](const SequencePtr& x, const SequencePtr& y) {
+    return x->last_step < y->last_step;
+  });
+  if (ready.size() > per_step) ready.resize(per_step);
+  for (const SequencePtr& s : ready) {
+    add(s, std::span(&s->generated.back(), 1), WorkOutput::kSample);
+  }
+
+  // Prefill: the oldest prompt keeps a quarter of the budget; the rest goes
+  // shortest remaining prompt first; what is left returns to the oldest.
+  std::vector<SequencePtr> prefills;
+  for (const SequencePtr& s : running_) {
+    if (s->prompt_left()) prefills.push_back(s);
+  }
+  auto prefill = [&](const SequencePtr& s, int64_t max_tokens, double max_s) {
+    const SequenceRequest& r = s->request;
+    const int64_t remaining = static_cast<int64_t>(r.prompt.size() - s->fed);
+    int64_t cap = std::min(remaining, std::max<int64_t>(max_tokens, 1));
+    if (r.decode_from > 0) {  // prefill up to decode_from, then a token per step
+      cap = s->length() < r.decode_from ? std::min(cap, r.decode_from - s->length()) : 1;
+    }
+    const int64_t n = options_.fixed_chunk > 0
+                          ? std::min(cap, options_.fixed_chunk)
+                          : cost_.ChunkFor(s->length(), std::max(max_s, 0.0), cap);
+    const WorkOutput output = r.kind == SequenceKind::kScore    ? WorkOutput::kScore
+                              : r.kind == SequenceKind::kLogits ? WorkOutput::kLogits
+                              : n == remaining                  ? WorkOutput::kSample
+                                                                : WorkOutput::kNone;
+    add(s, std::span(r.prompt).subspan(s->fed, n), output);
+    s->fed += n;
+  };
+  if (!prefills.empty()) {
+    const SequencePtr oldest = prefills.front();
+    std::stable_sort(prefills.begin() + 1, prefills.end(),
+                     [](const SequencePtr& x, const SequencePtr& y) {
+                       return x->request.prompt.size() - x->fed < y->request.prompt.size() - y->fed;
+                     });
+    const int64_t reserve_tokens = std::max<int64_t>(budget_tokens / 4, 1);
+    const double reserve_s = std::max(budget_s / 4, 0.0);
+    for (size_t i = 1; i < prefills.size(); ++i) {
+      if (budget_tokens - reserve_tokens <= 0 || budget_s - reserve_s <= 0) break;
+      prefill(prefills[i], budget_tokens - reserve_tokens, budget_s - reserve_s);
+    }
+    prefill(oldest, budget_tokens, budget_s);
+  }
+
+  if (step.work.empty() && step.release.empty() && !promised_) {
+    --next_step_;
+    return std::nullopt;
+  }
+  // Promise a successor when the next step has work that needs nothing from
+  // this one: prompt left to prefill, or decoding sequences not in this step.
+  promised_ =
+      options_.pipeline_stages > 1 && (PromptLeft() || DecodersOutside(flight.items));
+  step.more_coming = promised_;
+  in_flight_.push_back(std::move(flight));
+  return step;
+}
+
+std::optional<FinishReason> Scheduler::Ends(const Sequence& s, int32_t token,
+                                            std::string* stop) const {
+  const auto& ids = s.request.stop_ids;
+  if (std::find(ids.begin(), ids.end(), token) != ids.end()) {
+    *stop = absl::StrCat("token ", token);
+    return FinishReason::kStop;
+  }
+  if (static_cast<int64_t>(s.generated.size()) >= s.request.max_tokens) {
+    return FinishReason::kLength;
+  }
+  if (context_length_ > 0 && s.length() + 1 > context_length_) return FinishReason::kContext;
+  return std::nullopt;
+}
+
+Scheduler::Update Scheduler::TakeResult(StepResult result) {
+  Update update;
+  const bool expected = std::any_of(in_flight_.begin(), in_flight_.end(), [&](const InFlight& f) {
+    return f.step_id == result.step_id;
+  });
+  if (!expected) return update;
+  early_[result.step_id] = std::move(result);
+  while (!in_flight_.empty() && early_.contains(in_flight_.front().step_id)) {
+    auto node = early_.extract(in_flight_.front().step_id);
+    InFlight flight = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    Process(node.mapped(), flight.items, &update);
+  }
+  return update;
+}
+
+void Scheduler::Process(const StepResult& result, const std::vector<Item>& items,
+                        Update* update) {
+  ++update->steps;
+  last_result_ = result;
+  last_result_.outputs.clear();
+  for (const Item& item : items) {
+    if (item.output == WorkOutput::kSample) item.sequence->awaiting = false;
+  }
+  auto gone = [&](const Sequence& s) {
+    return std::none_of(running_.begin(), running_.end(),
+                        [&](const SequencePtr& p) { return p.get() == &s; });
+  };
+  auto fail = [&](const SequencePtr& s, absl::Status status) {
+    SchedulerEvent e;
+    e.id = s->request.id;
+    e.kind = SchedulerEvent::Kind::kFailed;
+    e.status = std::move(status);
+    update->events.push_back(std::move(e));
+    Drop(*s);
+  };
+  if (!result.error.empty()) {
+    // The replica refused the step and advanced nothing: its sequences end.
+    const absl::Status status =
+        absl::InternalError(absl::StrCat("the step was refused: ", result.error));
+    for (const Item& item : items) {
+      if (!gone(*item.sequence)) fail(item.sequence, status);
+    }
+    return;
+  }
+  std::vector<StepPiece> pieces;
+  int64_t prefill_tokens = 0;
+  for (const Item& item : items) {
+    pieces.push_back(item.piece);
+    if (item.output != WorkOutput::kSample || item.sequence->generated.empty()) {
+      prefill_tokens += item.piece.tokens;
+    }
+  }
+  // The cost model learns from the slowest stage's compute time: that is
+  // what bounds a step in a pipeline, and it leaves out time a stage spent
+  // waiting for its neighbours. The wall time stands in when there is none.
+  double stage_s = 0;
+  for (double t : result.stage_compute_s) stage_s = std::max(stage_s, t);
+  cost_.Observe(pieces, stage_s > 0 ? stage_s : result.wall_s);
+  update->prefill_tokens += prefill_tokens;
+  update->wall_s += result.wall_s;
+
+  std::map<uint64_t, const SequenceResult*> outputs;
+  for (const SequenceResult& out : result.outputs) outputs[out.sequence_id] = &out;
+  for (const Item& item : items) {
+    const SequencePtr& s = item.sequence;
+    if (gone(*s)) continue;  // finished or cancelled while the step ran
+    if (item.output == WorkOutput::kNone) continue;
+    auto it = outputs.find(s->request.id);
+    if (it == outputs.end()) {
+      fail(s, absl::InternalError("the worker's step result lacks this sequence"));
+      continue;
+    }
+    SchedulerEvent e;
+    e.id = s->request.id;
+    e.output = *it->second;
+    if (item.output == WorkOutput::kSample) {
+      e.kind = SchedulerEvent::Kind::kToken;
+      s->generated.push_back(e.output.token);
+      if (auto reason = Ends(*s, e.output.token, &e.stop)) {
+        e.finished = true;
+        e.reason = *reason;
+      }
+    } else {
+      e.kind = SchedulerEvent::Kind::kPiece;
+      // Done when every piece's result is in (later pieces may have been
+      // sent already, with steps in flight).
+      s->scored += static_cast<size_t>(item.piece.tokens);
+      e.finished = s->scored == s->request.prompt.size();
+    }
+    if (e.finished) Drop(*s);
+    update->events.push_back(std::move(e));
+  }
+}
+
+Scheduler::Abandoned Scheduler::Abandon() {
+  Abandoned out;
+  for (const SequencePtr& s : running_) {
+    if (s->started || s->fed > 0) {
+      out.held.push_back(s->request.id);
+    } else {
+      out.unseen.push_back(std::move(s->request));
+    }
+  }
+  for (const SequencePtr& s : waiting_) out.unseen.push_back(std::move(s->request));
+  running_.clear();
+  waiting_.clear();
+  pending_release_.clear();
+  in_flight_.clear();
+  early_.clear();
+  promised_ = false;
+  return out;
+}
+
+}  // namespace deltaserve

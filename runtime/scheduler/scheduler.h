@@ -1,0 +1,188 @@
+// The batch scheduler of one replica: a pure function of its queue, what the
+// replica reported and the clock (the way vLLM's Scheduler.schedule() and
+// update_from_output() are), with no threads, locks, network or model, so
+// that it is tested alone with a fake clock and made-up results.
+//
+// Policy. Requests wait in arrival order for one of max_running places. Each
+// step carries one decode token for the running sequences past their prompt
+// (1/P of them on a P-stage pipeline, least recently served first, so P steps
+// of decoders are in the pipeline at once), then prefill chunks within a
+// token budget and a time budget, each chunk cut by the cost model
+// (runtime/scheduler/chunk_cost.h) so chunks shrink as a sequence's MLA
+// prefix grows. The oldest prompt is promised a quarter of the budget and
+// always gets some tokens, so a long prompt keeps moving under any load; the
+// rest goes to the shortest remaining prompts first, so short requests are
+// not stuck behind a million-token prefill. A step whose successor needs
+// nothing from its result says more_coming, and up to one step per pipeline
+// stage is in flight; a sequence whose next token is being sampled sits out.
+//
+// Token-level endings happen here (stop token ids, max_tokens, the context);
+// text-level ones (stop strings), cancellation and lost workers are the
+// caller's, through Finish and Abandon. A finished sequence's state is
+// released with the next step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/sampling.h"
+#include "runtime/engine/step.h"
+#include "runtime/model/config.h"
+#include "runtime/scheduler/chunk_cost.h"
+
+namespace deltaserve {
+
+struct SchedulerOptions {
+  int64_t max_running = 64;  // sequences holding (or about to hold) state
+  int64_t step_tokens = 512;  // token budget of one step
+  int pipeline_stages = 1;    // of the replica: steps in flight, decode groups
+  // Prefill chunks are cut by the cost model, or, when > 0, at most this many
+  // tokens each (deltaserve generate/score --prefill-chunk).
+  int64_t fixed_chunk = 0;
+};
+
+enum class SequenceKind {
+  kGenerate,  // prefill the prompt, then sample up to max_tokens tokens
+  kScore,     // the log-prob of every prompt token after the first
+  kLogits,    // the logits of every prompt token
+};
+
+struct SequenceRequest {
+  uint64_t id = 0;  // unique among the scheduler's sequences
+  SequenceKind kind = SequenceKind::kGenerate;
+  std::vector<int32_t> prompt;  // non-empty
+  kernels::SamplingParams sampling;
+  uint64_t seed = 0;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  int64_t max_tokens = 16;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  // kScore / kLogits: prompt tokens from this position on go one per step
+  // (0: none), as decode steps would feed them.
+  int64_t decode_from = 0;
+};
+
+enum class FinishReason { kLength, kStop, kContext };
+
+struct SchedulerEvent {
+  enum class Kind {
+    kStarted,  // the sequence's first work went out
+    kToken,    // a sampled token (output)
+    kPiece,    // a scored piece: target log-probs or logits (output)
+    kFailed,   // status says why; the sequence is gone
+  };
+  uint64_t id = 0;
+  Kind kind = Kind::kToken;
+  SequenceResult output;
+  // kToken / kPiece: this was the sequence's last output; it is gone.
+  bool finished = false;
+  FinishReason reason = FinishReason::kLength;
+  std::string stop;  // kStop by a token: "token N"
+  absl::Status status;
+};
+
+class Scheduler {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `config` seeds the cost model; context length comes from it too.
+  Scheduler(const ModelConfig& config, SchedulerOptions options);
+
+  // Queues a sequence behind those waiting.
+  void Add(SequenceRequest request);
+  // Forgets a sequence (cancelled, ended by a stop string, ...); its state is
+  // released with the next step. False when it is not here.
+  bool Finish(uint64_t id);
+
+  // Whether a step may go out now: nothing in flight and work to do, or the
+  // last step promised a successor and the window has room.
+  bool CanSchedule() const;
+  // The next step, with `events` receiving the deadlines that passed
+  // (kFailed) and the sequences started. Empty when there is nothing to send
+  // (only when nothing was promised).
+  std::optional<Step> Schedule(Clock::time_point now, std::vector<SchedulerEvent>* events);
+
+  struct Update {
+    std::vector<SchedulerEvent> events;
+    int64_t prefill_tokens = 0;  // prompt tokens of the steps taken in
+    double wall_s = 0;           // their wall time
+    int64_t steps = 0;           // steps taken in
+  };
+  // Takes a step's result. Results are used in step order, whatever order
+  // they come in; one for a step not in flight is ignored.
+  Update TakeResult(StepResult result);
+
+  // The replica went away: every sequence leaves. Those it held state for
+  // come back as `held` (their work is lost), the rest as `unseen` requests,
+  // in order, to run elsewhere.
+  struct Abandoned {
+    std::vector<uint64_t> held;
+    std::vector<SequenceRequest> unseen;
+  };
+  Abandoned Abandon();
+
+  // Load and state.
+  int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t load() const { return running() + waiting(); }
+  bool HasRoom() const { return load() < options_.max_running; }
+  bool Idle() const;  // nothing waiting, running, in flight or to release
+  int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
+  int64_t held_tokens() const;  // context of the sequences holding state
+  const StepResult& last_result() const { return last_result_; }
+  const ChunkCostModel& cost() const { return cost_; }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Sequence {
+    SequenceRequest request;
+    size_t fed = 0;          // prompt tokens sent
+    bool started = false;    // the replica holds (or will hold) its state
+    bool awaiting = false;   // a step that samples its next token is in flight
+    uint64_t last_step = 0;  // the last step that carried work for it
+    std::vector<int32_t> generated;
+    size_t scored = 0;  // kScore / kLogits: prompt tokens whose output came back
+    int64_t length() const { return static_cast<int64_t>(fed + generated.size()); }
+    bool prompt_left() const { return fed < request.prompt.size(); }
+    bool decoding() const { return !prompt_left() && !generated.empty(); }
+  };
+  using SequencePtr = std::shared_ptr<Sequence>;
+  struct Item {
+    SequencePtr sequence;
+    StepPiece piece;
+    WorkOutput output;
+  };
+  struct InFlight {
+    uint64_t step_id = 0;
+    std::vector<Item> items;
+  };
+
+  bool HasWork() const;
+  bool PromptLeft() const;
+  bool DecodersOutside(const std::vector<Item>& items) const;
+  void Drop(const Sequence& s);  // out of waiting / running; release if started
+  void Process(const StepResult& result, const std::vector<Item>& items, Update* update);
+  std::optional<FinishReason> Ends(const Sequence& s, int32_t token, std::string* stop) const;
+
+  const int64_t context_length_;
+  const SchedulerOptions options_;
+  ChunkCostModel cost_;
+  uint64_t next_step_ = 1;
+  std::deque<SequencePtr> waiting_;
+  std::vector<SequencePtr> running_;
+  std::vector<uint64_t> pending_release_;
+  std::deque<InFlight> in_flight_;
+  std::map<uint64_t, StepResult> early_;  // results ahead of their turn
+  bool promised_ = false;
+  StepResult last_result_;
+};
+
+}  // namespace deltaserve
