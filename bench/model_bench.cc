@@ -17,7 +17,6 @@
 #include "kernels/gemm.h"
 #include "kernels/sampling.h"
 #include "kernels/threads.h"
-#include "runtime/engine/session.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
@@ -77,6 +76,14 @@ double ActiveMatmulParams(const ModelConfig& c) {
 // Model FLOPs of a one-shot prefill of T tokens: 2 per active weight per
 // token, causal MLA attention (q·k over P+R, p·v over Vd, average T/2 keys),
 // and the KDA state update (decay, read, write, output: ~8·K·V per head).
+// The model's own forward pass over new tokens of one sequence: the logits of
+// the last one.
+absl::StatusOr<std::vector<float>> Forward(const Model& model, SequenceState& state,
+                                           const std::vector<int32_t>& tokens) {
+  const ForwardInput input{&state, tokens, false};
+  return model.Forward(std::span(&input, 1));
+}
+
 double PrefillFlops(const ModelConfig& c, double T) {
   double flops = 2 * ActiveMatmulParams(c) * T;
   int64_t mla = 0, kda = 0;
@@ -151,9 +158,9 @@ int main(int argc, char** argv) {
   for (int64_t T : prompts) {
     std::vector<int32_t> tokens(T);
     for (auto& t : tokens) t = static_cast<int32_t>(rng.Next() % config.vocab_size);
-    Session session(**model);
+    auto state = (*model)->NewSequence();
     const auto t0 = Clock::now();
-    auto logits = session.Prefill(tokens);
+    auto logits = Forward(**model, *state, tokens);
     const double s = Seconds(t0, Clock::now());
     if (!logits.ok()) {
       std::fprintf(stderr, "%s\n", std::string(logits.status().message()).c_str());
@@ -166,13 +173,13 @@ int main(int argc, char** argv) {
   }
 
   // Decode after a short prompt: each step reads every active weight once.
-  Session session(**model);
+  auto state = (*model)->NewSequence();
   std::vector<int32_t> prompt(128, 7);
-  auto logits = session.Prefill(prompt);
+  auto logits = Forward(**model, *state, prompt);
   int32_t token = 1;
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < decode_tokens; ++i) {
-    logits = session.Decode(token);
+    logits = Forward(**model, *state, {token});
     token = kernels::Sample(logits->data(), config.vocab_size, {}, rng);
   }
   const double s = Seconds(t0, Clock::now());

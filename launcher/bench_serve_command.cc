@@ -15,8 +15,10 @@
 #include "launcher/commands.h"
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
-#include "runtime/engine/session.h"
+#include "runtime/comm/single_communicator.h"
+#include "runtime/engine/replica.h"
 #include "runtime/model/model.h"
+#include "runtime/scheduler/offline_engine.h"
 #include "runtime/serving/grpc_status.h"
 
 namespace deltaserve {
@@ -73,7 +75,7 @@ v1::GenerateRequest MakeRequest(int c, int64_t i, int64_t prompt_tokens, int64_t
 }
 
 // Serving overhead for one request: the same request served and through
-// `deltaserve generate`'s code path in this process (a Session and Generate),
+// `deltaserve generate`'s code path in this process (the offline engine),
 // alternated `repeats` times after one warm-up each, so that drift in the
 // machine's speed falls on both alike. Returns the two medians, in seconds.
 absl::StatusOr<std::pair<double, double>> CompareWithGenerate(v1::Generation::Stub& stub,
@@ -81,17 +83,24 @@ absl::StatusOr<std::pair<double, double>> CompareWithGenerate(v1::Generation::St
                                                               const v1::GenerateRequest& req,
                                                               int repeats) {
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
-  const std::vector<int32_t> prompt(req.tokens().ids().begin(), req.tokens().ids().end());
-  GenerateOptions options;
-  options.max_tokens = req.max_tokens();
+  SingleCommunicator world;
+  const WorldLayout layout = *WorldLayout::Make(1, 1, 1);
+  StepExecutor executor(*model, layout, world);
+  Replica replica(executor);
+  SequenceRequest request;
+  request.prompt.assign(req.tokens().ids().begin(), req.tokens().ids().end());
+  request.max_tokens = req.max_tokens();
+  SchedulerOptions options;
+  options.step_tokens = static_cast<int64_t>(request.prompt.size());
+  options.fixed_chunk = options.step_tokens;
   std::vector<double> served, local;
   for (int r = 0; r <= repeats; ++r) {
     DELTASERVE_ASSIGN_OR_RETURN(Sample s, OneRequest(stub, req));
-    Session session(*model);
+    OfflineEngine engine(replica, model->config(), options);
+    request.id = static_cast<uint64_t>(r + 1);
+    engine.Add(request);
     const auto start = Clock::now();
-    DELTASERVE_ASSIGN_OR_RETURN(GenerateStats stats, Generate(session, model->config().vocab_size,
-                                                              prompt, options, [](int32_t) {}));
-    (void)stats;
+    DELTASERVE_RETURN_IF_ERROR(engine.Run([](const SchedulerEvent&) {}));
     if (r == 0) continue;  // warm-up
     local.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     served.push_back(s.total_s);

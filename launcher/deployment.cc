@@ -6,8 +6,7 @@
 #include "kernels/threads.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/status_macros.h"
-#include "runtime/engine/pipeline.h"
-#include "runtime/engine/session.h"
+#include "runtime/comm/single_communicator.h"
 #include "runtime/scheduler/stage_plan.h"
 
 namespace deltaserve {
@@ -36,7 +35,9 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   d.distributed = LaunchedUnderMpi() || d.layout.WorldSize() > 1 || flags.Has("stage-layers");
   if (!d.distributed) {
     DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir));
-    d.runner = std::make_unique<Session>(*d.model);
+    d.world = std::make_unique<SingleCommunicator>();
+    d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
+    d.replica = std::make_unique<Replica>(*d.executor);
     d.description = "single process";
     return d;
   }
@@ -72,7 +73,8 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   shard.tp_rank = coord.tp_rank;
   shard.tp_size = d.layout.tp;
   DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.tp.get()));
-  d.runner = std::make_unique<PipelineRunner>(*d.model, d.layout, *d.world);
+  d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
+  d.replica = std::make_unique<Replica>(*d.executor);
   d.description = absl::StrCat("rank ", d.world->rank(), ": stage ", coord.stage, " (layers ",
                                range.begin, "-", range.end - 1, "), tp ", coord.tp_rank,
                                " of ", d.layout.tp);
@@ -89,9 +91,8 @@ void EndDeployment(bool ok) {
 }
 
 void PrintPipelineStats(const Deployment& d) {
-  const auto* pipeline = dynamic_cast<const PipelineRunner*>(d.runner.get());
-  if (pipeline == nullptr) return;
-  const PipelineStats& s = pipeline->stats();
+  if (!d.distributed) return;
+  const PipelineStats& s = d.executor->stage().stats();
   std::fprintf(stderr,
                "%s: read %lld checkpoint bytes; sent %lld bytes for %lld tokens to the next "
                "stage (%lld bytes/token); compute %.3f s of %.3f s\n",

@@ -1,6 +1,8 @@
-// What generate and score run on: the whole model in this process, or — when
+// What the model commands run on: the whole model in this process, or — when
 // started under mpirun/srun, or asked for --pp/--tp — this rank's part of a
 // pipeline- and tensor-parallel job, checked against the MPI world it got.
+// Either way the result is one replica (runtime/engine/replica.h) whose
+// leader drives the steps and whose other ranks follow.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +15,8 @@
 #include "launcher/flags.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/world_layout.h"
-#include "runtime/engine/sequence_runner.h"
+#include "runtime/engine/replica.h"
+#include "runtime/engine/step_executor.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 
@@ -29,7 +32,8 @@ struct Deployment {
   WorldLayout layout;
   std::unique_ptr<Communicator> world, tp;
   std::unique_ptr<Model> model;
-  std::unique_ptr<SequenceRunner> runner;
+  std::unique_ptr<StepExecutor> executor;
+  std::unique_ptr<Replica> replica;
   std::string description;  // "rank 3: stage 1 (layers 5-8), tp 1 of 2"
 };
 
@@ -38,7 +42,7 @@ absl::StatusOr<ModelConfig> DeploymentConfig(const Flags& flags);
 
 // Sets threads, starts MPI when distributed, plans the stages (by
 // --stage-layers, else balanced for `context_tokens`), loads this rank's
-// shard and makes its runner.
+// shard and makes its replica.
 absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
                                   int64_t context_tokens);
 

@@ -12,11 +12,12 @@
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
-#include "runtime/engine/session.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/scheduler/offline_engine.h"
+#include "runtime/tokenizer/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace deltaserve {
@@ -94,28 +95,33 @@ absl::Status RunGenerate(const Args& args) {
                                       "temperature", "top-k", "top-p", "seed", "prefill-chunk"}),
                                 {"ids", "stats", "ignore-eos"}));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(flags, config));
-  GenerateOptions options;
-  DELTASERVE_ASSIGN_OR_RETURN(options.max_tokens, flags.GetInt("max-tokens", 32));
+  SequenceRequest request;
+  request.kind = SequenceKind::kGenerate;
+  DELTASERVE_ASSIGN_OR_RETURN(request.prompt, PromptTokens(flags, config));
+  DELTASERVE_ASSIGN_OR_RETURN(request.max_tokens, flags.GetInt("max-tokens", 32));
   DELTASERVE_ASSIGN_OR_RETURN(double temperature, flags.GetDouble("temperature", 0.0));
-  DELTASERVE_ASSIGN_OR_RETURN(options.sampling.top_k, flags.GetInt("top-k", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(request.sampling.top_k, flags.GetInt("top-k", 0));
   DELTASERVE_ASSIGN_OR_RETURN(double top_p, flags.GetDouble("top-p", 1.0));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
-  DELTASERVE_ASSIGN_OR_RETURN(options.prefill_chunk, flags.GetInt("prefill-chunk", 0));
-  if (options.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t chunk, flags.GetInt("prefill-chunk", 0));
+  if (request.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
   if (!(temperature >= 0)) return absl::InvalidArgumentError("--temperature must be >= 0");
-  if (options.sampling.top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0");
+  if (request.sampling.top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0");
   if (!(top_p > 0 && top_p <= 1)) return absl::InvalidArgumentError("--top-p must be in (0, 1]");
-  if (options.prefill_chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
-  options.sampling.temperature = static_cast<float>(temperature);
-  options.sampling.top_p = static_cast<float>(top_p);
-  options.seed = static_cast<uint64_t>(seed);
+  if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
+  request.sampling.temperature = static_cast<float>(temperature);
+  request.sampling.top_p = static_cast<float>(top_p);
+  request.seed = static_cast<uint64_t>(seed);
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
 
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Deployment deployment,
-      Deploy(flags, config, static_cast<int64_t>(prompt.size()) + options.max_tokens));
-  SequenceRunner& runner = *deployment.runner;
-  const bool print = runner.IsOutput();
+  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment,
+                              Deploy(flags, config, prompt_tokens + request.max_tokens));
+  Replica& replica = *deployment.replica;
+  if (!replica.is_leader()) {
+    DELTASERVE_RETURN_IF_ERROR(replica.Follow());
+    if (flags.Has("stats")) PrintPipelineStats(deployment);
+    return absl::OkStatus();
+  }
   // Text through the model's tokenizer, UTF-8 split across tokens held until
   // whole; token ids with --ids, or when the model has no tokenizer.
   // Generation ends at the tokenizer's end tokens (as over the API) unless
@@ -123,37 +129,50 @@ absl::Status RunGenerate(const Args& args) {
   std::unique_ptr<Tokenizer> tokenizer;
   if (auto loaded = LoadTokenizer(flags.GetString("model"), config.vocab_size); loaded.ok()) {
     tokenizer = std::move(*loaded);
-    if (!flags.Has("ignore-eos")) options.stop_ids = tokenizer->end_ids();
+    if (!flags.Has("ignore-eos")) request.stop_ids = tokenizer->end_ids();
   }
-  std::optional<IncrementalDetokenizer> text;
-  if (tokenizer && !flags.Has("ids")) text.emplace(*tokenizer);
-  bool first = true;
-  DELTASERVE_ASSIGN_OR_RETURN(
-      GenerateStats stats, Generate(runner, config.vocab_size, prompt, options, [&](int32_t token) {
-        if (!print) return;
-        if (text) {
-          auto piece = text->Add(token);
-          std::fputs(piece.ok() ? piece->c_str() : "\xEF\xBF\xBD", stdout);
-        } else {
-          std::printf(first ? "%d" : " %d", token);
-        }
-        first = false;
-        std::fflush(stdout);
-      }));
+  std::optional<TextStream> text;
+  if (tokenizer && !flags.Has("ids")) text.emplace(*tokenizer, std::vector<std::string>{});
+
+  SchedulerOptions options;
+  // The whole prompt in one step, or in pieces of --prefill-chunk tokens.
+  options.step_tokens = chunk > 0 ? chunk : std::max<int64_t>(prompt_tokens, 1);
+  options.fixed_chunk = options.step_tokens;
+  options.pipeline_stages = deployment.layout.pp;
+  OfflineEngine engine(replica, config, options);
+  if (request.max_tokens > 0) engine.Add(std::move(request));
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Clock::time_point first;
+  int64_t generated = 0;
+  absl::Status failed = absl::OkStatus();
+  DELTASERVE_RETURN_IF_ERROR(engine.Run([&](const SchedulerEvent& e) {
+    if (e.kind == SchedulerEvent::Kind::kFailed) failed = e.status;
+    if (e.kind != SchedulerEvent::Kind::kToken) return;
+    if (generated++ == 0) first = Clock::now();
+    if (text) {
+      std::fputs(text->Add(e.output.token, e.finished).text.c_str(), stdout);
+    } else {
+      std::printf(generated == 1 ? "%d" : " %d", e.output.token);
+    }
+    std::fflush(stdout);
+  }));
+  DELTASERVE_RETURN_IF_ERROR(replica.Stop());
+  DELTASERVE_RETURN_IF_ERROR(failed);
   if (flags.Has("stats")) PrintPipelineStats(deployment);
-  if (!print) return absl::OkStatus();
-  if (text) std::fputs(text->Finish().c_str(), stdout);
   std::printf("\n");
   std::fflush(stdout);
-  const double decode_rate = stats.generated_tokens > 1 && stats.decode_s > 0
-                                 ? (stats.generated_tokens - 1) / stats.decode_s
-                                 : 0.0;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const double ttft = generated > 0 ? seconds(start, first) : 0.0;
+  const double decode_s = generated > 0 ? seconds(first, Clock::now()) : 0.0;
+  const double decode_rate = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
   std::fprintf(stderr,
                "prompt tokens: %lld, generated: %lld, time to first token: %.1f ms, "
                "prefill: %.1f tokens/s, decode: %.1f tokens/s\n",
-               static_cast<long long>(stats.prompt_tokens),
-               static_cast<long long>(stats.generated_tokens), stats.time_to_first_token_s * 1e3,
-               stats.prompt_tokens / std::max(stats.time_to_first_token_s, 1e-9), decode_rate);
+               static_cast<long long>(prompt_tokens), static_cast<long long>(generated),
+               ttft * 1e3, prompt_tokens / std::max(ttft, 1e-9), decode_rate);
   return absl::OkStatus();
 }
 
@@ -165,28 +184,46 @@ absl::Status RunScore(const Args& args) {
                    {"stats"}));
   DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("logits-out"));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, PromptTokens(flags, config));
+  SequenceRequest request;
+  request.kind = SequenceKind::kLogits;
+  DELTASERVE_ASSIGN_OR_RETURN(request.prompt, PromptTokens(flags, config));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t chunk, flags.GetInt("prefill-chunk", 0));
-  DELTASERVE_ASSIGN_OR_RETURN(int64_t decode_from, flags.GetInt("decode-from", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(request.decode_from, flags.GetInt("decode-from", 0));
   if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
-  if (decode_from < 0) return absl::InvalidArgumentError("--decode-from must be >= 0");
-  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment,
-                              Deploy(flags, config, static_cast<int64_t>(tokens.size())));
+  if (request.decode_from < 0) return absl::InvalidArgumentError("--decode-from must be >= 0");
+  const int64_t T = static_cast<int64_t>(request.prompt.size());
+  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, T));
+  Replica& replica = *deployment.replica;
+  if (!replica.is_leader()) {
+    DELTASERVE_RETURN_IF_ERROR(replica.Follow());
+    if (flags.Has("stats")) PrintPipelineStats(deployment);
+    return absl::OkStatus();
+  }
+  SchedulerOptions options;
+  options.step_tokens = chunk > 0 ? chunk : std::max<int64_t>(T, 1);
+  options.fixed_chunk = options.step_tokens;
+  options.pipeline_stages = deployment.layout.pp;
+  OfflineEngine engine(replica, config, options);
+  const std::vector<int32_t> tokens = request.prompt;
+  engine.Add(std::move(request));
   const auto start = std::chrono::steady_clock::now();
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> logits,
-                              ScoreTokens(*deployment.runner, tokens, chunk, decode_from));
+  std::vector<float> logits;
+  logits.reserve(static_cast<size_t>(T * config.vocab_size));
+  absl::Status failed = absl::OkStatus();
+  DELTASERVE_RETURN_IF_ERROR(engine.Run([&](const SchedulerEvent& e) {
+    if (e.kind == SchedulerEvent::Kind::kFailed) failed = e.status;
+    if (e.kind != SchedulerEvent::Kind::kPiece) return;
+    logits.insert(logits.end(), e.output.logits.begin(), e.output.logits.end());
+  }));
+  DELTASERVE_RETURN_IF_ERROR(replica.Stop());
+  DELTASERVE_RETURN_IF_ERROR(failed);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (flags.Has("stats")) {
     PrintPipelineStats(deployment);
-    if (deployment.runner->IsOutput()) {
-      std::fprintf(stderr, "score: %zu tokens in %.3f s (%.1f tokens/s)\n", tokens.size(), seconds,
-                   tokens.size() / std::max(seconds, 1e-9));
-    }
+    std::fprintf(stderr, "score: %lld tokens in %.3f s (%.1f tokens/s)\n",
+                 static_cast<long long>(T), seconds, T / std::max(seconds, 1e-9));
   }
-  // Written once, by the rank that holds the last stage (TP rank 0).
-  if (!deployment.runner->IsOutput()) return absl::OkStatus();
-  const int64_t T = static_cast<int64_t>(tokens.size());
   std::vector<uint8_t> token_bytes(T * 8);
   for (int64_t i = 0; i < T; ++i) {
     const int64_t v = tokens[i];

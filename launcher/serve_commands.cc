@@ -9,10 +9,8 @@
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
-#include "runtime/comm/single_communicator.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
-#include "runtime/engine/step_executor.h"
 #include "runtime/serving/local_worker.h"
 #include "runtime/serving/server.h"
 #include "runtime/serving/worker.h"
@@ -103,10 +101,8 @@ absl::Status RunServe(const Args& args) {
         "serve runs in one process; for --pp/--tp or mpirun use `deltaserve coordinator` and "
         "`deltaserve worker`");
   }
-  SingleCommunicator world;
-  StepExecutor executor(*deployment.model, deployment.layout, world);
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
-  LocalWorker worker(executor, server->coordinator(), static_cast<int>(threads));
+  LocalWorker worker(*deployment.replica, server->coordinator(), static_cast<int>(threads));
   DELTASERVE_RETURN_IF_ERROR(worker.Attach(config, "embedded worker (this process)"));
   // From here the coordinator may run steps on `worker`: shut the server down
   // before the worker goes out of scope, on every path.
@@ -141,14 +137,13 @@ absl::Status RunWorkerCommand(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(int64_t plan_context, flags.GetInt("plan-context", 32768));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, plan_context));
-  SingleCommunicator single;
-  Communicator& world = deployment.world ? *deployment.world : single;
-  StepExecutor executor(*deployment.model, deployment.layout, world);
+  Communicator& world = *deployment.world;
+  Replica& replica = *deployment.replica;
   WorkerOptions options;
   options.description = absl::StrCat(deployment.description, " of ", world.size(), " ranks (pp ",
                                      deployment.layout.pp, ", tp ", deployment.layout.tp, ")");
   options.connect_timeout_s = connect_timeout;
-  if (world.rank() == executor.stage().leader_rank()) {
+  if (replica.is_leader()) {
     grpc::ChannelArguments channel_args;
     channel_args.SetMaxReceiveMessageSize(-1);
     channel_args.SetMaxSendMessageSize(-1);
@@ -160,7 +155,7 @@ absl::Status RunWorkerCommand(const Args& args) {
     std::fprintf(stderr, "deltaserve worker: %s, attaching to %s\n", options.description.c_str(),
                  coordinator.c_str());
   }
-  return RunWorker(executor, config, options);
+  return RunWorker(replica, config, options);
 }
 
 }  // namespace deltaserve

@@ -1,10 +1,10 @@
 #include "runtime/serving/coordinator.h"
 
 #include <algorithm>
-#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/tokenizer/text_stream.h"
 
 namespace deltaserve {
 
@@ -18,22 +18,14 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 struct Request {
   std::string request_id;
-  uint64_t sequence_id = 0;
   bool score = false;
-  std::vector<int32_t> prompt;
-  GenerateParams params;
-  std::optional<Clock::time_point> deadline;
+  SequenceRequest sequence;  // what the scheduler runs
+  int64_t prompt_tokens = 0;
+  std::unique_ptr<TextStream> text;  // generate, with a tokenizer
 
-  // Scheduler side.
-  uint64_t worker = 0;     // the id of the worker running it, once admitted to one
-  size_t fed = 0;          // prompt tokens sent to the worker
-  bool started = false;    // the worker holds state for it
-  bool awaiting = false;   // a step that samples its next token is in flight
-  uint64_t last_step = 0;  // the last step that carried work for it
-  std::vector<int32_t> generated;
-  std::unique_ptr<IncrementalDetokenizer> detok;
-  std::string text;      // generated text so far
-  size_t text_sent = 0;  // bytes of `text` handed out
+  // Progress.
+  uint64_t worker = 0;  // the worker running it, once assigned to one
+  int64_t generated = 0;
   std::vector<float> score_logprobs;
   Clock::time_point accepted, scheduled, first_token, last_token;
   bool was_scheduled = false;
@@ -43,18 +35,26 @@ struct Request {
   std::vector<TokenEvent> events;
   bool ended = false;
   std::optional<RequestOutcome> outcome;  // set when ended, taken by Poll
-
-  int64_t length() const { return static_cast<int64_t>(fed + generated.size()); }
 };
 
 const std::string& RequestHandle::request_id() const { return request_->request_id; }
+
+WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
+                          const std::string& description) {
+  WorkerInfo info;
+  info.replicas = layout.replicas;
+  info.pipeline_stages = layout.pp;
+  info.tensor_parallel = layout.tp;
+  info.description = description;
+  info.config_json = ModelConfigToJson(config);
+  return info;
+}
 
 Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenizer,
                          CoordinatorOptions options, MetricsRegistry& m)
     : config_(std::move(config)),
       tokenizer_(std::move(tokenizer)),
       options_(options),
-      cost_(config_),
       metrics_{
           m.AddHistogram("deltaserve_time_to_first_token_seconds",
                          "Time from accepting a Generate request to its first token.",
@@ -86,24 +86,21 @@ Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenize
 Coordinator::~Coordinator() { Shutdown(); }
 
 void Coordinator::Shutdown() {
-  std::vector<std::shared_ptr<WorkerSender>> senders;
+  std::vector<std::shared_ptr<WorkerConnection>> connections;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
     const absl::Status status = absl::UnavailableError("the server is shutting down");
-    while (!waiting_.empty()) FailLocked(*waiting_.front(), status);
-    for (auto& [id, w] : workers_) {
-      while (!w->running.empty()) FailLocked(*w->running.front(), status);
-      senders.push_back(w->sender);
-    }
+    std::vector<std::shared_ptr<Request>> live;
+    for (const auto& [id, r] : by_id_) live.push_back(r);
+    for (const auto& r : live) FailLocked(*r, status);
+    for (const auto& [id, w] : workers_) connections.push_back(w->connection);
   }
   work_cv_.notify_all();
   for (auto& t : schedulers_) t.join();
   // Tell the workers, so their ranks end cleanly instead of seeing a broken link.
-  v1::CoordinatorMessage message;
-  message.mutable_step()->set_shutdown(true);
-  for (auto& sender : senders) sender->Send(message);
+  for (auto& connection : connections) connection->Shutdown();
 }
 
 void Coordinator::SetServingCallback(std::function<void(bool)> callback) {
@@ -117,12 +114,21 @@ absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
     std::optional<Clock::time_point> deadline) {
   auto r = std::make_shared<Request>();
   r->request_id = std::move(request_id);
-  r->prompt = std::move(prompt);
-  r->params = std::move(params);
-  r->deadline = deadline;
-  if (tokenizer_ != nullptr) r->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_);
-  if (!r->params.ignore_eos && tokenizer_ != nullptr) {
-    for (int32_t id : tokenizer_->end_ids()) r->params.stop_ids.push_back(id);
+  SequenceRequest& s = r->sequence;
+  s.kind = SequenceKind::kGenerate;
+  s.prompt = std::move(prompt);
+  s.sampling = params.sampling;
+  s.seed = params.seed;
+  s.logprobs = params.logprobs;
+  s.top_logprobs = params.top_logprobs;
+  s.max_tokens = params.max_tokens;
+  s.stop_ids = std::move(params.stop_ids);
+  s.deadline = deadline;
+  if (tokenizer_ != nullptr) {
+    r->text = std::make_unique<TextStream>(*tokenizer_, std::move(params.stop));
+    if (!params.ignore_eos) {
+      for (int32_t id : tokenizer_->end_ids()) s.stop_ids.push_back(id);
+    }
   }
   return Admit(std::move(r));
 }
@@ -132,9 +138,10 @@ absl::StatusOr<RequestHandle> Coordinator::SubmitScore(std::string request_id,
                                                        std::optional<Clock::time_point> deadline) {
   auto r = std::make_shared<Request>();
   r->request_id = std::move(request_id);
-  r->prompt = std::move(tokens);
   r->score = true;
-  r->deadline = deadline;
+  r->sequence.kind = SequenceKind::kScore;
+  r->sequence.prompt = std::move(tokens);
+  r->sequence.deadline = deadline;
   return Admit(std::move(r));
 }
 
@@ -145,8 +152,7 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
     return absl::AlreadyExistsError(
         absl::StrCat("request_id: '", r->request_id, "' is already running or queued"));
   }
-  int64_t waiting_tokens = 0;
-  for (const auto& w : waiting_) waiting_tokens += static_cast<int64_t>(w->prompt.size());
+  r->prompt_tokens = static_cast<int64_t>(r->sequence.prompt.size());
   const bool room_to_run =
       waiting_.empty() && std::any_of(workers_.begin(), workers_.end(),
                                       [&](const auto& w) { return HasRoomLocked(*w.second); });
@@ -157,18 +163,20 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
           absl::StrCat("the queue is full: ", waiting_.size(), " requests waiting (limit ",
                        options_.max_waiting, ", --max-waiting) behind the running ones"));
     }
-    if (waiting_tokens + static_cast<int64_t>(r->prompt.size()) > options_.max_waiting_tokens) {
+    if (waiting_tokens_ + r->prompt_tokens > options_.max_waiting_tokens) {
       metrics_.rejected.Add();
       return absl::ResourceExhaustedError(
-          absl::StrCat("the queue is full: ", waiting_tokens, " prompt tokens waiting, ",
-                       r->prompt.size(), " more would pass the limit of ",
+          absl::StrCat("the queue is full: ", waiting_tokens_, " prompt tokens waiting, ",
+                       r->prompt_tokens, " more would pass the limit of ",
                        options_.max_waiting_tokens, " (--max-waiting-tokens)"));
     }
   }
-  r->sequence_id = next_sequence_++;
+  r->sequence.id = next_sequence_++;
   r->accepted = Clock::now();
   by_id_[r->request_id] = r;
+  by_sequence_[r->sequence.id] = r;
   waiting_.push_back(r);
+  waiting_tokens_ += r->prompt_tokens;
   UpdateGaugesLocked();
   work_cv_.notify_all();
   return RequestHandle(std::move(r));
@@ -208,19 +216,19 @@ ServerStatusData Coordinator::Status() const {
   s.worker_attached = !workers_.empty();
   s.workers = static_cast<int32_t>(workers_.size());
   s.waiting_requests = static_cast<int64_t>(waiting_.size());
-  for (const auto& w : waiting_) s.waiting_tokens += static_cast<int64_t>(w->prompt.size());
+  s.waiting_tokens = waiting_tokens_;
   for (const auto& [id, w] : workers_) {
-    s.running_sequences += static_cast<int64_t>(w->running.size());
-    s.kda_state_bytes += w->held_kda;
-    s.mla_cache_bytes += w->held_mla;
-    for (const auto& r : w->running) s.mla_cache_tokens += r->started ? r->length() : 0;
+    s.running_sequences += w->scheduler.load();
+    s.kda_state_bytes += w->scheduler.last_result().kda_state_bytes;
+    s.mla_cache_bytes += w->scheduler.last_result().mla_cache_bytes;
+    s.mla_cache_tokens += w->scheduler.held_tokens();
   }
   s.steps = steps_;
   s.requests_finished = finished_;
   if (!workers_.empty()) {
-    const v1::WorkerHello& hello = workers_.begin()->second->hello;
-    s.pp = hello.pipeline_stages();
-    s.tp = hello.tensor_parallel();
+    const WorkerInfo& info = workers_.begin()->second->info;
+    s.pp = info.pipeline_stages;
+    s.tp = info.tensor_parallel;
   }
   return s;
 }
@@ -230,10 +238,10 @@ ServerStatusData Coordinator::Status() const {
 void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   if (r.ended) return;
   const auto now = Clock::now();
-  outcome.prompt_tokens = static_cast<int64_t>(r.prompt.size());
-  outcome.completion_tokens = static_cast<int64_t>(r.generated.size());
+  outcome.prompt_tokens = r.prompt_tokens;
+  outcome.completion_tokens = r.generated;
   outcome.queue_s = r.was_scheduled ? Seconds(r.accepted, r.scheduled) : Seconds(r.accepted, now);
-  outcome.time_to_first_token_s = r.generated.empty() ? 0 : Seconds(r.accepted, r.first_token);
+  outcome.time_to_first_token_s = r.generated == 0 ? 0 : Seconds(r.accepted, r.first_token);
   outcome.total_s = Seconds(r.accepted, now);
   if (r.score) outcome.score_logprobs = std::move(r.score_logprobs);
   (outcome.status.ok() ? metrics_.finished : metrics_.failed).Add();
@@ -242,19 +250,19 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   r.ended = true;
   r.outcome = std::move(outcome);
   ++finished_;
-  auto drop = [&](auto& list) {
-    list.erase(
-        std::remove_if(list.begin(), list.end(), [&](const auto& p) { return p.get() == &r; }),
-        list.end());
-  };
-  drop(waiting_);
-  if (auto it = workers_.find(r.worker); it != workers_.end()) {
-    Worker* w = it->second.get();
-    if (r.started) w->pending_release.push_back(r.sequence_id);
-    drop(w->running);
+  // Out of the queue, or out of its worker's scheduler (which releases its
+  // state with the next step).
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const std::shared_ptr<Request>& p) { return p.get() == &r; });
+  if (it != waiting_.end()) {
+    waiting_.erase(it);
+    waiting_tokens_ -= r.prompt_tokens;
   }
-  r.started = false;
+  if (auto w = workers_.find(r.worker); w != workers_.end()) {
+    w->second->scheduler.Finish(r.sequence.id);
+  }
   r.worker = 0;
+  by_sequence_.erase(r.sequence.id);
   by_id_.erase(r.request_id);
   UpdateGaugesLocked();
   r.events_cv.notify_all();
@@ -269,9 +277,9 @@ void Coordinator::FailLocked(Request& r, const absl::Status& status) {
 void Coordinator::UpdateGaugesLocked() {
   int64_t running = 0, kda = 0, mla = 0;
   for (const auto& [id, w] : workers_) {
-    running += static_cast<int64_t>(w->running.size());
-    kda += w->held_kda;
-    mla += w->held_mla;
+    running += w->scheduler.load();
+    kda += w->scheduler.last_result().kda_state_bytes;
+    mla += w->scheduler.last_result().mla_cache_bytes;
   }
   metrics_.running.Set(static_cast<double>(running));
   metrics_.waiting.Set(static_cast<double>(waiting_.size()));
@@ -282,75 +290,79 @@ void Coordinator::UpdateGaugesLocked() {
 
 // --- The worker link --------------------------------------------------------
 
-absl::StatusOr<uint64_t> Coordinator::AttachWorker(const v1::WorkerHello& hello,
-                                                   std::shared_ptr<WorkerSender> sender) {
+absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
+                                                   std::shared_ptr<WorkerConnection> connection) {
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig theirs,
-                              ParseModelConfig(hello.config_json(), "the worker's config.json"));
+                              ParseModelConfig(info.config_json, "the worker's config.json"));
   if (ModelConfigToJson(theirs) != ModelConfigToJson(config_)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the worker's model (", theirs.model_type, ", ", theirs.num_layers,
                      " layers, hidden ", theirs.hidden_size, ", vocab ", theirs.vocab_size,
                      ") is not the coordinator's: start both with the same --model"));
   }
+  if (info.pipeline_stages < 1 || info.tensor_parallel < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the worker's layout (", info.pipeline_stages,
+                                                   " stages x ", info.tensor_parallel,
+                                                   " tensor-parallel ranks) is not valid"));
+  }
+  SchedulerOptions options;
+  options.max_running = options_.max_running;
+  options.step_tokens = options_.step_tokens;
+  options.pipeline_stages = info.pipeline_stages;
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return absl::UnavailableError("the coordinator is shutting down");
-  auto w = std::make_shared<Worker>();
-  w->id = next_worker_++;
-  w->hello = hello;
-  w->sender = std::move(sender);
+  auto w = std::make_shared<Worker>(next_worker_++, info, std::move(connection),
+                                    Scheduler(config_, options));
   workers_[w->id] = w;
   UpdateGaugesLocked();
   if (workers_.size() == 1 && serving_callback_) serving_callback_(true);
   std::fprintf(stderr, "coordinator: worker %llu attached: %s\n",
-               static_cast<unsigned long long>(w->id), hello.description().c_str());
+               static_cast<unsigned long long>(w->id), info.description.c_str());
   schedulers_.emplace_back([this, w] { SchedulerLoop(w); });
   work_cv_.notify_all();
   return w->id;
 }
 
-void Coordinator::OnStepResult(uint64_t worker, v1::StepResult result) {
+void Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
   if (it == workers_.end()) return;
-  Worker& w = *it->second;
-  const bool expected = std::any_of(w.in_flight.begin(), w.in_flight.end(), [&](const auto& step) {
-    return step.step_id == result.step_id();
-  });
-  if (!expected) return;
-  w.results[result.step_id()] = std::move(result);
+  TakeResultLocked(*it->second, std::move(result));
   work_cv_.notify_all();
 }
 
 void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
-  if (it != workers_.end()) LoseWorkerLocked(*it->second, why);
+  if (it != workers_.end()) LoseWorkerLocked(it->second, why);
 }
 
-void Coordinator::LoseWorkerLocked(Worker& w, const std::string& why) {
-  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n", static_cast<unsigned long long>(w.id),
+void Coordinator::LoseWorkerLocked(const std::shared_ptr<Worker>& w, const std::string& why) {
+  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n", static_cast<unsigned long long>(w->id),
                why.c_str());
-  w.gone = true;
+  w->gone = true;
+  workers_.erase(w->id);  // `w` keeps it alive; its scheduler thread ends on `gone`
   // What the worker held is gone: requests it had state for end; requests it
   // never saw go back to the front of the queue in their order.
+  Scheduler::Abandoned abandoned = w->scheduler.Abandon();
   const absl::Status status =
       absl::UnavailableError(absl::StrCat("the worker went away (", why, ")"));
-  std::vector<std::shared_ptr<Request>> held = w.running;
-  std::vector<std::shared_ptr<Request>> unseen;
-  for (const auto& r : held) {
-    if (r->started || r->fed > 0) {
-      r->started = false;  // nothing to release on a worker that is gone
+  for (uint64_t id : abandoned.held) {
+    if (auto it = by_sequence_.find(id); it != by_sequence_.end()) {
+      const std::shared_ptr<Request> r = it->second;
       FailLocked(*r, status);
-    } else {
-      r->worker = 0;
-      unseen.push_back(r);
     }
   }
+  std::vector<std::shared_ptr<Request>> unseen;
+  for (SequenceRequest& s : abandoned.unseen) {
+    auto it = by_sequence_.find(s.id);
+    if (it == by_sequence_.end()) continue;
+    it->second->sequence = std::move(s);
+    it->second->worker = 0;
+    waiting_tokens_ += it->second->prompt_tokens;
+    unseen.push_back(it->second);
+  }
   waiting_.insert(waiting_.begin(), unseen.begin(), unseen.end());
-  workers_.erase(w.id);  // its scheduler thread holds it until it sees `gone`
-  w.running.clear();
-  w.in_flight.clear();
-  w.results.clear();
   if (workers_.empty() && serving_callback_) serving_callback_(false);
   UpdateGaugesLocked();
   work_cv_.notify_all();
@@ -359,137 +371,73 @@ void Coordinator::LoseWorkerLocked(Worker& w, const std::string& why) {
 // --- Scheduling -------------------------------------------------------------
 
 bool Coordinator::HasRoomLocked(const Worker& w) const {
-  if (static_cast<int64_t>(w.running.size()) >= options_.max_running) return false;
+  if (!w.scheduler.HasRoom()) return false;
   // New requests go to the least loaded worker.
   return std::none_of(workers_.begin(), workers_.end(), [&](const auto& other) {
-    return other.second->running.size() < w.running.size();
+    return other.second->scheduler.load() < w.scheduler.load();
   });
 }
 
-bool Coordinator::HasWorkLocked(const Worker& w) const {
-  if (!w.pending_release.empty()) return true;
-  if (!waiting_.empty() && HasRoomLocked(w)) return true;
-  return !w.running.empty();
-}
-
-v1::StepPlan Coordinator::BuildStepLocked(Worker& w, std::vector<StepItem>* items) {
+void Coordinator::AssignLocked(Worker& w) {
+  // Deadlines of requests still in the queue: they end before costing more.
   const auto now = Clock::now();
-  // Deadlines first: a request past its deadline ends before it costs more.
-  std::vector<std::shared_ptr<Request>> live(waiting_.begin(), waiting_.end());
-  live.insert(live.end(), w.running.begin(), w.running.end());
-  for (const auto& r : live) {
-    if (r->deadline && now >= *r->deadline) {
-      FailLocked(*r, absl::DeadlineExceededError("the request's deadline passed"));
-    }
+  std::vector<std::shared_ptr<Request>> expired;
+  for (const auto& r : waiting_) {
+    if (r->sequence.deadline && now >= *r->sequence.deadline) expired.push_back(r);
+  }
+  for (const auto& r : expired) {
+    FailLocked(*r, absl::DeadlineExceededError("the request's deadline passed"));
   }
   while (!waiting_.empty() && HasRoomLocked(w)) {
-    waiting_.front()->worker = w.id;
-    w.running.push_back(waiting_.front());
+    std::shared_ptr<Request> r = std::move(waiting_.front());
     waiting_.pop_front();
+    waiting_tokens_ -= r->prompt_tokens;
+    r->worker = w.id;
+    w.scheduler.Add(r->sequence);
   }
   UpdateGaugesLocked();
-
-  v1::StepPlan plan;
-  plan.set_step_id(next_step_++);
-  for (uint64_t id : w.pending_release) plan.add_release(id);
-  w.pending_release.clear();
-
-  int64_t budget_tokens = options_.step_tokens;
-  double budget_s = cost_.Cost(options_.step_tokens, 0);
-  auto add = [&](const std::shared_ptr<Request>& r, std::span<const int32_t> tokens,
-                 v1::SequenceWork::Output output) {
-    v1::SequenceWork* w = plan.add_work();
-    w->set_sequence_id(r->sequence_id);
-    w->set_start(!r->started);
-    if (!r->started) {
-      v1::StepSampling* s = w->mutable_sampling();
-      s->set_temperature(r->params.sampling.temperature);
-      s->set_top_k(static_cast<int32_t>(r->params.sampling.top_k));
-      s->set_top_p(r->params.sampling.top_p);
-      s->set_seed(r->params.seed);
-    }
-    w->mutable_tokens()->Add(tokens.begin(), tokens.end());
-    w->set_output(output);
-    w->set_logprobs(r->params.logprobs);
-    w->set_top_logprobs(r->params.top_logprobs);
-    if (output == v1::SequenceWork::OUTPUT_SCORE) {
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        const size_t next = r->fed + i + 1;
-        w->add_targets(next < r->prompt.size() ? r->prompt[next] : -1);
-      }
-    }
-    const StepPiece piece{static_cast<int64_t>(tokens.size()), r->length()};
-    budget_tokens -= piece.tokens;
-    budget_s -= cost_.Cost(piece.tokens, piece.prefix);
-    items->push_back({r, piece, output});
-    r->started = true;
-    r->last_step = plan.step_id();
-    if (output == v1::SequenceWork::OUTPUT_SAMPLE) r->awaiting = true;
-    if (!r->was_scheduled) {
-      r->was_scheduled = true;
-      r->scheduled = now;
-      metrics_.queue.Observe(Seconds(r->accepted, now));
-    }
-  };
-  // Decode: one token for each sequence past its prompt whose last token is
-  // known (not still being sampled in a step in flight). With P pipeline
-  // stages a step takes 1/P of the decoding sequences, least recently served
-  // first, so P steps of them are in the pipeline at once.
-  std::vector<std::shared_ptr<Request>> decoders, ready;
-  for (const auto& r : w.running) {
-    if (r->fed == r->prompt.size() && !r->generated.empty()) {
-      decoders.push_back(r);
-      if (!r->awaiting) ready.push_back(r);
-    }
-  }
-  const size_t stages = std::max<int64_t>(1, w.hello.pipeline_stages());
-  const size_t per_step = (decoders.size() + stages - 1) / stages;
-  std::stable_sort(ready.begin(), ready.end(),
-                   [](const auto& x, const auto& y) { return x->last_step < y->last_step; });
-  if (ready.size() > per_step) ready.resize(per_step);
-  for (const auto& r : ready) {
-    add(r, std::span(&r->generated.back(), 1), v1::SequenceWork::OUTPUT_SAMPLE);
-  }
-  // Prefill. The oldest prompt is promised a quarter of the budget, so a long
-  // one keeps moving under any load; the rest of the budget goes to the
-  // shortest remaining prompts first, so short requests are not stuck behind
-  // a million-token prefill; what is left returns to the oldest. The oldest
-  // always gets some tokens, so a prompt progresses under any decode load.
-  std::vector<std::shared_ptr<Request>> prefills;
-  for (const auto& r : w.running) {
-    if (r->fed < r->prompt.size()) prefills.push_back(r);
-  }
-  if (prefills.empty()) return plan;
-  const std::shared_ptr<Request> oldest = prefills.front();
-  std::stable_sort(prefills.begin() + 1, prefills.end(), [](const auto& x, const auto& y) {
-    return x->prompt.size() - x->fed < y->prompt.size() - y->fed;
-  });
-  auto prefill = [&](const std::shared_ptr<Request>& r, int64_t max_tokens, double max_s) {
-    const int64_t remaining = static_cast<int64_t>(r->prompt.size() - r->fed);
-    const int64_t cap = std::min(remaining, std::max<int64_t>(max_tokens, 1));
-    const int64_t n = cost_.ChunkFor(r->length(), std::max(max_s, 0.0), cap);
-    const auto output = r->score         ? v1::SequenceWork::OUTPUT_SCORE
-                        : n == remaining ? v1::SequenceWork::OUTPUT_SAMPLE
-                                         : v1::SequenceWork::OUTPUT_NONE;
-    add(r, std::span(r->prompt).subspan(r->fed, n), output);
-    r->fed += n;
-  };
-  const int64_t reserve_tokens = std::max<int64_t>(budget_tokens / 4, 1);
-  const double reserve_s = std::max(budget_s / 4, 0.0);
-  for (size_t i = 1; i < prefills.size(); ++i) {
-    if (budget_tokens - reserve_tokens <= 0 || budget_s - reserve_s <= 0) break;
-    prefill(prefills[i], budget_tokens - reserve_tokens, budget_s - reserve_s);
-  }
-  prefill(oldest, budget_tokens, budget_s);
-  return plan;
 }
 
-void Coordinator::OnTokenLocked(Request& r, const v1::SequenceOutput& out) {
+void Coordinator::HandleEventsLocked(const std::vector<SchedulerEvent>& events) {
   const auto now = Clock::now();
-  const int32_t token = out.token();
-  r.generated.push_back(token);
+  for (const SchedulerEvent& e : events) {
+    auto it = by_sequence_.find(e.id);
+    if (it == by_sequence_.end()) continue;  // ended meanwhile
+    const std::shared_ptr<Request> r = it->second;
+    switch (e.kind) {
+      case SchedulerEvent::Kind::kStarted:
+        if (!r->was_scheduled) {
+          r->was_scheduled = true;
+          r->scheduled = now;
+          metrics_.queue.Observe(Seconds(r->accepted, now));
+        }
+        break;
+      case SchedulerEvent::Kind::kFailed:
+        FailLocked(*r, e.status);
+        break;
+      case SchedulerEvent::Kind::kToken:
+        OnTokenLocked(*r, e);
+        break;
+      case SchedulerEvent::Kind::kPiece: {
+        const auto& lp = e.output.target_logprobs;
+        r->score_logprobs.insert(r->score_logprobs.end(), lp.begin(), lp.end());
+        if (e.finished) {
+          // The last token has no target.
+          r->score_logprobs.resize(std::max<int64_t>(r->prompt_tokens - 1, 0));
+          FinishLocked(*r, RequestOutcome{});
+        }
+        break;
+      }
+    }
+  }
+}
+
+void Coordinator::OnTokenLocked(Request& r, const SchedulerEvent& event) {
+  const auto now = Clock::now();
+  const SequenceResult& out = event.output;
+  ++r.generated;
   metrics_.generation_tokens.Add();
-  if (r.generated.size() == 1) {
+  if (r.generated == 1) {
     r.first_token = now;
     metrics_.ttft.Observe(Seconds(r.accepted, now));
   } else {
@@ -498,186 +446,66 @@ void Coordinator::OnTokenLocked(Request& r, const v1::SequenceOutput& out) {
   r.last_token = now;
 
   TokenEvent e;
-  e.id = token;
-  e.logprob = out.logprob();
-  e.top_ids.assign(out.top_ids().begin(), out.top_ids().end());
-  e.top_logprobs.assign(out.top_logprobs().begin(), out.top_logprobs().end());
-
+  e.id = out.token;
+  e.logprob = out.logprob;
+  e.top_ids = out.top_ids;
+  e.top_logprobs = out.top_logprobs;
   std::optional<RequestOutcome> end;
-  if (std::find(r.params.stop_ids.begin(), r.params.stop_ids.end(), token) !=
-      r.params.stop_ids.end()) {
+  if (event.finished) {
     end = RequestOutcome{};
-    end->reason = FinishReason::kStop;
-    end->stop = absl::StrCat("token ", token);
-  } else if (static_cast<int64_t>(r.generated.size()) >= r.params.max_tokens) {
-    end = RequestOutcome{};
-    end->reason = FinishReason::kLength;
-  } else if (r.length() + 1 > config_.max_position_embeddings) {
-    end = RequestOutcome{};
-    end->reason = FinishReason::kContext;
+    end->reason = event.reason;
+    end->stop = event.stop;
   }
-  if (r.detok != nullptr) {
-    auto piece = r.detok->Add(token);
-    r.text += piece.ok() ? *piece : std::string("\xEF\xBF\xBD");
-    if (end) r.text += r.detok->Finish();
-    // Stop strings: the earliest complete one ends the request, and its
-    // text (and anything after it) is not sent; a tail that may still grow
-    // into one is held back.
-    size_t emit_to = r.text.size();
-    size_t max_stop = 0;
-    for (const auto& s : r.params.stop) max_stop = std::max(max_stop, s.size());
-    if (max_stop > 0) {
-      const size_t from = r.text_sent >= max_stop ? r.text_sent - max_stop + 1 : 0;
-      size_t best = std::string::npos;
-      const std::string* which = nullptr;
-      for (const auto& s : r.params.stop) {
-        const size_t at = r.text.find(s, from);
-        if (at != std::string::npos && at < best) {
-          best = at;
-          which = &s;
-        }
-      }
-      if (which != nullptr) {
-        emit_to = best;
-        end = RequestOutcome{};
-        end->reason = FinishReason::kStop;
-        end->stop = *which;
-      } else if (!end) {
-        for (const auto& s : r.params.stop) {
-          for (size_t k = std::min(s.size() - 1, r.text.size()); k > 0; --k) {
-            if (r.text.compare(r.text.size() - k, k, s, 0, k) == 0) {
-              emit_to = std::min(emit_to, r.text.size() - k);
-              break;
-            }
-          }
-        }
-      }
+  if (r.text != nullptr) {
+    StopStrings::Output text = r.text->Add(out.token, event.finished);
+    e.text = std::move(text.text);
+    if (text.stop) {
+      end = RequestOutcome{};
+      end->reason = FinishReason::kStop;
+      end->stop = *text.stop;
     }
-    emit_to = std::max(emit_to, r.text_sent);
-    e.text = r.text.substr(r.text_sent, emit_to - r.text_sent);
-    r.text_sent = emit_to;
   }
   r.events.push_back(std::move(e));
   r.events_cv.notify_all();
   if (end) FinishLocked(r, std::move(*end));
 }
 
-void Coordinator::ProcessResultLocked(Worker& w, const v1::StepResult& result,
-                                      const std::vector<StepItem>& items) {
-  ++steps_;
-  metrics_.steps.Add();
-  for (const auto& item : items) {
-    if (item.output == v1::SequenceWork::OUTPUT_SAMPLE) item.request->awaiting = false;
+void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
+  Scheduler::Update update = w.scheduler.TakeResult(std::move(result));
+  steps_ += update.steps;
+  metrics_.steps.Add(static_cast<double>(update.steps));
+  metrics_.prompt_tokens.Add(static_cast<double>(update.prefill_tokens));
+  if (update.prefill_tokens > 0 && update.wall_s > 0) {
+    metrics_.prefill_rate.Set(static_cast<double>(update.prefill_tokens) / update.wall_s);
   }
-  w.held_kda = result.kda_state_bytes();
-  w.held_mla = result.mla_cache_bytes();
+  HandleEventsLocked(update.events);
   UpdateGaugesLocked();
-  if (!result.error().empty()) {
-    // The worker refused the step and advanced nothing: its sequences end.
-    const absl::Status status =
-        absl::InternalError(absl::StrCat("the worker failed a step: ", result.error()));
-    for (const auto& item : items) FailLocked(*item.request, status);
-    return;
-  }
-  std::vector<StepPiece> pieces;
-  int64_t prefill_tokens = 0;
-  for (const auto& item : items) {
-    pieces.push_back(item.piece);
-    if (item.output != v1::SequenceWork::OUTPUT_SAMPLE || item.request->generated.empty()) {
-      prefill_tokens += item.piece.tokens;
-    }
-  }
-  // The cost model learns from the slowest stage's compute time: that is
-  // what bounds a step in a pipeline, and it leaves out time a stage spent
-  // waiting for its neighbours. The step's wall time stands in when no stage
-  // time is reported.
-  double stage_s = 0;
-  for (double t : result.stage_compute_s()) stage_s = std::max(stage_s, t);
-  cost_.Observe(pieces, stage_s > 0 ? stage_s : result.wall_s());
-  metrics_.prompt_tokens.Add(static_cast<double>(prefill_tokens));
-  if (prefill_tokens > 0 && result.wall_s() > 0) {
-    metrics_.prefill_rate.Set(static_cast<double>(prefill_tokens) / result.wall_s());
-  }
-  std::map<uint64_t, const v1::SequenceOutput*> outputs;
-  for (const auto& out : result.outputs()) outputs[out.sequence_id()] = &out;
-  for (const auto& item : items) {
-    Request& r = *item.request;
-    if (r.ended) continue;  // cancelled while the step ran; released next step
-    if (item.output == v1::SequenceWork::OUTPUT_NONE) continue;
-    auto it = outputs.find(r.sequence_id);
-    if (it == outputs.end()) {
-      FailLocked(r, absl::InternalError("the worker's step result lacks this sequence"));
-      continue;
-    }
-    if (item.output == v1::SequenceWork::OUTPUT_SAMPLE) {
-      OnTokenLocked(r, *it->second);
-    } else {
-      const auto& lp = it->second->target_logprobs();
-      r.score_logprobs.insert(r.score_logprobs.end(), lp.begin(), lp.end());
-      // Done when every piece's result is in (later pieces may have been
-      // sent already, with steps in flight).
-      if (r.score_logprobs.size() == r.prompt.size()) {
-        r.score_logprobs.resize(r.prompt.size() - 1);  // the last token has no target
-        FinishLocked(r, RequestOutcome{});
-      }
-    }
-  }
-}
-
-bool Coordinator::PromptLeftLocked(const Worker& w) const {
-  if (!waiting_.empty() && HasRoomLocked(w)) return true;
-  return std::any_of(w.running.begin(), w.running.end(),
-                     [](const auto& r) { return r->fed < r->prompt.size(); });
-}
-
-bool Coordinator::DecodersOutsideLocked(const Worker& w, const std::vector<StepItem>& items) const {
-  return std::any_of(w.running.begin(), w.running.end(), [&](const auto& r) {
-    const bool decoding = r->fed == r->prompt.size() && !r->generated.empty();
-    return decoding && std::none_of(items.begin(), items.end(),
-                                    [&](const StepItem& i) { return i.request == r; });
-  });
 }
 
 void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    // Results are used in step order, whatever order they arrive in.
-    while (!w->in_flight.empty() && w->results.contains(w->in_flight.front().step_id)) {
-      auto node = w->results.extract(w->in_flight.front().step_id);
-      ProcessResultLocked(*w, node.mapped(), w->in_flight.front().items);
-      w->in_flight.pop_front();
-    }
-    if (stop_ || w->gone) break;
-    // A step goes out when nothing is in flight, or when the last one sent
-    // promised a successor and the window (one step per pipeline stage) has
-    // room; otherwise wait for results, work or the end.
-    const bool can_send =
-        w->in_flight.empty()
-            ? HasWorkLocked(*w)
-            : w->promised && static_cast<int64_t>(w->in_flight.size()) < w->hello.pipeline_stages();
-    if (!can_send) {
+  while (!stop_ && !w->gone) {
+    AssignLocked(*w);
+    if (!w->scheduler.CanSchedule()) {
       work_cv_.wait(lock);
       continue;
     }
-    InFlightStep step;
-    v1::CoordinatorMessage message;
-    *message.mutable_step() = BuildStepLocked(*w, &step.items);
-    if (message.step().work_size() == 0 && message.step().release_size() == 0 && !w->promised) {
+    std::vector<SchedulerEvent> events;
+    std::optional<Step> step = w->scheduler.Schedule(Clock::now(), &events);
+    HandleEventsLocked(events);
+    if (!step) {
+      work_cv_.wait_for(lock, std::chrono::milliseconds(10));
       continue;
     }
-    // When the next step has work that needs nothing from this one (prompt
-    // left to prefill, or sequences decoding that are not in this step),
-    // promise a successor, so the worker starts it while its later stages
-    // still run this one. A sequence sampled here sits the next step out.
-    w->promised = w->hello.pipeline_stages() > 1 &&
-                  (PromptLeftLocked(*w) || DecodersOutsideLocked(*w, step.items));
-    message.mutable_step()->set_more_coming(w->promised);
-    step.step_id = message.step().step_id();
-    w->in_flight.push_back(std::move(step));
     lock.unlock();
-    const bool sent = w->sender->Send(message);
+    absl::StatusOr<std::optional<StepResult>> sent = w->connection->Send(*step);
     lock.lock();
-    if (!sent && !w->gone) LoseWorkerLocked(*w, "the link to it broke");
+    if (w->gone) break;
+    if (!sent.ok()) {
+      LoseWorkerLocked(w, absl::StrCat("the link to it broke: ", sent.status().message()));
+      break;
+    }
+    if (sent->has_value()) TakeResultLocked(*w, std::move(**sent));
   }
 }
 

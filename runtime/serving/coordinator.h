@@ -1,18 +1,15 @@
-// The coordinator: admits requests, keeps the queue, and schedules the
-// attached workers (replicas), each on its own scheduler thread. A waiting
-// request goes to the least loaded replica and stays there. Each step carries
-// decode tokens for the replica's sequences past their prompt (1/P of them on
-// a P-stage pipeline), then prefill chunks up to a token budget, each cut by a
-// cost model so that chunks shrink as a sequence's MLA prefix grows
-// (runtime/scheduler/chunk_cost.h). Steps that need nothing from their
-// predecessor's result are sent ahead (more_coming), so pipeline stages
-// overlap. Sampled tokens come back with the step's result and are
-// detokenized, checked against stop conditions and handed to the request's
-// RPC. Cancellation, deadlines and finished requests free the sequence's
-// state on the worker with the next step. A worker that goes away fails the
-// requests it held with UNAVAILABLE; requests it never started wait for
-// another. Thread-safe: RPC threads submit and poll, scheduler threads run
-// steps, the WorkerLink service delivers results.
+// The coordinator: admits requests, keeps the queue, and drives the attached
+// workers (replicas), each on its own scheduler thread with its own
+// Scheduler (runtime/scheduler/scheduler.h, the batching policy). A waiting
+// request goes to the least loaded replica and stays there. Sampled tokens
+// come back through the scheduler's events and are detokenized, checked
+// against stop strings (runtime/tokenizer/text_stream.h) and handed to the
+// request's RPC. Cancellation, deadlines and finished requests free the
+// sequence's state on the worker with the next step. A worker that goes away
+// fails the requests it held with UNAVAILABLE; requests it never started
+// wait for another. Thread-safe: RPC threads submit and poll, scheduler
+// threads run steps, the worker link delivers results. No protobuf here: the
+// link converts (runtime/serving/worker_codec.h).
 #pragma once
 
 #include <chrono>
@@ -29,10 +26,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deltaserve/v1/worker.pb.h"
 #include "kernels/sampling.h"
+#include "runtime/comm/world_layout.h"
+#include "runtime/engine/step.h"
 #include "runtime/model/config.h"
-#include "runtime/scheduler/chunk_cost.h"
+#include "runtime/scheduler/scheduler.h"
 #include "runtime/serving/metrics.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -66,8 +64,6 @@ struct TokenEvent {
   std::vector<float> top_logprobs;
 };
 
-enum class FinishReason { kLength, kStop, kContext };
-
 struct RequestOutcome {
   absl::Status status;  // not OK: failed, cancelled or timed out
   FinishReason reason = FinishReason::kLength;
@@ -100,12 +96,26 @@ struct ServerStatusData {
   int32_t pp = 0, tp = 0;  // of the first worker
 };
 
-// The link the scheduler sends step plans down; made by the WorkerLink
-// service for each attached worker.
-class WorkerSender {
+// Who a worker is: its layout and model, from its hello.
+struct WorkerInfo {
+  int32_t replicas = 1, pipeline_stages = 1, tensor_parallel = 1;
+  std::string description;  // hosts and ranks, for logs
+  std::string config_json;  // must match the coordinator's model
+};
+
+WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
+                          const std::string& description);
+
+// The link the scheduler sends steps down; made for each attached worker.
+class WorkerConnection {
  public:
-  virtual ~WorkerSender() = default;
-  virtual bool Send(const v1::CoordinatorMessage& message) = 0;  // false: link broken
+  virtual ~WorkerConnection() = default;
+  // Sends a step. A worker in this process runs it at once and returns its
+  // result; a remote one returns nullopt and its result arrives through
+  // Coordinator::OnStepResult. An error means the link broke.
+  virtual absl::StatusOr<std::optional<StepResult>> Send(const Step& step) = 0;
+  // The coordinator is going away: the worker's ranks may end.
+  virtual void Shutdown() {}
 };
 
 class Coordinator {
@@ -138,9 +148,9 @@ class Coordinator {
   // The worker link. Each attached worker is a replica with its own
   // scheduler thread; new requests go to the least loaded. Attach refuses a
   // worker whose model differs from ours.
-  absl::StatusOr<uint64_t> AttachWorker(const v1::WorkerHello& hello,
-                                        std::shared_ptr<WorkerSender> sender);
-  void OnStepResult(uint64_t worker, v1::StepResult result);
+  absl::StatusOr<uint64_t> AttachWorker(const WorkerInfo& info,
+                                        std::shared_ptr<WorkerConnection> connection);
+  void OnStepResult(uint64_t worker, StepResult result);
   void DetachWorker(uint64_t worker, const std::string& why);
   // Called with true when a worker attaches, false when it goes.
   void SetServingCallback(std::function<void(bool)> callback);
@@ -148,58 +158,46 @@ class Coordinator {
   void Shutdown();
 
  private:
-  struct StepItem {
-    std::shared_ptr<Request> request;
-    StepPiece piece;
-    v1::SequenceWork::Output output;
-  };
-  struct InFlightStep {
-    uint64_t step_id = 0;
-    std::vector<StepItem> items;
-  };
-  // An attached worker: one replica, with its own requests, steps and
-  // scheduler thread.
+  // An attached worker: one replica, with its own scheduler and thread.
   struct Worker {
-    uint64_t id = 0;
-    v1::WorkerHello hello;
-    std::shared_ptr<WorkerSender> sender;
+    Worker(uint64_t id, WorkerInfo info, std::shared_ptr<WorkerConnection> connection,
+           Scheduler scheduler)
+        : id(id),
+          info(std::move(info)),
+          connection(std::move(connection)),
+          scheduler(std::move(scheduler)) {}
+    const uint64_t id;
+    const WorkerInfo info;
+    const std::shared_ptr<WorkerConnection> connection;
+    Scheduler scheduler;
     bool gone = false;
-    std::vector<std::shared_ptr<Request>> running;  // holding (or about to hold) state
-    std::vector<uint64_t> pending_release;
-    std::deque<InFlightStep> in_flight;          // sent, in order
-    std::map<uint64_t, v1::StepResult> results;  // arrived, not yet used
-    bool promised = false;                       // the last step sent said more_coming
-    int64_t held_kda = 0, held_mla = 0;          // after its last step
   };
 
   absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);
   bool HasRoomLocked(const Worker& w) const;
-  bool HasWorkLocked(const Worker& w) const;
-  bool PromptLeftLocked(const Worker& w) const;
-  bool DecodersOutsideLocked(const Worker& w, const std::vector<StepItem>& items) const;
-  v1::StepPlan BuildStepLocked(Worker& w, std::vector<StepItem>* items);
-  void ProcessResultLocked(Worker& w, const v1::StepResult& result,
-                           const std::vector<StepItem>& items);
-  void OnTokenLocked(Request& r, const v1::SequenceOutput& out);
+  void AssignLocked(Worker& w);
+  void TakeResultLocked(Worker& w, StepResult result);
+  void HandleEventsLocked(const std::vector<SchedulerEvent>& events);
+  void OnTokenLocked(Request& r, const SchedulerEvent& event);
   void FinishLocked(Request& r, RequestOutcome outcome);
   void FailLocked(Request& r, const absl::Status& status);
-  void LoseWorkerLocked(Worker& w, const std::string& why);
+  void LoseWorkerLocked(const std::shared_ptr<Worker>& w, const std::string& why);
   void UpdateGaugesLocked();
   void SchedulerLoop(std::shared_ptr<Worker> w);
 
   const ModelConfig config_;
   const std::unique_ptr<Tokenizer> tokenizer_;
   const CoordinatorOptions options_;
-  ChunkCostModel cost_;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // schedulers: work, results, worker changes
   bool stop_ = false;
   uint64_t next_sequence_ = 1;
-  uint64_t next_step_ = 1;
   uint64_t next_worker_ = 1;
   std::map<std::string, std::shared_ptr<Request>> by_id_;  // live requests
-  std::deque<std::shared_ptr<Request>> waiting_;
+  std::map<uint64_t, std::shared_ptr<Request>> by_sequence_;
+  std::deque<std::shared_ptr<Request>> waiting_;  // on no worker yet
+  int64_t waiting_tokens_ = 0;                    // their prompt tokens
   std::map<uint64_t, std::shared_ptr<Worker>> workers_;
   std::vector<std::thread> schedulers_;  // one per worker ever attached
   std::function<void(bool)> serving_callback_;

@@ -14,6 +14,7 @@
 #include "runtime/model/weight_spec.h"
 #include "runtime/serving/grpc_status.h"
 #include "runtime/serving/http_server.h"
+#include "runtime/serving/worker_codec.h"
 
 namespace deltaserve {
 namespace {
@@ -307,14 +308,23 @@ class GenerationService final : public v1::Generation::Service {
 };
 
 // Writes on one worker stream, from the scheduler thread; Close() makes
-// later writes fail once the RPC that owns the stream is ending.
-class StreamSender final : public WorkerSender {
+// later writes fail once the RPC that owns the stream is ending. Results come
+// back through the stream's reader (WorkerLinkService::Attach).
+class StreamConnection final : public WorkerConnection {
  public:
-  explicit StreamSender(grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
+  explicit StreamConnection(
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
       : stream_(stream) {}
-  bool Send(const v1::CoordinatorMessage& message) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stream_ != nullptr && stream_->Write(message);
+  absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override {
+    v1::CoordinatorMessage message;
+    StepToProto(step, message.mutable_step());
+    if (!Write(message)) return absl::UnavailableError("the worker's stream is closed");
+    return std::nullopt;
+  }
+  void Shutdown() override {
+    v1::CoordinatorMessage message;
+    message.mutable_step()->set_shutdown(true);
+    Write(message);
   }
   void Close() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -322,6 +332,10 @@ class StreamSender final : public WorkerSender {
   }
 
  private:
+  bool Write(const v1::CoordinatorMessage& message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stream_ != nullptr && stream_->Write(message);
+  }
   std::mutex mu_;
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_;
 };
@@ -338,8 +352,8 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a worker's first message must be its hello");
     }
-    auto sender = std::make_shared<StreamSender>(stream);
-    auto worker = coordinator_.AttachWorker(message.hello(), sender);
+    auto connection = std::make_shared<StreamConnection>(stream);
+    auto worker = coordinator_.AttachWorker(InfoFromHello(message.hello()), connection);
     if (!worker.ok()) {
       v1::CoordinatorMessage refused;
       refused.set_refused(std::string(worker.status().message()));
@@ -352,11 +366,11 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
         why = "it sent something other than a step result";
         break;
       }
-      coordinator_.OnStepResult(*worker, std::move(*message.mutable_result()));
+      coordinator_.OnStepResult(*worker, ResultFromProto(message.result()));
     }
     if (context->IsCancelled()) why = "its connection broke";
     coordinator_.DetachWorker(*worker, why);
-    sender->Close();
+    connection->Close();
     return grpc::Status::OK;
   }
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "runtime/engine/session.h"
 #include "runtime/model/model.h"
+#include "tests/engine_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -26,10 +26,7 @@ class InvarianceTest : public ::testing::TestWithParam<std::string> {
     model_ = std::move(*model);
   }
   std::vector<float> OneShot(const std::vector<int32_t>& tokens) {
-    Session s(*model_);
-    auto logits = s.Prefill(tokens, 0, true);
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return *logits;
+    return testing::OneShotLogits(*model_, tokens);
   }
   std::unique_ptr<Model> model_;
 };
@@ -37,18 +34,18 @@ class InvarianceTest : public ::testing::TestWithParam<std::string> {
 TEST_P(InvarianceTest, PiecesEqualOneShot) {
   const auto tokens = testing::RandomTokens(300, 1);
   const auto reference = testing::ToDouble(OneShot(tokens));
+  // Through the engine, as `deltaserve score --prefill-chunk` runs.
   for (int64_t chunk : {1, 7, 64, 100}) {
-    Session s(*model_);
-    auto logits = s.Prefill(tokens, chunk, true);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    EXPECT_LE(testing::RelL2(*logits, reference), kTolerance) << "chunk " << chunk;
+    const std::vector<float> logits = testing::EngineLogits(*model_, tokens, chunk);
+    EXPECT_LE(testing::RelL2(logits, reference), kTolerance) << "chunk " << chunk;
   }
-  // Mixed piece sizes.
-  Session s(*model_);
+  // Mixed piece sizes, straight through the model.
+  auto state = model_->NewSequence();
   std::vector<float> logits;
   size_t begin = 0;
   for (size_t piece : {1, 7, 64, 100, 3, 1, 50, 74}) {
-    auto part = s.Prefill(std::span(tokens).subspan(begin, piece), 0, true);
+    const ForwardInput input{state.get(), std::span(tokens).subspan(begin, piece), true};
+    auto part = model_->Forward(std::span(&input, 1));
     ASSERT_TRUE(part.ok()) << part.status();
     logits.insert(logits.end(), part->begin(), part->end());
     begin += piece;
@@ -61,17 +58,11 @@ TEST_P(InvarianceTest, PrefillThenDecodeEqualsOneShot) {
   const auto tokens = testing::RandomTokens(160, 2);
   const auto reference = testing::ToDouble(OneShot(tokens));
   const int64_t V = model_->config().vocab_size;
-  for (size_t split : {1, 65, 130}) {
-    Session s(*model_);
-    auto logits = s.Prefill(std::span(tokens).first(split), 0, true);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    for (size_t i = split; i < tokens.size(); ++i) {
-      auto step = s.Decode(tokens[i]);
-      ASSERT_TRUE(step.ok()) << step.status();
-      ASSERT_EQ(static_cast<int64_t>(step->size()), V);
-      logits->insert(logits->end(), step->begin(), step->end());
-    }
-    EXPECT_LE(testing::RelL2(*logits, reference), kTolerance) << "split " << split;
+  // Through the engine, as `deltaserve score --decode-from` runs.
+  for (int64_t split : {1, 65, 130}) {
+    const std::vector<float> logits = testing::EngineLogits(*model_, tokens, 0, split);
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), static_cast<int64_t>(tokens.size()) * V);
+    EXPECT_LE(testing::RelL2(logits, reference), kTolerance) << "split " << split;
   }
 }
 

@@ -1,12 +1,12 @@
 // Continuous batching on the worker: sequences run through shared steps, in
 // any mix of prefill chunks, decode tokens and scoring, get the same tokens
-// and log-probs as each run alone in its own Session.
+// and log-probs as each run alone by the plainest loop over the model.
 #include "runtime/engine/step_executor.h"
 
 #include <cmath>
 
 #include "runtime/comm/single_communicator.h"
-#include "runtime/engine/session.h"
+#include "tests/engine_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -21,19 +21,9 @@ class StepExecutorTest : public ::testing::TestWithParam<std::string> {
     layout_ = *WorldLayout::Make(1, 1, 1);
     executor_ = std::make_unique<StepExecutor>(*model_, layout_, world_);
   }
-  // Tokens `Generate` gives for the prompt alone.
   std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int64_t n,
                              const kernels::SamplingParams& sampling, uint64_t seed) {
-    Session session(*model_);
-    GenerateOptions options;
-    options.max_tokens = n;
-    options.sampling = sampling;
-    options.seed = seed;
-    std::vector<int32_t> out;
-    auto stats = Generate(session, model_->config().vocab_size, prompt, options,
-                          [&](int32_t t) { out.push_back(t); });
-    EXPECT_TRUE(stats.ok()) << stats.status();
-    return out;
+    return testing::ReferenceGenerate(*model_, prompt, n, sampling, seed);
   }
   std::unique_ptr<Model> model_;
   SingleCommunicator world_;
@@ -104,9 +94,9 @@ TEST_P(StepExecutorTest, SharedStepsGiveEachSequenceItsOwnTokens) {
 
 TEST_P(StepExecutorTest, ScoreGivesLogSoftmaxOfTheNextToken) {
   const auto tokens = testing::RandomTokens(70, 5);
-  Session session(*model_);
-  auto logits = session.Prefill(tokens, 0, true);
-  ASSERT_TRUE(logits.ok());
+  const std::vector<float> all = testing::OneShotLogits(*model_, tokens);
+  ASSERT_FALSE(all.empty());
+  const std::vector<float>* logits = &all;
   const int64_t V = model_->config().vocab_size;
 
   // Scored in two pieces next to a decoding sequence.

@@ -1,12 +1,12 @@
-// The coordinator's schedule, step by step: a worker that records every step
-// plan and runs it on a real StepExecutor (the golden k3-tiny model).
+// The coordinator's schedule, step by step, end to end: a worker that
+// records every step and runs it on a real replica (the golden k3-tiny model);
+// every request gets the tokens it gets alone. The policy itself is tested
+// without a model in tests/runtime/scheduler/scheduler_test.cc.
 #include "runtime/serving/coordinator.h"
 
 #include <mutex>
 
-#include "runtime/comm/single_communicator.h"
-#include "runtime/engine/session.h"
-#include "runtime/serving/worker.h"
+#include "tests/engine_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -14,58 +14,49 @@ namespace {
 
 // Reports each step as taking what the coordinator's own starting cost model
 // says, so the schedule does not depend on this machine's timing.
-class RecordingWorker final : public WorkerSender {
+class RecordingWorker final : public WorkerConnection {
  public:
   RecordingWorker(const Model& model, Coordinator& coordinator)
-      : layout_(*WorldLayout::Make(1, 1, 1)),
-        executor_(model, layout_, world_),
-        coordinator_(coordinator),
-        cost_(model.config()) {}
+      : local_(model), coordinator_(coordinator), cost_(model.config()) {}
 
   // Attaches saying it has `stages` pipeline stages (the steps still run here,
   // in one stage).
   void Attach(const ModelConfig& config, int stages) {
-    std::shared_ptr<WorkerSender> self(this, [](WorkerSender*) {});
+    std::shared_ptr<WorkerConnection> self(this, [](WorkerConnection*) {});
     auto id = coordinator_.AttachWorker(
-        MakeWorkerHello(config, *WorldLayout::Make(1, stages, 1), "recording"), self);
+        MakeWorkerInfo(config, *WorldLayout::Make(1, stages, 1), "recording"), self);
     ASSERT_TRUE(id.ok()) << id.status();
-    id_ = *id;
   }
-  bool Send(const v1::CoordinatorMessage& message) override {
-    if (!message.has_step() || message.step().shutdown()) return true;
+  absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      plans_.push_back(message.step());
+      plans_.push_back(step);
     }
     std::vector<StepPiece> pieces;
-    for (uint64_t id : message.step().release()) lengths_.erase(id);
-    for (const auto& w : message.step().work()) {
-      pieces.push_back({w.tokens_size(), lengths_[w.sequence_id()]});
-      lengths_[w.sequence_id()] += w.tokens_size();
+    for (uint64_t id : step.release) lengths_.erase(id);
+    for (const auto& w : step.work) {
+      pieces.push_back({static_cast<int64_t>(w.tokens.size()), lengths_[w.sequence_id]});
+      lengths_[w.sequence_id] += static_cast<int64_t>(w.tokens.size());
     }
-    v1::StepResult result;
-    EXPECT_TRUE(RunStep(executor_, message.step(), &result).ok());
-    result.set_wall_s(cost_.Cost(pieces));
-    result.clear_stage_compute_s();
-    result.add_stage_compute_s(cost_.Cost(pieces));
-    coordinator_.OnStepResult(id_, std::move(result));
-    return true;
+    auto result = local_.replica().Run(step);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return result.status();
+    result->wall_s = cost_.Cost(pieces);
+    result->stage_compute_s = {cost_.Cost(pieces)};
+    return std::optional<StepResult>(std::move(*result));
   }
-  std::vector<v1::StepPlan> plans() {
+  std::vector<Step> plans() {
     std::lock_guard<std::mutex> lock(mu_);
     return plans_;
   }
 
  private:
-  SingleCommunicator world_;
-  WorldLayout layout_;
-  StepExecutor executor_;
+  testing::LocalReplica local_;
   Coordinator& coordinator_;
   const ChunkCostModel cost_;
   std::map<uint64_t, int64_t> lengths_;
-  uint64_t id_ = 0;
   std::mutex mu_;
-  std::vector<v1::StepPlan> plans_;
+  std::vector<Step> plans_;
 };
 
 class CoordinatorTest : public ::testing::Test {
@@ -99,14 +90,7 @@ class CoordinatorTest : public ::testing::Test {
     }
   }
   std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int64_t n) {
-    Session session(*model_);
-    GenerateOptions options;
-    options.max_tokens = n;
-    std::vector<int32_t> out;
-    EXPECT_TRUE(Generate(session, model_->config().vocab_size, prompt, options, [&](int32_t t) {
-                  out.push_back(t);
-                }).ok());
-    return out;
+    return testing::ReferenceGenerate(*model_, prompt, n);
   }
   RequestHandle Submit(const std::vector<int32_t>& prompt, int64_t max_tokens) {
     GenerateParams params;
@@ -117,12 +101,12 @@ class CoordinatorTest : public ::testing::Test {
     return *handle;
   }
   // Tokens of sequence `id` in each plan (0 where it has no work).
-  static std::vector<int> WorkOf(const std::vector<v1::StepPlan>& plans, uint64_t id) {
+  static std::vector<int> WorkOf(const std::vector<Step>& plans, uint64_t id) {
     std::vector<int> sizes;
     for (const auto& plan : plans) {
       int n = 0;
-      for (const auto& w : plan.work()) {
-        if (w.sequence_id() == id) n = w.tokens_size();
+      for (const auto& w : plan.work) {
+        if (w.sequence_id == id) n = static_cast<int>(w.tokens.size());
       }
       sizes.push_back(n);
     }
@@ -174,7 +158,7 @@ TEST_F(CoordinatorTest, ShortRequestsDecodeWhileALongPromptPrefills) {
   for (size_t i = 0; i < plans.size(); ++i) {
     if (long_work[i] > 1 && short_work[i] == 1) ++shared;  // a chunk and a decode
     int tokens = 0;
-    for (const auto& w : plans[i].work()) tokens += w.tokens_size();
+    for (const auto& w : plans[i].work) tokens += static_cast<int>(w.tokens.size());
     EXPECT_LE(tokens, 256) << "step " << i << " is over the token budget";
   }
   EXPECT_EQ(shared, 9);  // every decode of the short request
@@ -196,10 +180,10 @@ TEST_F(CoordinatorTest, StepsPromiseASuccessorWhilePromptIsLeft) {
   for (size_t i = 0; i < plans.size(); ++i) {
     if (long_work[i] > 1 && short_work[i] == 1) {
       ++mixed;
-      EXPECT_TRUE(plans[i].more_coming()) << "step " << i;
+      EXPECT_TRUE(plans[i].more_coming) << "step " << i;
     }
     if (long_work[i] <= 1 && short_work[i] <= 1) {
-      EXPECT_FALSE(plans[i].more_coming()) << "step " << i;
+      EXPECT_FALSE(plans[i].more_coming) << "step " << i;
     }
   }
   EXPECT_EQ(mixed, 5);
@@ -219,10 +203,10 @@ TEST_F(CoordinatorTest, DecodesSplitIntoOneGroupPerPipelineStage) {
   int decode_steps = 0;
   for (const auto& plan : worker_->plans()) {
     int decodes = 0;
-    for (const auto& w : plan.work()) decodes += w.tokens_size() == 1;
+    for (const auto& w : plan.work) decodes += w.tokens.size() == 1;
     if (decodes == 0) continue;
     ++decode_steps;
-    EXPECT_LE(decodes, 2) << plan.DebugString();
+    EXPECT_LE(decodes, 2) << "step " << plan.id;
   }
   EXPECT_GE(decode_steps, 2 * 9);  // 9 decodes each, at most two per step
 }
@@ -236,13 +220,13 @@ TEST_F(CoordinatorTest, PurePrefillStepsPromiseASuccessorToAPipeline) {
   // Chunks that sample nothing say more_coming; the prompt's last chunk
   // (which samples) and the decode steps do not.
   size_t i = 0;
-  for (; i < plans.size() && plans[i].work_size() == 1 &&
-         plans[i].work(0).output() == v1::SequenceWork::OUTPUT_NONE;
+  for (; i < plans.size() && plans[i].work.size() == 1 &&
+         plans[i].work[0].output == WorkOutput::kNone;
        ++i) {
-    EXPECT_TRUE(plans[i].more_coming()) << "step " << i;
+    EXPECT_TRUE(plans[i].more_coming) << "step " << i;
   }
   EXPECT_GE(i, 3u);
-  for (; i < plans.size(); ++i) EXPECT_FALSE(plans[i].more_coming()) << "step " << i;
+  for (; i < plans.size(); ++i) EXPECT_FALSE(plans[i].more_coming) << "step " << i;
 }
 
 TEST_F(CoordinatorTest, CancellingFreesTheStateWithTheNextStep) {
@@ -263,8 +247,8 @@ TEST_F(CoordinatorTest, CancellingFreesTheStateWithTheNextStep) {
   EXPECT_EQ(status.running_sequences, 0);
   const auto plans = worker_->plans();
   ASSERT_FALSE(plans.empty());
-  ASSERT_EQ(plans.back().release_size(), 1);
-  EXPECT_EQ(plans.back().release(0), 1u);
+  ASSERT_EQ(plans.back().release.size(), 1u);
+  EXPECT_EQ(plans.back().release[0], 1u);
 }
 
 }  // namespace
