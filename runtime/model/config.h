@@ -69,9 +69,7 @@ struct ModelConfig {
   int64_t attn_res_block_size = 0;
 
   bool IsK3() const { return arch == Architecture::kKimiK3; }
-  bool IsMoeLayer(int64_t layer) const {
-    return num_experts > 0 && layer >= first_k_dense_replace;
-  }
+  bool IsMoeLayer(int64_t layer) const { return num_experts > 0 && layer >= first_k_dense_replace; }
   // Weight name prefixes: `language_model.model.` / `model.`, and the LM head.
   std::string ModelPrefix() const;
   std::string LmHeadName() const;

@@ -18,8 +18,8 @@
 namespace deltaserve {
 
 struct BatchRows {
-  std::vector<int64_t> offsets;         // size sequences + 1, offsets[0] = 0
-  std::vector<SequenceState*> states;   // one per sequence
+  std::vector<int64_t> offsets;        // size sequences + 1, offsets[0] = 0
+  std::vector<SequenceState*> states;  // one per sequence
 
   int64_t rows() const { return offsets.back(); }
   int64_t sequences() const { return static_cast<int64_t>(states.size()); }
@@ -33,11 +33,9 @@ struct BatchRows {
 // group `tp` (null: one rank) the partial outputs are summed across it, so
 // every rank ends with the whole result. Errors come from the communicator.
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out,
-                        Communicator* tp);
+                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out,
-                        Communicator* tp);
+                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
 
 // Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,

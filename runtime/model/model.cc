@@ -23,8 +23,8 @@ Floats Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float ep
   for (const Floats& b : act.bank) candidates.push_back(b.data());
   candidates.push_back(act.prefix.data());
   Floats out(act.rows * dim);
-  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
-                      act.rows, dim, w.norm.data(), w.proj.data(), eps, out.data());
+  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()), act.rows, dim,
+                      w.norm.data(), w.proj.data(), eps, out.data());
   return out;
 }
 
@@ -44,13 +44,12 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communi
       bytes_read_(bytes_read) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   const ModelShard& requested,
-                                                   Communicator* tp) {
+                                                   const ModelShard& requested, Communicator* tp) {
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
   if (shard.tp_size > 1 && (tp == nullptr || tp->size() != shard.tp_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a tensor-parallel shard of ", shard.tp_size, " ranks needs a communicator of that size"));
+    return absl::InvalidArgumentError(absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
+                                                   " ranks needs a communicator of that size"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(auto checkpoint, Checkpoint::Open(dir));
   DELTASERVE_RETURN_IF_ERROR(ValidateCheckpoint(config, *checkpoint));
@@ -92,18 +91,18 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
     }
     for (size_t p = 0; p < in.tokens.size(); ++p) {
       if (in.tokens[p] < 0 || in.tokens[p] >= V) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "input ", b, ": token id ", in.tokens[p], " at position ",
-            in.state->length + static_cast<int64_t>(p),
-            " is out of range for the vocabulary of ", V, " tokens"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("input ", b, ": token id ", in.tokens[p], " at position ",
+                         in.state->length + static_cast<int64_t>(p),
+                         " is out of range for the vocabulary of ", V, " tokens"));
       }
     }
     const int64_t context = in.state->length + static_cast<int64_t>(in.tokens.size());
     if (config_.max_position_embeddings > 0 && context > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input ", b, ": context of ", context,
-          " tokens exceeds the model's max_position_embeddings of ",
-          config_.max_position_embeddings));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", b, ": context of ", context,
+                       " tokens exceeds the model's max_position_embeddings of ",
+                       config_.max_position_embeddings));
     }
     const int64_t begin = batch.offsets.back();
     prepared.tokens.insert(prepared.tokens.end(), in.tokens.begin(), in.tokens.end());
@@ -133,9 +132,8 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   const float eps = config_.rms_norm_eps;
   Floats normed(rows * D), delta(rows * D);
   auto mixer = [&](const LayerWeights& layer, int64_t i, const float* x, float* out) {
-    return layer.kind == LayerKind::kKda
-               ? KdaForward(local_, layer.kda, i, batch, x, out, tp_)
-               : MlaForward(local_, layer.mla, i, batch, x, out, tp_);
+    return layer.kind == LayerKind::kKda ? KdaForward(local_, layer.kda, i, batch, x, out, tp_)
+                                         : MlaForward(local_, layer.mla, i, batch, x, out, tp_);
   };
   for (int64_t i = shard_.layer_begin; i < shard_.layer_end; ++i) {
     const LayerWeights& layer = weights_.layers[i];
@@ -163,8 +161,7 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
       Add(act->prefix, delta);
     }
     mixed = Mix(*act, layer.mlp_res, D, eps);
-    kernels::RmsNorm(mixed.data(), layer.post_attention_norm.data(), rows, D, eps,
-                     normed.data());
+    kernels::RmsNorm(mixed.data(), layer.post_attention_norm.data(), rows, D, eps, normed.data());
     DELTASERVE_RETURN_IF_ERROR(
         FfnForward(local_, layer.ffn, rows, normed.data(), delta.data(), tp_));
     Add(act->prefix, delta);
@@ -173,8 +170,7 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   return absl::OkStatus();
 }
 
-std::vector<float> Model::Logits(const Activations& act,
-                                 const std::vector<int64_t>& rows) const {
+std::vector<float> Model::Logits(const Activations& act, const std::vector<int64_t>& rows) const {
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
   const Floats hidden =
       config_.IsK3() ? Mix(act, weights_.output_res, D, config_.rms_norm_eps) : act.prefix;

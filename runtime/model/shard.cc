@@ -8,13 +8,13 @@ absl::StatusOr<ModelShard> ResolveShard(const ModelConfig& config, ModelShard sh
   if (shard.layer_end < 0) shard.layer_end = config.num_layers;
   if (shard.layer_begin < 0 || shard.layer_begin >= shard.layer_end ||
       shard.layer_end > config.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer range [", shard.layer_begin, ", ", shard.layer_end,
-        ") is not a non-empty part of the model's ", config.num_layers, " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", shard.layer_begin, ", ", shard.layer_end,
+                     ") is not a non-empty part of the model's ", config.num_layers, " layers"));
   }
   if (shard.tp_size < 1 || shard.tp_rank < 0 || shard.tp_rank >= shard.tp_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor-parallel rank ", shard.tp_rank, " of ", shard.tp_size, " is invalid"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel rank ", shard.tp_rank, " of ", shard.tp_size, " is invalid"));
   }
   const struct {
     const char* name;
@@ -28,9 +28,9 @@ absl::StatusOr<ModelShard> ResolveShard(const ModelConfig& config, ModelShard sh
   };
   for (const auto& split : splits) {
     if (split.value % shard.tp_size != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor parallelism of ", shard.tp_size, " does not divide ", split.name,
-          " = ", split.value));
+      return absl::InvalidArgumentError(absl::StrCat("tensor parallelism of ", shard.tp_size,
+                                                     " does not divide ", split.name, " = ",
+                                                     split.value));
     }
   }
   return shard;

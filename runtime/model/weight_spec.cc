@@ -13,8 +13,7 @@ namespace {
 class SpecList {
  public:
   explicit SpecList(std::vector<TensorSpec>* out) : out_(out) {}
-  void Add(const std::string& name, std::vector<int64_t> shape,
-           DType dtype = DType::kBF16) {
+  void Add(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::kBF16) {
     out_->push_back(TensorSpec{name, std::move(shape), dtype});
   }
 
@@ -22,9 +21,7 @@ class SpecList {
   std::vector<TensorSpec>* out_;
 };
 
-int64_t RoundUp(int64_t x, int64_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
-}
+int64_t RoundUp(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
 void AddKda(const ModelConfig& c, const std::string& p, SpecList* s) {
   const int64_t D = c.hidden_size;
@@ -73,8 +70,7 @@ void AddMla(const ModelConfig& c, const std::string& p, SpecList* s) {
   // [latent C | shared key part R]
   s->Add(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, D});
   s->Add(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
-  s->Add(a + "kv_b_proj.weight",
-         {n * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+  s->Add(a + "kv_b_proj.weight", {n * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
   if (c.mla_output_gate) s->Add(a + "g_proj.weight", {n * c.v_head_dim, D});
   s->Add(a + "o_proj.weight", {D, n * c.v_head_dim});
 }
@@ -173,8 +169,7 @@ ParameterCount CountParameters(const ModelConfig& c) {
     count.active_per_token += n;
   }
   // Each MoE layer runs num_experts_per_token of its routed experts.
-  const int64_t Z =
-      c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : c.hidden_size;
+  const int64_t Z = c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : c.hidden_size;
   const int64_t per_expert = 3 * Z * c.moe_intermediate_size;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.IsMoeLayer(i)) count.active_per_token += c.num_experts_per_token * per_expert;
@@ -193,13 +188,12 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
   for (const TensorSpec& spec : ExpectedTensors(config)) {
     auto it = checkpoint.tensors().find(spec.name);
     if (it == checkpoint.tensors().end()) {
-      problem(absl::StrCat("missing tensor '", spec.name, "' (shape ",
-                           ShapeString(spec.shape), ")"));
+      problem(
+          absl::StrCat("missing tensor '", spec.name, "' (shape ", ShapeString(spec.shape), ")"));
       continue;
     }
     const TensorView& view = *it->second;
-    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 &&
-        view.dtype != DType::kF16) {
+    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
       problem(absl::StrCat("tensor '", spec.name, "' in ", view.file, " has dtype ",
                            DTypeName(view.dtype), ", expected F32, BF16 or F16"));
       continue;
@@ -216,25 +210,22 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
     }
     if (view.shape != spec.shape) {
       problem(absl::StrCat("tensor '", spec.name, "' in ", view.file, " has shape ",
-                           ShapeString(view.shape), ", expected ",
-                           ShapeString(spec.shape)));
+                           ShapeString(view.shape), ", expected ", ShapeString(spec.shape)));
     }
   }
   if (total == 0) return absl::OkStatus();
   const std::string model_type = !config.model_type.empty() ? config.model_type
                                  : config.IsK3()            ? "kimi_k3"
                                                             : "kimi_linear";
-  std::string message =
-      absl::StrCat(checkpoint.dir(), ": checkpoint does not match its ", model_type,
-                   " config: ", absl::StrJoin(problems, "; "));
+  std::string message = absl::StrCat(checkpoint.dir(), ": checkpoint does not match its ",
+                                     model_type, " config: ", absl::StrJoin(problems, "; "));
   if (total > problems.size()) {
     absl::StrAppend(&message, "; and ", total - problems.size(), " more");
   }
   // The first problem decides the code: NotFound for a missing tensor,
   // InvalidArgument for a present but wrong one.
   const bool first_missing = absl::StartsWith(problems.front(), "missing");
-  return first_missing ? absl::NotFoundError(message)
-                       : absl::InvalidArgumentError(message);
+  return first_missing ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
 }
 
 }  // namespace deltaserve

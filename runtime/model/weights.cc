@@ -63,8 +63,8 @@ class Loader {
   }
 
   // Row slices of several tensors, concatenated.
-  absl::StatusOr<Floats> ConcatRows(const std::vector<std::string>& names,
-                                    int64_t begin, int64_t end) const {
+  absl::StatusOr<Floats> ConcatRows(const std::vector<std::string>& names, int64_t begin,
+                                    int64_t end) const {
     Floats out;
     for (const std::string& name : names) {
       DELTASERVE_ASSIGN_OR_RETURN(Floats part, Rows(name, begin, end));
@@ -84,8 +84,7 @@ class Loader {
   int64_t* bytes_read_;
 };
 
-absl::Status LoadKda(const ModelConfig& c, const ModelShard& s, const Loader& l,
-                     KdaWeights* w) {
+absl::Status LoadKda(const ModelConfig& c, const ModelShard& s, const Loader& l, KdaWeights* w) {
   const std::string p = "self_attn.";
   const int64_t H = c.kda.num_heads, d = c.kda.head_dim;
   const int64_t h0 = s.SliceBegin(H), h1 = s.SliceEnd(H);  // this rank's heads
@@ -93,8 +92,9 @@ absl::Status LoadKda(const ModelConfig& c, const ModelShard& s, const Loader& l,
       w->qkv_proj, l.ConcatRows({p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"},
                                 h0 * d, h1 * d));
   DELTASERVE_ASSIGN_OR_RETURN(
-      w->qkv_conv, l.ConcatRows({p + "q_conv1d.weight", p + "k_conv1d.weight",
-                                 p + "v_conv1d.weight"}, h0 * d, h1 * d));
+      w->qkv_conv,
+      l.ConcatRows({p + "q_conv1d.weight", p + "k_conv1d.weight", p + "v_conv1d.weight"}, h0 * d,
+                   h1 * d));
   DELTASERVE_ASSIGN_OR_RETURN(w->f_a, l.Get(p + "f_a_proj.weight"));
   DELTASERVE_ASSIGN_OR_RETURN(w->f_b, l.Rows(p + "f_b_proj.weight", h0 * d, h1 * d));
   DELTASERVE_ASSIGN_OR_RETURN(w->b_proj, l.Rows(p + "b_proj.weight", h0, h1));
@@ -113,8 +113,7 @@ absl::Status LoadKda(const ModelConfig& c, const ModelShard& s, const Loader& l,
   return absl::OkStatus();
 }
 
-absl::Status LoadMla(const ModelConfig& c, const ModelShard& s, const Loader& l,
-                     MlaWeights* w) {
+absl::Status LoadMla(const ModelConfig& c, const ModelShard& s, const Loader& l, MlaWeights* w) {
   const std::string p = "self_attn.";
   const int64_t n = c.num_attention_heads, P = c.qk_nope_head_dim;
   const int64_t R = c.qk_rope_head_dim, Vd = c.v_head_dim, C = c.kv_lora_rank;
@@ -128,7 +127,8 @@ absl::Status LoadMla(const ModelConfig& c, const ModelShard& s, const Loader& l,
   }
   DELTASERVE_ASSIGN_OR_RETURN(w->kv_a, l.Get(p + "kv_a_proj_with_mqa.weight"));
   DELTASERVE_ASSIGN_OR_RETURN(w->kv_a_norm, l.Get(p + "kv_a_layernorm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->kv_b, l.Rows(p + "kv_b_proj.weight", h0 * (P + Vd), h1 * (P + Vd)));
+  DELTASERVE_ASSIGN_OR_RETURN(w->kv_b,
+                              l.Rows(p + "kv_b_proj.weight", h0 * (P + Vd), h1 * (P + Vd)));
   if (c.mla_output_gate) {
     DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Rows(p + "g_proj.weight", h0 * Vd, h1 * Vd));
   }
@@ -138,7 +138,7 @@ absl::Status LoadMla(const ModelConfig& c, const ModelShard& s, const Loader& l,
   w->w_uk_t.resize(static_cast<size_t>(local * C * P));
   for (int64_t h = 0; h < local; ++h) {
     const float* w_uk = w->kv_b.data() + h * (P + Vd) * C;  // [P, C]
-    float* dst = w->w_uk_t.data() + h * C * P;             // [C, P]
+    float* dst = w->w_uk_t.data() + h * C * P;              // [C, P]
     for (int64_t i = 0; i < P; ++i)
       for (int64_t j = 0; j < C; ++j) dst[j * P + i] = w_uk[i * C + j];
   }
@@ -146,16 +146,16 @@ absl::Status LoadMla(const ModelConfig& c, const ModelShard& s, const Loader& l,
 }
 
 // gate/up rows and down columns [begin, end) of a gated MLP's width.
-absl::Status LoadGatedMlp(const Loader& l, const std::string& p, int64_t begin,
-                          int64_t end, Floats* gate_up, Floats* down) {
+absl::Status LoadGatedMlp(const Loader& l, const std::string& p, int64_t begin, int64_t end,
+                          Floats* gate_up, Floats* down) {
   DELTASERVE_ASSIGN_OR_RETURN(
       *gate_up, l.ConcatRows({p + "gate_proj.weight", p + "up_proj.weight"}, begin, end));
   DELTASERVE_ASSIGN_OR_RETURN(*down, l.Cols(p + "down_proj.weight", begin, end));
   return absl::OkStatus();
 }
 
-absl::Status LoadFfn(const ModelConfig& c, const ModelShard& s, int64_t layer,
-                     const Loader& l, FfnWeights* w) {
+absl::Status LoadFfn(const ModelConfig& c, const ModelShard& s, int64_t layer, const Loader& l,
+                     FfnWeights* w) {
   if (!c.IsMoeLayer(layer)) {
     return LoadGatedMlp(l, "mlp.", s.SliceBegin(c.intermediate_size),
                         s.SliceEnd(c.intermediate_size), &w->gate_up, &w->down);
@@ -170,8 +170,8 @@ absl::Status LoadFfn(const ModelConfig& c, const ModelShard& s, int64_t layer,
     if (!s.OwnsExpert(e)) continue;
     const std::string ep = absl::StrCat(p, "experts.", e, ".");
     const int64_t inter = c.moe_intermediate_size;
-    DELTASERVE_ASSIGN_OR_RETURN(
-        w->expert_w13[e], l.ConcatRows({ep + "w1.weight", ep + "w3.weight"}, 0, inter));
+    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w13[e],
+                                l.ConcatRows({ep + "w1.weight", ep + "w3.weight"}, 0, inter));
     DELTASERVE_ASSIGN_OR_RETURN(w->expert_w2[e], l.Get(ep + "w2.weight"));
   }
   if (c.num_shared_experts > 0) {
@@ -198,8 +198,7 @@ absl::Status LoadResMix(const Loader& l, const std::string& name, ResMixWeights*
 
 }  // namespace
 
-absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
-                                         const Checkpoint& checkpoint,
+absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read) {
   ModelWeights w;
   const Loader model(checkpoint, config.ModelPrefix(), bytes_read);
@@ -217,8 +216,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
   w.layers.resize(static_cast<size_t>(config.num_layers));
   for (int64_t i = shard.layer_begin; i < shard.layer_end; ++i) {
     LayerWeights& layer = w.layers[i];
-    const Loader l(checkpoint, absl::StrCat(config.ModelPrefix(), "layers.", i, "."),
-                   bytes_read);
+    const Loader l(checkpoint, absl::StrCat(config.ModelPrefix(), "layers.", i, "."), bytes_read);
     layer.kind = config.layer_kinds[i];
     DELTASERVE_ASSIGN_OR_RETURN(layer.input_norm, l.Get("input_layernorm.weight"));
     DELTASERVE_ASSIGN_OR_RETURN(layer.post_attention_norm,
