@@ -82,10 +82,11 @@ struct ModelWeights {
 };
 
 // Loads and converts the tensors `shard` owns: its layers, and of those its
-// TP slice (rows or columns of the split tensors, its routed experts; the
-// others stay empty); the embedding on the first stage, the head on the last.
-// Only those bytes are read from the mapped files; *bytes_read (optional)
-// receives their count. The checkpoint must have passed ValidateCheckpoint.
+// TP part as each tensor's spec splits it (tp_split.h; other ranks' routed
+// experts stay empty); the embedding on the first stage, the head on the
+// last. Only those bytes are read from the mapped files; *bytes_read
+// (optional) receives their count. The checkpoint must have passed
+// ValidateCheckpoint.
 absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read = nullptr);
 

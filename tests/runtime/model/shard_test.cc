@@ -1,7 +1,8 @@
 // A rank's shard as the loader builds it against the planner's figures for
-// the same stage: the tensor-parallel split rule is written twice (the
-// loader's row/column slices, the planner's byte counts), so they are held
-// to each other here, as are the per-sequence state sizes.
+// the same stage: both read the tensor-parallel split written on each
+// TensorSpec (the loader's slices, the planner's element counts), and this
+// holds what the loader really keeps to what the planner reports, as well as
+// the per-sequence state sizes.
 #include "runtime/model/shard.h"
 
 #include "absl/strings/str_cat.h"
