@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
 
 namespace deltaserve {
 namespace {
@@ -330,12 +331,12 @@ std::vector<int64_t> LayerList(const ModelConfig& config, LayerKind kind) {
 
 }  // namespace
 
-std::string ModelConfig::ModelPrefix() const { return IsK3() ? "language_model.model." : "model."; }
+std::string ModelConfig::ModelPrefix() const { return ArchitectureOf(*this).ModelPrefix(); }
 
 std::string ModelConfig::LmHeadName() const {
   // Tied embeddings have no lm_head tensor: the embedding is the head.
   if (tie_word_embeddings) return ModelPrefix() + "embed_tokens.weight";
-  return IsK3() ? "language_model.lm_head.weight" : "lm_head.weight";
+  return ArchitectureOf(*this).LmHeadName();
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,

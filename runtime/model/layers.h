@@ -27,6 +27,16 @@ struct BatchRows {
   int64_t Count(int64_t b) const { return offsets[b + 1] - offsets[b]; }
 };
 
+// What flows between layers for the rows of a batch: Kimi Linear's hidden
+// state is `prefix` with an empty bank; K3 carries the current block's partial
+// sum `prefix` and the completed block sums `bank` (the embedding first).
+// Between pipeline stages this is the packet, bank entries then prefix.
+struct Activations {
+  int64_t rows = 0;
+  std::vector<std::vector<float>> bank;  // each [rows, D]
+  std::vector<float> prefix;             // [rows, D]
+};
+
 // x: the normalised layer input [rows, D]; out: the mixer output [rows, D].
 // Each advances the per-layer state of every sequence by its rows. `config`
 // is the rank's LocalConfig (its share of the heads); with a tensor-parallel

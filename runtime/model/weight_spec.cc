@@ -5,13 +5,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/model/arch/architecture.h"
 
 namespace deltaserve {
 namespace {
 
-int64_t RoundUp(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
-
-void AddKda(const ModelConfig& c, const std::string& p, SpecList* s) {
+void AddKda(const ModelConfig& c, const ModelArchitecture& arch, const std::string& p,
+            SpecList* s) {
   const int64_t D = c.hidden_size;
   const int64_t H = c.kda.num_heads;
   const int64_t d = c.kda.head_dim;
@@ -28,14 +28,7 @@ void AddKda(const ModelConfig& c, const std::string& p, SpecList* s) {
   s->Add(a + "f_a_proj.weight", {d, D});  // decay gate, low rank d
   s->Add(a + "f_b_proj.weight", {HD, d}, heads);
   s->Add(a + "b_proj.weight", {H, D}, heads);  // beta, one per head
-  // One entry per head; K3 pads to a multiple of 128, Kimi Linear keeps the
-  // broadcast shape of its reference code. Only the heads' values are held.
-  const TpSplit a_log = TpSplit::Leading(TpDim::kKdaHeads, H);
-  if (c.IsK3()) {
-    s->Add(a + "A_log", {RoundUp(H, 128)}, DType::kF32, a_log);
-  } else {
-    s->Add(a + "A_log", {1, 1, H, 1}, DType::kF32, a_log);
-  }
+  s->Add(a + "A_log", arch.ALogShape(H), DType::kF32, TpSplit::Leading(TpDim::kKdaHeads, H));
   s->Add(a + "dt_bias", {HD}, DType::kF32, heads);
   if (c.kda.full_rank_gate) {
     s->Add(a + "g_proj.weight", {HD, D}, heads);
@@ -124,33 +117,25 @@ void SpecList::Add(std::string name, std::vector<int64_t> shape, DType dtype, Tp
 }
 
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+  const ModelArchitecture& arch = ArchitectureOf(c);
   std::vector<TensorSpec> out;
   SpecList s(&out);
   const std::string prefix = c.ModelPrefix();
   const int64_t D = c.hidden_size;
-  const bool attn_res = c.attn_res_block_size > 0;
   s.Begin(ModelPart::kEmbedding);
   s.Add(prefix + "embed_tokens.weight", {c.vocab_size, D});
   s.Begin(ModelPart::kHead);
   s.Add(prefix + "norm.weight", {D});
   if (!c.tie_word_embeddings) s.Add(c.LmHeadName(), {c.vocab_size, D});
-  if (attn_res) {
-    s.Add(prefix + "output_attn_res_norm.weight", {D});
-    s.Add(prefix + "output_attn_res_proj.weight", {1, D});
-  }
+  arch.AddHeadTensors(c, &s);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat(prefix, "layers.", i, ".");
     s.Begin(ModelPart::kLayer, i);
     s.Add(p + "input_layernorm.weight", {D});
     s.Add(p + "post_attention_layernorm.weight", {D});
-    if (attn_res) {
-      s.Add(p + "self_attention_res_norm.weight", {D});
-      s.Add(p + "self_attention_res_proj.weight", {1, D});
-      s.Add(p + "mlp_res_norm.weight", {D});
-      s.Add(p + "mlp_res_proj.weight", {1, D});
-    }
+    arch.AddLayerTensors(c, p, &s);
     if (c.layer_kinds[static_cast<size_t>(i)] == LayerKind::kKda) {
-      AddKda(c, p, &s);
+      AddKda(c, arch, p, &s);
     } else {
       AddMla(c, p, &s);
     }
@@ -215,9 +200,9 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
     }
   }
   if (total == 0) return absl::OkStatus();
-  const std::string model_type = !config.model_type.empty() ? config.model_type
-                                 : config.IsK3()            ? "kimi_k3"
-                                                            : "kimi_linear";
+  const std::string model_type = !config.model_type.empty()
+                                     ? config.model_type
+                                     : std::string(ArchitectureOf(config).model_type());
   std::string message = absl::StrCat(checkpoint.dir(), ": checkpoint does not match its ",
                                      model_type, " config: ", absl::StrJoin(problems, "; "));
   if (total > problems.size()) {

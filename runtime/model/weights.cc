@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
 #include "runtime/model/weight_loader.h"
 #include "runtime/model/weight_spec.h"
 
@@ -95,16 +96,11 @@ absl::Status LoadFfn(const ModelConfig& c, int64_t layer, const WeightLoader& l,
   return absl::OkStatus();
 }
 
-absl::Status LoadResMix(const WeightLoader& l, const std::string& name, ResMixWeights* w) {
-  DELTASERVE_ASSIGN_OR_RETURN(w->norm, l.Load(name + "_norm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->proj, l.Load(name + "_proj.weight"));
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read) {
+  const ModelArchitecture& arch = ArchitectureOf(config);
   const WeightLoader top(checkpoint, ExpectedTensors(config), shard.tp_rank, shard.tp_size,
                          bytes_read);
   const WeightLoader model = top.Under(config.ModelPrefix());
@@ -115,9 +111,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkp
   if (HasHead(config, shard)) {
     DELTASERVE_ASSIGN_OR_RETURN(w.norm, model.Load("norm.weight"));
     DELTASERVE_ASSIGN_OR_RETURN(w.lm_head, top.Load(config.LmHeadName()));
-    if (config.IsK3()) {
-      DELTASERVE_RETURN_IF_ERROR(LoadResMix(model, "output_attn_res", &w.output_res));
-    }
+    DELTASERVE_RETURN_IF_ERROR(arch.LoadHeadTensors(model, &w));
   }
   w.layers.resize(static_cast<size_t>(config.num_layers));
   for (int64_t i = shard.layer_begin; i < shard.layer_end; ++i) {
@@ -133,10 +127,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkp
       DELTASERVE_RETURN_IF_ERROR(LoadMla(config, l.Under("self_attn."), &layer.mla));
     }
     DELTASERVE_RETURN_IF_ERROR(LoadFfn(config, i, l, &layer.ffn));
-    if (config.IsK3()) {
-      DELTASERVE_RETURN_IF_ERROR(LoadResMix(l, "self_attention_res", &layer.attn_res));
-      DELTASERVE_RETURN_IF_ERROR(LoadResMix(l, "mlp_res", &layer.mlp_res));
-    }
+    DELTASERVE_RETURN_IF_ERROR(arch.LoadLayerTensors(l, &layer));
   }
   return w;
 }

@@ -58,7 +58,8 @@ struct FfnWeights {
   Floats latent_norm;              // [L]
 };
 
-// K3 attention-residual mix parameters: norm and projection weights.
+// K3 attention-residual mix parameters: norm and projection weights
+// (arch/kimi_k3.cc loads and uses them).
 struct ResMixWeights {
   Floats norm;  // [D]
   Floats proj;  // [D]

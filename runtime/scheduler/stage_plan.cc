@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
 #include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
@@ -226,9 +227,7 @@ double StageCost(const ModelConfig& c, const StageRange& range, int64_t tokens) 
 }
 
 int64_t BankEntriesBefore(const ModelConfig& c, int64_t end) {
-  const int64_t block = c.attn_res_block_size;
-  if (block <= 0 || end <= 0) return 0;
-  return (end + block - 1) / block;  // i in [0, end) with i % block == 0
+  return end <= 0 ? 0 : ArchitectureOf(c).BankSizeBefore(c, end);
 }
 
 absl::StatusOr<StagePlan> PlanStages(const ModelConfig& config, int pp, int64_t context_tokens,
