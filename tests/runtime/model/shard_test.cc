@@ -31,8 +31,8 @@ int64_t HeldElements(const ModelWeights& w) {
       n += f->size();
     }
     const MlaWeights& m = l.mla;
-    for (const Floats* f : {&m.q_a, &m.q_a_norm, &m.q_b, &m.q_proj, &m.kv_a, &m.kv_a_norm,
-                            &m.kv_b, &m.g_proj, &m.o_proj}) {
+    for (const Floats* f : {&m.q_a, &m.q_a_norm, &m.q_b, &m.q_proj, &m.kv_a, &m.kv_a_norm, &m.kv_b,
+                            &m.g_proj, &m.o_proj}) {
       n += f->size();
     }
     const FfnWeights& f = l.ffn;
@@ -113,8 +113,7 @@ TEST(ShardTest, RefusesWhatCannotBeSplit) {
   shard.tp_size = 3;
   auto resolved = ResolveShard(*config, shard);
   ASSERT_FALSE(resolved.ok());
-  EXPECT_NE(resolved.status().message().find("KDA heads"), std::string::npos)
-      << resolved.status();
+  EXPECT_NE(resolved.status().message().find("KDA heads"), std::string::npos) << resolved.status();
   shard.tp_size = 1;
   shard.layer_begin = 5;
   shard.layer_end = 12;
