@@ -165,7 +165,10 @@ void PrintPlan(const ModelConfig& c, const std::vector<StageReport>& reports, in
   std::vector<std::vector<std::string>> rows = {
       {"stage", "layers", "KDA", "MLA", "weights per rank", "KDA state per sequence",
        absl::StrCat("MLA cache at ", context, " tokens"),
-       c.IsK3() ? "to next stage per token (prefix + bank)" : "to next stage per token", "cost"}};
+       // Attention residuals send the bank along with the running prefix.
+       c.attn_res_block_size > 0 ? "to next stage per token (prefix + bank)"
+                                 : "to next stage per token",
+       "cost"}};
   StageReport total;
   for (size_t s = 0; s < reports.size(); ++s) {
     const StageReport& r = reports[s];

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
 
 namespace deltaserve {
 namespace {
@@ -45,18 +46,15 @@ class ConfigObject {
         absl::StrCat(*source_, ": missing required key '", Path(key), "'"));
   }
   absl::Status Bad(const std::string& key, const std::string& what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(*source_, ": key '", Path(key), "' ", what));
+    return absl::InvalidArgumentError(absl::StrCat(*source_, ": key '", Path(key), "' ", what));
   }
 
   // An integer in [min, max].
-  absl::StatusOr<int64_t> Int(const std::string& key, int64_t min,
-                              int64_t max = kMaxSize) const {
+  absl::StatusOr<int64_t> Int(const std::string& key, int64_t min, int64_t max = kMaxSize) const {
     if (!Has(key)) return Missing(key);
     return IntValue(key, (*object_)[key], min, max);
   }
-  absl::StatusOr<int64_t> IntOr(const std::string& key, int64_t min,
-                                int64_t fallback) const {
+  absl::StatusOr<int64_t> IntOr(const std::string& key, int64_t min, int64_t fallback) const {
     if (!Has(key)) return fallback;
     return IntValue(key, (*object_)[key], min, kMaxSize);
   }
@@ -145,17 +143,16 @@ absl::Status ParseLayerLists(const ConfigObject& lin, const std::string& source,
       if (layer < 1 || layer > n) {
         return lin.Bad(
             key, absl::StrCat("names layer ", layer, ", outside 1..", n,
-                              " (the layer lists are 1-indexed; num_hidden_layers is ", n,
-                              ")"));
+                              " (the layer lists are 1-indexed; num_hidden_layers is ", n, ")"));
       }
       int& slot = assigned[static_cast<size_t>(layer - 1)];
       if (slot == kind) {
         return lin.Bad(key, absl::StrCat("lists layer ", layer, " twice"));
       }
       if (slot != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ": layer ", layer, " is in both '", lin.Path("kda_layers"), "' and '",
-            lin.Path("full_attn_layers"), "'"));
+        return absl::InvalidArgumentError(absl::StrCat(source, ": layer ", layer, " is in both '",
+                                                       lin.Path("kda_layers"), "' and '",
+                                                       lin.Path("full_attn_layers"), "'"));
       }
       slot = kind;
     }
@@ -166,36 +163,33 @@ absl::Status ParseLayerLists(const ConfigObject& lin, const std::string& source,
   config->layer_kinds.clear();
   for (int64_t i = 0; i < n; ++i) {
     if (assigned[static_cast<size_t>(i)] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": layer ", i + 1, " (1-indexed) is in neither '",
-          lin.Path("kda_layers"), "' nor '", lin.Path("full_attn_layers"), "' (",
-          kda.size(), " + ", mla.size(), " entries for ", n, " layers)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": layer ", i + 1, " (1-indexed) is in neither '",
+                       lin.Path("kda_layers"), "' nor '", lin.Path("full_attn_layers"), "' (",
+                       kda.size(), " + ", mla.size(), " entries for ", n, " layers)"));
     }
-    config->layer_kinds.push_back(
-        assigned[static_cast<size_t>(i)] == 1 ? LayerKind::kKda : LayerKind::kMla);
+    config->layer_kinds.push_back(assigned[static_cast<size_t>(i)] == 1 ? LayerKind::kKda
+                                                                        : LayerKind::kMla);
   }
   return absl::OkStatus();
 }
 
 absl::Status ParseMoe(const ConfigObject& t, ModelConfig* c) {
   DELTASERVE_ASSIGN_OR_RETURN(c->num_experts, t.Int("num_experts", 0, kMaxExperts));
-  DELTASERVE_ASSIGN_OR_RETURN(c->first_k_dense_replace,
-                              t.Int("first_k_dense_replace", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(c->first_k_dense_replace, t.Int("first_k_dense_replace", 0));
   if (c->first_k_dense_replace > c->num_layers) {
     return t.Bad("first_k_dense_replace",
-                 absl::StrCat("is ", c->first_k_dense_replace,
-                              ", more than num_hidden_layers (", c->num_layers, ")"));
+                 absl::StrCat("is ", c->first_k_dense_replace, ", more than num_hidden_layers (",
+                              c->num_layers, ")"));
   }
   if (c->num_experts == 0) return absl::OkStatus();  // dense FFN everywhere
-  DELTASERVE_ASSIGN_OR_RETURN(c->num_experts_per_token,
-                              t.Int("num_experts_per_token", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c->num_experts_per_token, t.Int("num_experts_per_token", 1));
   if (c->num_experts_per_token > c->num_experts) {
     return t.Bad("num_experts_per_token",
-                 absl::StrCat("is ", c->num_experts_per_token,
-                              ", more than num_experts (", c->num_experts, ")"));
+                 absl::StrCat("is ", c->num_experts_per_token, ", more than num_experts (",
+                              c->num_experts, ")"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(c->moe_intermediate_size,
-                              t.Int("moe_intermediate_size", 1));
+  DELTASERVE_ASSIGN_OR_RETURN(c->moe_intermediate_size, t.Int("moe_intermediate_size", 1));
   DELTASERVE_ASSIGN_OR_RETURN(c->num_shared_experts, t.Int("num_shared_experts", 0));
   DELTASERVE_ASSIGN_OR_RETURN(c->moe_renormalize, t.Bool("moe_renormalize"));
   DELTASERVE_ASSIGN_OR_RETURN(double scale, t.Number("routed_scaling_factor"));
@@ -206,8 +200,7 @@ absl::Status ParseMoe(const ConfigObject& t, ModelConfig* c) {
   if (t.Has("moe_router_activation_func")) {
     DELTASERVE_ASSIGN_OR_RETURN(std::string act, t.String("moe_router_activation_func"));
     if (act != "sigmoid") {
-      return t.Bad("moe_router_activation_func",
-                   "is '" + act + "'; only 'sigmoid' is supported");
+      return t.Bad("moe_router_activation_func", "is '" + act + "'; only 'sigmoid' is supported");
     }
   }
   DELTASERVE_ASSIGN_OR_RETURN(int64_t freq, t.IntOr("moe_layer_freq", 1, 1));
@@ -219,10 +212,9 @@ absl::Status ParseMoe(const ConfigObject& t, ModelConfig* c) {
     DELTASERVE_ASSIGN_OR_RETURN(int64_t groups, t.IntOr("num_expert_group", 1, 1));
     DELTASERVE_ASSIGN_OR_RETURN(int64_t topk_group, t.IntOr("topk_group", 1, groups));
     if (topk_group < groups) {
-      return t.Bad("topk_group",
-                   absl::StrCat("is ", topk_group, " of ", groups,
-                                " expert groups; group-limited routing is not "
-                                "supported"));
+      return t.Bad("topk_group", absl::StrCat("is ", topk_group, " of ", groups,
+                                              " expert groups; group-limited routing is not "
+                                              "supported"));
     }
   }
   return absl::OkStatus();
@@ -237,21 +229,17 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   DELTASERVE_ASSIGN_OR_RETURN(double eps, t.Number("rms_norm_eps"));
   if (!(eps > 0)) return t.Bad("rms_norm_eps", "must be positive");
   c.rms_norm_eps = static_cast<float>(eps);
-  DELTASERVE_ASSIGN_OR_RETURN(c.max_position_embeddings,
-                              t.IntOr("max_position_embeddings", 1, 0));
-  DELTASERVE_ASSIGN_OR_RETURN(c.tie_word_embeddings,
-                              t.BoolOr("tie_word_embeddings", false));
+  DELTASERVE_ASSIGN_OR_RETURN(c.max_position_embeddings, t.IntOr("max_position_embeddings", 1, 0));
+  DELTASERVE_ASSIGN_OR_RETURN(c.tie_word_embeddings, t.BoolOr("tie_word_embeddings", false));
 
   // KDA.
   DELTASERVE_ASSIGN_OR_RETURN(ConfigObject lin, t.Object("linear_attn_config"));
   DELTASERVE_ASSIGN_OR_RETURN(c.kda.num_heads, lin.Int("num_heads", 1));
   DELTASERVE_ASSIGN_OR_RETURN(c.kda.head_dim, lin.Int("head_dim", 1));
   if (k3) {
-    DELTASERVE_ASSIGN_OR_RETURN(c.kda.conv_kernel_size,
-                                lin.Int("short_conv_kernel_size", 1));
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.conv_kernel_size, lin.Int("short_conv_kernel_size", 1));
   } else {
-    DELTASERVE_ASSIGN_OR_RETURN(c.kda.conv_kernel_size,
-                                lin.IntOr("short_conv_kernel_size", 1, 4));
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.conv_kernel_size, lin.IntOr("short_conv_kernel_size", 1, 4));
   }
   DELTASERVE_RETURN_IF_ERROR(ParseLayerLists(lin, source, &c));
   // The K3 gate keys live in linear_attn_config; accept them one level up
@@ -261,8 +249,7 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   const ConfigObject& bound_keys =
       (!lin.Has("gate_lower_bound") && t.Has("gate_lower_bound")) ? t : lin;
   if (k3) {
-    DELTASERVE_ASSIGN_OR_RETURN(c.kda.full_rank_gate,
-                                gate_keys.Bool("use_full_rank_gate"));
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.full_rank_gate, gate_keys.Bool("use_full_rank_gate"));
   } else {
     DELTASERVE_ASSIGN_OR_RETURN(c.kda.full_rank_gate,
                                 gate_keys.BoolOr("use_full_rank_gate", false));
@@ -271,8 +258,7 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   if (c.kda.has_lower_bound) {
     DELTASERVE_ASSIGN_OR_RETURN(double lb, bound_keys.Number("gate_lower_bound"));
     if (!(lb < 0)) {
-      return bound_keys.Bad("gate_lower_bound",
-                            "must be negative (the log-decay is <= 0)");
+      return bound_keys.Bad("gate_lower_bound", "must be negative (the log-decay is <= 0)");
     }
     c.kda.gate_lower_bound = static_cast<float>(lb);
   }
@@ -289,8 +275,7 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   if (k3) {
     DELTASERVE_ASSIGN_OR_RETURN(c.mla_output_gate, t.Bool("mla_use_output_gate"));
   } else {
-    DELTASERVE_ASSIGN_OR_RETURN(c.mla_output_gate,
-                                t.BoolOr("mla_use_output_gate", false));
+    DELTASERVE_ASSIGN_OR_RETURN(c.mla_output_gate, t.BoolOr("mla_use_output_gate", false));
   }
 
   // FFN.
@@ -301,8 +286,7 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   if (k3 || c.hidden_act == "situ") {
     DELTASERVE_ASSIGN_OR_RETURN(double beta, t.Number("activation_situ_beta"));
     if (!(beta > 0)) return t.Bad("activation_situ_beta", "must be positive");
-    DELTASERVE_ASSIGN_OR_RETURN(double linear_beta,
-                                t.Number("activation_situ_linear_beta"));
+    DELTASERVE_ASSIGN_OR_RETURN(double linear_beta, t.Number("activation_situ_linear_beta"));
     if (!(linear_beta > 0)) {
       return t.Bad("activation_situ_linear_beta", "must be positive");
     }
@@ -312,15 +296,13 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   DELTASERVE_ASSIGN_OR_RETURN(c.intermediate_size, t.Int("intermediate_size", 1));
   DELTASERVE_RETURN_IF_ERROR(ParseMoe(t, &c));
   if (k3) {
-    DELTASERVE_ASSIGN_OR_RETURN(c.routed_expert_hidden_size,
-                                t.Int("routed_expert_hidden_size", 1));
+    DELTASERVE_ASSIGN_OR_RETURN(c.routed_expert_hidden_size, t.Int("routed_expert_hidden_size", 1));
     DELTASERVE_ASSIGN_OR_RETURN(c.latent_moe_use_norm, t.Bool("latent_moe_use_norm"));
     DELTASERVE_ASSIGN_OR_RETURN(c.attn_res_block_size, t.Int("attn_res_block_size", 1));
   } else {
     DELTASERVE_ASSIGN_OR_RETURN(c.routed_expert_hidden_size,
                                 t.IntOr("routed_expert_hidden_size", 1, 0));
-    DELTASERVE_ASSIGN_OR_RETURN(c.latent_moe_use_norm,
-                                t.BoolOr("latent_moe_use_norm", false));
+    DELTASERVE_ASSIGN_OR_RETURN(c.latent_moe_use_norm, t.BoolOr("latent_moe_use_norm", false));
     if (t.Has("attn_res_block_size")) {
       return t.Bad("attn_res_block_size",
                    "is a K3 key; model_type kimi_linear has a plain residual stream");
@@ -349,14 +331,12 @@ std::vector<int64_t> LayerList(const ModelConfig& config, LayerKind kind) {
 
 }  // namespace
 
-std::string ModelConfig::ModelPrefix() const {
-  return IsK3() ? "language_model.model." : "model.";
-}
+std::string ModelConfig::ModelPrefix() const { return ArchitectureOf(*this).ModelPrefix(); }
 
 std::string ModelConfig::LmHeadName() const {
   // Tied embeddings have no lm_head tensor: the embedding is the head.
   if (tie_word_embeddings) return ModelPrefix() + "embed_tokens.weight";
-  return IsK3() ? "language_model.lm_head.weight" : "lm_head.weight";
+  return ArchitectureOf(*this).LmHeadName();
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
@@ -366,8 +346,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   }
   if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": top level is not a JSON object"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": top level is not a JSON object"));
   }
   const ConfigObject top(&root, "", &source);
   DELTASERVE_ASSIGN_OR_RETURN(std::string model_type, top.String("model_type"));
@@ -384,9 +363,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     config.arch = Architecture::kKimiLinear;
     return ParseFields(top, source, std::move(config));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(source, ": unsupported model_type '", model_type,
-                   "' (expected 'kimi_k3' or 'kimi_linear')"));
+  return absl::InvalidArgumentError(absl::StrCat(source, ": unsupported model_type '", model_type,
+                                                 "' (expected 'kimi_k3' or 'kimi_linear')"));
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {

@@ -68,11 +68,12 @@ struct ModelConfig {
   // K3 Block Attention Residuals; 0 for a plain residual stream.
   int64_t attn_res_block_size = 0;
 
+  // For reading config.json (config.cc); what the architectures do
+  // differently lives in arch/ (ArchitectureOf), not in branches on this.
   bool IsK3() const { return arch == Architecture::kKimiK3; }
-  bool IsMoeLayer(int64_t layer) const {
-    return num_experts > 0 && layer >= first_k_dense_replace;
-  }
-  // Weight name prefixes: `language_model.model.` / `model.`, and the LM head.
+  bool IsMoeLayer(int64_t layer) const { return num_experts > 0 && layer >= first_k_dense_replace; }
+  // Weight name prefixes: `language_model.model.` / `model.`, and the LM head
+  // (from the architecture, arch/architecture.h).
   std::string ModelPrefix() const;
   std::string LmHeadName() const;
   int64_t MlaCacheWidth() const { return kv_lora_rank + qk_rope_head_dim; }

@@ -18,13 +18,23 @@
 namespace deltaserve {
 
 struct BatchRows {
-  std::vector<int64_t> offsets;         // size sequences + 1, offsets[0] = 0
-  std::vector<SequenceState*> states;   // one per sequence
+  std::vector<int64_t> offsets;        // size sequences + 1, offsets[0] = 0
+  std::vector<SequenceState*> states;  // one per sequence
 
   int64_t rows() const { return offsets.back(); }
   int64_t sequences() const { return static_cast<int64_t>(states.size()); }
   int64_t Begin(int64_t b) const { return offsets[b]; }
   int64_t Count(int64_t b) const { return offsets[b + 1] - offsets[b]; }
+};
+
+// What flows between layers for the rows of a batch: Kimi Linear's hidden
+// state is `prefix` with an empty bank; K3 carries the current block's partial
+// sum `prefix` and the completed block sums `bank` (the embedding first).
+// Between pipeline stages this is the packet, bank entries then prefix.
+struct Activations {
+  int64_t rows = 0;
+  std::vector<std::vector<float>> bank;  // each [rows, D]
+  std::vector<float> prefix;             // [rows, D]
 };
 
 // x: the normalised layer input [rows, D]; out: the mixer output [rows, D].
@@ -33,11 +43,9 @@ struct BatchRows {
 // group `tp` (null: one rank) the partial outputs are summed across it, so
 // every rank ends with the whole result. Errors come from the communicator.
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out,
-                        Communicator* tp);
+                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out,
-                        Communicator* tp);
+                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
 
 // Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,

@@ -4,39 +4,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/attn_res.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
-namespace {
-
-using Floats = std::vector<float>;
-
-// The attention-residual mix over bank + [prefix], [rows, D].
-Floats Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float eps) {
-  std::vector<const float*> candidates;
-  for (const Floats& b : act.bank) candidates.push_back(b.data());
-  candidates.push_back(act.prefix.data());
-  Floats out(act.rows * dim);
-  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
-                      act.rows, dim, w.norm.data(), w.proj.data(), eps, out.data());
-  return out;
-}
-
-void Add(Floats& acc, const Floats& x) {
-  for (size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
-}
-
-}  // namespace
 
 Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
              int64_t bytes_read)
-    : config_(std::move(config)),
+    : arch_(&ArchitectureOf(config)),
+      config_(std::move(config)),
       local_(LocalConfig(config_, shard)),
       shard_(shard),
       weights_(std::move(weights)),
@@ -44,13 +25,12 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communi
       bytes_read_(bytes_read) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   const ModelShard& requested,
-                                                   Communicator* tp) {
+                                                   const ModelShard& requested, Communicator* tp) {
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
   if (shard.tp_size > 1 && (tp == nullptr || tp->size() != shard.tp_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a tensor-parallel shard of ", shard.tp_size, " ranks needs a communicator of that size"));
+    return absl::InvalidArgumentError(absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
+                                                   " ranks needs a communicator of that size"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(auto checkpoint, Checkpoint::Open(dir));
   DELTASERVE_RETURN_IF_ERROR(ValidateCheckpoint(config, *checkpoint));
@@ -65,11 +45,7 @@ std::unique_ptr<SequenceState> Model::NewSequence() const {
   return std::make_unique<SequenceState>(local_, shard_);
 }
 
-int64_t Model::BankSizeBefore(int64_t layer) const {
-  if (!config_.IsK3()) return 0;
-  const int64_t block = config_.attn_res_block_size;
-  return (layer + block - 1) / block;  // layers i < layer with i % block == 0
-}
+int64_t Model::BankSizeBefore(int64_t layer) const { return arch_->BankSizeBefore(config_, layer); }
 
 absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> inputs) const {
   const int64_t V = config_.vocab_size;
@@ -92,18 +68,18 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
     }
     for (size_t p = 0; p < in.tokens.size(); ++p) {
       if (in.tokens[p] < 0 || in.tokens[p] >= V) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "input ", b, ": token id ", in.tokens[p], " at position ",
-            in.state->length + static_cast<int64_t>(p),
-            " is out of range for the vocabulary of ", V, " tokens"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("input ", b, ": token id ", in.tokens[p], " at position ",
+                         in.state->length + static_cast<int64_t>(p),
+                         " is out of range for the vocabulary of ", V, " tokens"));
       }
     }
     const int64_t context = in.state->length + static_cast<int64_t>(in.tokens.size());
     if (config_.max_position_embeddings > 0 && context > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input ", b, ": context of ", context,
-          " tokens exceeds the model's max_position_embeddings of ",
-          config_.max_position_embeddings));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", b, ": context of ", context,
+                       " tokens exceeds the model's max_position_embeddings of ",
+                       config_.max_position_embeddings));
     }
     const int64_t begin = batch.offsets.back();
     prepared.tokens.insert(prepared.tokens.end(), in.tokens.begin(), in.tokens.end());
@@ -131,61 +107,38 @@ Activations Model::Embed(const std::vector<int32_t>& tokens) const {
 absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   const int64_t rows = act->rows, D = config_.hidden_size;
   const float eps = config_.rms_norm_eps;
-  Floats normed(rows * D), delta(rows * D);
-  auto mixer = [&](const LayerWeights& layer, int64_t i, const float* x, float* out) {
-    return layer.kind == LayerKind::kKda
-               ? KdaForward(local_, layer.kda, i, batch, x, out, tp_)
-               : MlaForward(local_, layer.mla, i, batch, x, out, tp_);
-  };
-  for (int64_t i = shard_.layer_begin; i < shard_.layer_end; ++i) {
+  std::vector<float> normed(rows * D);
+  // The sub-layers with their pre-norms; the architecture decides what they
+  // read and how their outputs join the residual.
+  auto mixer = [&](int64_t i, const float* h, float* out) {
     const LayerWeights& layer = weights_.layers[i];
-    if (!config_.IsK3()) {
-      // Plain pre-norm residual stream.
-      kernels::RmsNorm(act->prefix.data(), layer.input_norm.data(), rows, D, eps, normed.data());
-      DELTASERVE_RETURN_IF_ERROR(mixer(layer, i, normed.data(), delta.data()));
-      Add(act->prefix, delta);
-      kernels::RmsNorm(act->prefix.data(), layer.post_attention_norm.data(), rows, D, eps,
-                       normed.data());
-      DELTASERVE_RETURN_IF_ERROR(
-          FfnForward(local_, layer.ffn, rows, normed.data(), delta.data(), tp_));
-      Add(act->prefix, delta);
-      continue;
-    }
-    // K3 Block Attention Residuals: every residual read is a mix over the
-    // bank and the prefix; a block's first layer banks the finished sum.
-    Floats mixed = Mix(*act, layer.attn_res, D, eps);
-    kernels::RmsNorm(mixed.data(), layer.input_norm.data(), rows, D, eps, normed.data());
-    DELTASERVE_RETURN_IF_ERROR(mixer(layer, i, normed.data(), delta.data()));
-    if (i % config_.attn_res_block_size == 0) {
-      act->bank.push_back(std::move(act->prefix));
-      act->prefix = delta;
-    } else {
-      Add(act->prefix, delta);
-    }
-    mixed = Mix(*act, layer.mlp_res, D, eps);
-    kernels::RmsNorm(mixed.data(), layer.post_attention_norm.data(), rows, D, eps,
-                     normed.data());
-    DELTASERVE_RETURN_IF_ERROR(
-        FfnForward(local_, layer.ffn, rows, normed.data(), delta.data(), tp_));
-    Add(act->prefix, delta);
-  }
+    kernels::RmsNorm(h, layer.input_norm.data(), rows, D, eps, normed.data());
+    return layer.kind == LayerKind::kKda
+               ? KdaForward(local_, layer.kda, i, batch, normed.data(), out, tp_)
+               : MlaForward(local_, layer.mla, i, batch, normed.data(), out, tp_);
+  };
+  auto ffn = [&](int64_t i, const float* h, float* out) {
+    const LayerWeights& layer = weights_.layers[i];
+    kernels::RmsNorm(h, layer.post_attention_norm.data(), rows, D, eps, normed.data());
+    return FfnForward(local_, layer.ffn, rows, normed.data(), out, tp_);
+  };
+  DELTASERVE_RETURN_IF_ERROR(arch_->RunResidualStack(config_, weights_, shard_.layer_begin,
+                                                     shard_.layer_end, SubLayers{mixer, ffn}, act));
   for (int64_t b = 0; b < batch.sequences(); ++b) batch.states[b]->length += batch.Count(b);
   return absl::OkStatus();
 }
 
-std::vector<float> Model::Logits(const Activations& act,
-                                 const std::vector<int64_t>& rows) const {
+std::vector<float> Model::Logits(const Activations& act, const std::vector<int64_t>& rows) const {
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
-  const Floats hidden =
-      config_.IsK3() ? Mix(act, weights_.output_res, D, config_.rms_norm_eps) : act.prefix;
+  const std::vector<float> hidden = arch_->FinalHidden(config_, weights_, act);
   const int64_t n = static_cast<int64_t>(rows.size());
-  Floats selected(n * D);
+  std::vector<float> selected(n * D);
   for (int64_t i = 0; i < n; ++i) {
     std::copy_n(hidden.data() + rows[i] * D, D, selected.data() + i * D);
   }
   kernels::RmsNorm(selected.data(), weights_.norm.data(), n, D, config_.rms_norm_eps,
                    selected.data());
-  Floats logits(n * V);
+  std::vector<float> logits(n * V);
   kernels::Linear(selected.data(), weights_.lm_head.data(), n, V, D, logits.data());
   return logits;
 }

@@ -19,20 +19,12 @@
 
 namespace deltaserve {
 
+class ModelArchitecture;  // runtime/model/arch/architecture.h
+
 struct ForwardInput {
   SequenceState* state = nullptr;
   std::span<const int32_t> tokens;  // new tokens, appended after state->length
   bool all_logits = false;          // logits of every new token, else the last one
-};
-
-// What flows between layers for the rows of a batch: Kimi Linear's hidden
-// state is `prefix` with an empty bank; K3 carries the current block's partial
-// sum `prefix` and the completed block sums `bank` (the embedding first).
-// Between pipeline stages this is the packet, bank entries then prefix.
-struct Activations {
-  int64_t rows = 0;
-  std::vector<std::vector<float>> bank;  // each [rows, D]
-  std::vector<float> prefix;             // [rows, D]
 };
 
 // A validated batch: rows per sequence, the concatenated tokens, and which
@@ -80,6 +72,7 @@ class Model {
   Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
         int64_t bytes_read);
 
+  const ModelArchitecture* arch_;  // what differs between K3 and Kimi Linear
   ModelConfig config_;
   ModelConfig local_;  // head counts of this TP rank
   ModelShard shard_;

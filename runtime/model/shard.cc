@@ -1,6 +1,7 @@
 #include "runtime/model/shard.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
 
 namespace deltaserve {
 
@@ -8,31 +9,15 @@ absl::StatusOr<ModelShard> ResolveShard(const ModelConfig& config, ModelShard sh
   if (shard.layer_end < 0) shard.layer_end = config.num_layers;
   if (shard.layer_begin < 0 || shard.layer_begin >= shard.layer_end ||
       shard.layer_end > config.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer range [", shard.layer_begin, ", ", shard.layer_end,
-        ") is not a non-empty part of the model's ", config.num_layers, " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", shard.layer_begin, ", ", shard.layer_end,
+                     ") is not a non-empty part of the model's ", config.num_layers, " layers"));
   }
   if (shard.tp_size < 1 || shard.tp_rank < 0 || shard.tp_rank >= shard.tp_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor-parallel rank ", shard.tp_rank, " of ", shard.tp_size, " is invalid"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel rank ", shard.tp_rank, " of ", shard.tp_size, " is invalid"));
   }
-  const struct {
-    const char* name;
-    int64_t value;
-  } splits[] = {
-      {"linear_attn_config.num_heads (KDA heads)", config.kda.num_heads},
-      {"num_attention_heads (MLA heads)", config.num_attention_heads},
-      {"intermediate_size (dense FFN width)", config.intermediate_size},
-      {"num_shared_experts * moe_intermediate_size (shared expert width)",
-       config.num_shared_experts * config.moe_intermediate_size},
-  };
-  for (const auto& split : splits) {
-    if (split.value % shard.tp_size != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor parallelism of ", shard.tp_size, " does not divide ", split.name,
-          " = ", split.value));
-    }
-  }
+  DELTASERVE_RETURN_IF_ERROR(CheckTensorParallel(config, shard.tp_size));
   return shard;
 }
 

@@ -1,16 +1,16 @@
 // Which part of the model one rank holds: a contiguous range of layers (its
-// pipeline stage) and one slice of its tensor-parallel group. KDA and MLA
-// heads, FFN width and shared-expert width are split evenly across the group;
-// routed expert e lives on TP rank e % tp_size; everything else (norms,
-// low-rank gate inputs, the MLA latent projection, the router, K3's latent
-// down/up projections) is replicated. runtime/scheduler/stage_plan.cc counts
-// weight bytes by the same rule.
+// pipeline stage) and one slice of its tensor-parallel group. How the group
+// divides each tensor is written on the tensor's spec (weight_spec.h,
+// tp_split.h): KDA and MLA heads, FFN width and shared-expert width split
+// evenly, routed expert e on TP rank e % tp_size, everything else
+// replicated. The loader and runtime/scheduler/stage_plan.cc both read it.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
 #include "runtime/model/config.h"
+#include "runtime/model/tp_split.h"
 
 namespace deltaserve {
 
@@ -22,14 +22,10 @@ struct ModelShard {
 
   bool HasEmbedding() const { return layer_begin == 0; }
   bool HasLayer(int64_t layer) const { return layer >= layer_begin && layer < layer_end; }
-  bool OwnsExpert(int64_t expert) const { return expert % tp_size == tp_rank; }
-  // [begin, end) of `total` items split evenly over the TP group.
-  int64_t SliceBegin(int64_t total) const { return total / tp_size * tp_rank; }
-  int64_t SliceEnd(int64_t total) const { return total / tp_size * (tp_rank + 1); }
 };
 
 // Fills layer_end, and checks the ranges and that tp_size divides every split
-// dimension (the error names the dimension).
+// dimension (CheckTensorParallel; the error names the dimension).
 absl::StatusOr<ModelShard> ResolveShard(const ModelConfig& config, ModelShard shard);
 
 // True when the shard holds the final mix, norm and LM head.

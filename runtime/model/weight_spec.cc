@@ -5,57 +5,39 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/model/arch/architecture.h"
 
 namespace deltaserve {
 namespace {
 
-// Appends specs; BF16 unless stated.
-class SpecList {
- public:
-  explicit SpecList(std::vector<TensorSpec>* out) : out_(out) {}
-  void Add(const std::string& name, std::vector<int64_t> shape,
-           DType dtype = DType::kBF16) {
-    out_->push_back(TensorSpec{name, std::move(shape), dtype});
-  }
-
- private:
-  std::vector<TensorSpec>* out_;
-};
-
-int64_t RoundUp(int64_t x, int64_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
-}
-
-void AddKda(const ModelConfig& c, const std::string& p, SpecList* s) {
+void AddKda(const ModelConfig& c, const ModelArchitecture& arch, const std::string& p,
+            SpecList* s) {
   const int64_t D = c.hidden_size;
   const int64_t H = c.kda.num_heads;
   const int64_t d = c.kda.head_dim;
   const int64_t HD = H * d;
   const int64_t K = c.kda.conv_kernel_size;
   const std::string a = p + "self_attn.";
+  // Split by heads; the low-rank gate inputs and the per-head norm, which
+  // every head reads, are replicated.
+  const TpSplit heads = TpSplit::Rows(TpDim::kKdaHeads);
   for (const char* x : {"q", "k", "v"}) {
-    s->Add(a + x + "_proj.weight", {HD, D});
-    s->Add(a + x + "_conv1d.weight", {HD, 1, K}, DType::kF32);  // depthwise
+    s->Add(a + x + "_proj.weight", {HD, D}, heads);
+    s->Add(a + x + "_conv1d.weight", {HD, 1, K}, DType::kF32, heads);  // depthwise
   }
   s->Add(a + "f_a_proj.weight", {d, D});  // decay gate, low rank d
-  s->Add(a + "f_b_proj.weight", {HD, d});
-  s->Add(a + "b_proj.weight", {H, D});  // beta, one per head
-  // One entry per head; K3 pads to a multiple of 128, Kimi Linear keeps the
-  // broadcast shape of its reference code.
-  if (c.IsK3()) {
-    s->Add(a + "A_log", {RoundUp(H, 128)}, DType::kF32);
-  } else {
-    s->Add(a + "A_log", {1, 1, H, 1}, DType::kF32);
-  }
-  s->Add(a + "dt_bias", {HD}, DType::kF32);
+  s->Add(a + "f_b_proj.weight", {HD, d}, heads);
+  s->Add(a + "b_proj.weight", {H, D}, heads);  // beta, one per head
+  s->Add(a + "A_log", arch.ALogShape(H), DType::kF32, TpSplit::Leading(TpDim::kKdaHeads, H));
+  s->Add(a + "dt_bias", {HD}, DType::kF32, heads);
   if (c.kda.full_rank_gate) {
-    s->Add(a + "g_proj.weight", {HD, D});
+    s->Add(a + "g_proj.weight", {HD, D}, heads);
   } else {
     s->Add(a + "g_a_proj.weight", {d, D});
-    s->Add(a + "g_b_proj.weight", {HD, d});
+    s->Add(a + "g_b_proj.weight", {HD, d}, heads);
   }
   s->Add(a + "o_norm.weight", {d}, DType::kF32);  // per-head RMSNorm
-  s->Add(a + "o_proj.weight", {D, HD});
+  s->Add(a + "o_proj.weight", {D, HD}, TpSplit::Columns(TpDim::kKdaHeads));
 }
 
 void AddMla(const ModelConfig& c, const std::string& p, SpecList* s) {
@@ -63,29 +45,35 @@ void AddMla(const ModelConfig& c, const std::string& p, SpecList* s) {
   const int64_t n = c.num_attention_heads;
   const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
   const std::string a = p + "self_attn.";
+  // Split by heads; the latent (shared by all heads) and the q-LoRA input
+  // are replicated.
+  const TpSplit heads = TpSplit::Rows(TpDim::kMlaHeads);
   if (c.q_lora_rank > 0) {
     s->Add(a + "q_a_proj.weight", {c.q_lora_rank, D});
     s->Add(a + "q_a_layernorm.weight", {c.q_lora_rank});
-    s->Add(a + "q_b_proj.weight", {n * qk, c.q_lora_rank});
+    s->Add(a + "q_b_proj.weight", {n * qk, c.q_lora_rank}, heads);
   } else {
-    s->Add(a + "q_proj.weight", {n * qk, D});
+    s->Add(a + "q_proj.weight", {n * qk, D}, heads);
   }
   // [latent C | shared key part R]
   s->Add(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, D});
   s->Add(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
-  s->Add(a + "kv_b_proj.weight",
-         {n * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
-  if (c.mla_output_gate) s->Add(a + "g_proj.weight", {n * c.v_head_dim, D});
-  s->Add(a + "o_proj.weight", {D, n * c.v_head_dim});
+  s->Add(a + "kv_b_proj.weight", {n * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, heads);
+  if (c.mla_output_gate) s->Add(a + "g_proj.weight", {n * c.v_head_dim, D}, heads);
+  s->Add(a + "o_proj.weight", {D, n * c.v_head_dim}, TpSplit::Columns(TpDim::kMlaHeads));
+}
+
+// A gated MLP of `width` split by it: gate/up rows, down columns.
+void AddGatedMlp(const std::string& p, int64_t D, int64_t width, TpDim dim, SpecList* s) {
+  s->Add(p + "gate_proj.weight", {width, D}, TpSplit::Rows(dim));
+  s->Add(p + "up_proj.weight", {width, D}, TpSplit::Rows(dim));
+  s->Add(p + "down_proj.weight", {D, width}, TpSplit::Columns(dim));
 }
 
 void AddFfn(const ModelConfig& c, int64_t layer, const std::string& p, SpecList* s) {
   const int64_t D = c.hidden_size;
   if (!c.IsMoeLayer(layer)) {
-    const int64_t I = c.intermediate_size;
-    s->Add(p + "mlp.gate_proj.weight", {I, D});
-    s->Add(p + "mlp.up_proj.weight", {I, D});
-    s->Add(p + "mlp.down_proj.weight", {D, I});
+    AddGatedMlp(p + "mlp.", D, c.intermediate_size, TpDim::kDenseWidth, s);
     return;
   }
   const std::string m = p + "block_sparse_moe.";
@@ -93,21 +81,19 @@ void AddFfn(const ModelConfig& c, int64_t layer, const std::string& p, SpecList*
   const int64_t I = c.moe_intermediate_size;
   // Routed experts work in the latent space when there is one.
   const int64_t Z = c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : D;
+  // The router is replicated: every rank computes the same selection.
   s->Add(m + "gate.weight", {E, D});
   s->Add(m + "gate.e_score_correction_bias", {E}, DType::kF32);
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = absl::StrCat(m, "experts.", e, ".");
-    s->Add(x + "w1.weight", {I, Z});
-    s->Add(x + "w3.weight", {I, Z});
-    s->Add(x + "w2.weight", {Z, I});
+    s->Add(x + "w1.weight", {I, Z}, TpSplit::Expert(e));
+    s->Add(x + "w3.weight", {I, Z}, TpSplit::Expert(e));
+    s->Add(x + "w2.weight", {Z, I}, TpSplit::Expert(e));
   }
   if (c.num_shared_experts > 0) {
-    const int64_t S = c.num_shared_experts * I;
-    s->Add(m + "shared_experts.gate_proj.weight", {S, D});
-    s->Add(m + "shared_experts.up_proj.weight", {S, D});
-    s->Add(m + "shared_experts.down_proj.weight", {D, S});
+    AddGatedMlp(m + "shared_experts.", D, c.num_shared_experts * I, TpDim::kSharedExpertWidth, s);
   }
-  if (c.routed_expert_hidden_size > 0) {
+  if (c.routed_expert_hidden_size > 0) {  // latent MoE: replicated down / up
     s->Add(m + "routed_expert_down_proj.weight", {Z, D});
     s->Add(m + "routed_expert_up_proj.weight", {D, Z});
     if (c.latent_moe_use_norm) s->Add(m + "routed_expert_norm.weight", {Z});
@@ -118,8 +104,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-bool IsALog(const std::string& name) { return absl::EndsWith(name, ".A_log"); }
-
 }  // namespace
 
 int64_t TensorSpec::NumElements() const {
@@ -128,31 +112,30 @@ int64_t TensorSpec::NumElements() const {
   return n;
 }
 
+void SpecList::Add(std::string name, std::vector<int64_t> shape, DType dtype, TpSplit split) {
+  out_->push_back(TensorSpec{std::move(name), std::move(shape), dtype, part_, layer_, split});
+}
+
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+  const ModelArchitecture& arch = ArchitectureOf(c);
   std::vector<TensorSpec> out;
   SpecList s(&out);
   const std::string prefix = c.ModelPrefix();
   const int64_t D = c.hidden_size;
-  const bool attn_res = c.attn_res_block_size > 0;
+  s.Begin(ModelPart::kEmbedding);
   s.Add(prefix + "embed_tokens.weight", {c.vocab_size, D});
+  s.Begin(ModelPart::kHead);
   s.Add(prefix + "norm.weight", {D});
   if (!c.tie_word_embeddings) s.Add(c.LmHeadName(), {c.vocab_size, D});
-  if (attn_res) {
-    s.Add(prefix + "output_attn_res_norm.weight", {D});
-    s.Add(prefix + "output_attn_res_proj.weight", {1, D});
-  }
+  arch.AddHeadTensors(c, &s);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat(prefix, "layers.", i, ".");
+    s.Begin(ModelPart::kLayer, i);
     s.Add(p + "input_layernorm.weight", {D});
     s.Add(p + "post_attention_layernorm.weight", {D});
-    if (attn_res) {
-      s.Add(p + "self_attention_res_norm.weight", {D});
-      s.Add(p + "self_attention_res_proj.weight", {1, D});
-      s.Add(p + "mlp_res_norm.weight", {D});
-      s.Add(p + "mlp_res_proj.weight", {1, D});
-    }
+    arch.AddLayerTensors(c, p, &s);
     if (c.layer_kinds[static_cast<size_t>(i)] == LayerKind::kKda) {
-      AddKda(c, p, &s);
+      AddKda(c, arch, p, &s);
     } else {
       AddMla(c, p, &s);
     }
@@ -163,18 +146,16 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
 
 ParameterCount CountParameters(const ModelConfig& c) {
   ParameterCount count;
-  const std::string experts = "block_sparse_moe.experts.";
   for (const TensorSpec& spec : ExpectedTensors(c)) {
     const int64_t n = spec.NumElements();
     count.total += n;
-    if (spec.name.find(experts) != std::string::npos) {
+    if (spec.split.cut == TpCut::kExpert) {
       continue;  // routed experts: added below at the per-token share
     }
     count.active_per_token += n;
   }
   // Each MoE layer runs num_experts_per_token of its routed experts.
-  const int64_t Z =
-      c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : c.hidden_size;
+  const int64_t Z = c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : c.hidden_size;
   const int64_t per_expert = 3 * Z * c.moe_intermediate_size;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.IsMoeLayer(i)) count.active_per_token += c.num_experts_per_token * per_expert;
@@ -193,48 +174,44 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
   for (const TensorSpec& spec : ExpectedTensors(config)) {
     auto it = checkpoint.tensors().find(spec.name);
     if (it == checkpoint.tensors().end()) {
-      problem(absl::StrCat("missing tensor '", spec.name, "' (shape ",
-                           ShapeString(spec.shape), ")"));
+      problem(
+          absl::StrCat("missing tensor '", spec.name, "' (shape ", ShapeString(spec.shape), ")"));
       continue;
     }
     const TensorView& view = *it->second;
-    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 &&
-        view.dtype != DType::kF16) {
+    if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
       problem(absl::StrCat("tensor '", spec.name, "' in ", view.file, " has dtype ",
                            DTypeName(view.dtype), ", expected F32, BF16 or F16"));
       continue;
     }
-    if (IsALog(spec.name)) {
-      // Only the first num_heads values are read, whatever the layout.
-      if (view.NumElements() < config.kda.num_heads) {
+    if (spec.split.cut == TpCut::kLeading) {
+      // Only the leading values (one per head) are read, whatever the layout.
+      if (view.NumElements() < spec.split.leading) {
         problem(absl::StrCat("tensor '", spec.name, "' in ", view.file, " has shape ",
                              ShapeString(view.shape), " (", view.NumElements(),
-                             " values), expected at least ", config.kda.num_heads,
-                             " (one per KDA head)"));
+                             " values), expected at least ", spec.split.leading,
+                             " (one per head)"));
       }
       continue;
     }
     if (view.shape != spec.shape) {
       problem(absl::StrCat("tensor '", spec.name, "' in ", view.file, " has shape ",
-                           ShapeString(view.shape), ", expected ",
-                           ShapeString(spec.shape)));
+                           ShapeString(view.shape), ", expected ", ShapeString(spec.shape)));
     }
   }
   if (total == 0) return absl::OkStatus();
-  const std::string model_type = !config.model_type.empty() ? config.model_type
-                                 : config.IsK3()            ? "kimi_k3"
-                                                            : "kimi_linear";
-  std::string message =
-      absl::StrCat(checkpoint.dir(), ": checkpoint does not match its ", model_type,
-                   " config: ", absl::StrJoin(problems, "; "));
+  const std::string model_type = !config.model_type.empty()
+                                     ? config.model_type
+                                     : std::string(ArchitectureOf(config).model_type());
+  std::string message = absl::StrCat(checkpoint.dir(), ": checkpoint does not match its ",
+                                     model_type, " config: ", absl::StrJoin(problems, "; "));
   if (total > problems.size()) {
     absl::StrAppend(&message, "; and ", total - problems.size(), " more");
   }
   // The first problem decides the code: NotFound for a missing tensor,
   // InvalidArgument for a present but wrong one.
   const bool first_missing = absl::StartsWith(problems.front(), "missing");
-  return first_missing ? absl::NotFoundError(message)
-                       : absl::InvalidArgumentError(message);
+  return first_missing ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
 }
 
 }  // namespace deltaserve

@@ -1,238 +1,133 @@
 #include "runtime/model/weights.h"
 
 #include <string>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
+#include "runtime/model/weight_loader.h"
+#include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
 namespace {
 
-// Reads tensors, or row / column slices of them, as float32, counting the
-// bytes it reads.
-class Loader {
- public:
-  Loader(const Checkpoint& checkpoint, std::string prefix, int64_t* bytes_read)
-      : checkpoint_(checkpoint), prefix_(std::move(prefix)), bytes_read_(bytes_read) {}
-
-  absl::StatusOr<Floats> Get(const std::string& name) const {
-    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, checkpoint_.Get(prefix_ + name));
-    return Convert(*view);
-  }
-
-  // Rows [begin, end) of the first dimension (elements of a vector).
-  absl::StatusOr<Floats> Rows(const std::string& name, int64_t begin, int64_t end) const {
-    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, checkpoint_.Get(prefix_ + name));
-    const int64_t rows = view->shape.empty() ? 1 : view->shape[0];
-    const size_t row_bytes = view->nbytes / static_cast<size_t>(rows);
-    TensorView part = *view;
-    part.shape[0] = end - begin;
-    part.data += begin * row_bytes;
-    part.nbytes = (end - begin) * row_bytes;
-    return Convert(part);
-  }
-
-  // Elements [begin, end) of the tensor read flat, whatever its shape.
-  absl::StatusOr<Floats> Elements(const std::string& name, int64_t begin, int64_t end) const {
-    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, checkpoint_.Get(prefix_ + name));
-    const size_t elem = DTypeSize(view->dtype);
-    TensorView part = *view;
-    part.shape = {end - begin};
-    part.data += begin * elem;
-    part.nbytes = (end - begin) * elem;
-    return Convert(part);
-  }
-
-  // Columns [begin, end) of a matrix.
-  absl::StatusOr<Floats> Cols(const std::string& name, int64_t begin, int64_t end) const {
-    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, checkpoint_.Get(prefix_ + name));
-    const int64_t rows = view->shape[0], cols = view->shape[1];
-    const size_t elem = DTypeSize(view->dtype);
-    Floats out;
-    out.reserve(rows * (end - begin));
-    for (int64_t r = 0; r < rows; ++r) {
-      TensorView part = *view;
-      part.shape = {end - begin};
-      part.data += (r * cols + begin) * elem;
-      part.nbytes = (end - begin) * elem;
-      DELTASERVE_ASSIGN_OR_RETURN(Floats row, Convert(part));
-      out.insert(out.end(), row.begin(), row.end());
-    }
-    return out;
-  }
-
-  // Row slices of several tensors, concatenated.
-  absl::StatusOr<Floats> ConcatRows(const std::vector<std::string>& names,
-                                    int64_t begin, int64_t end) const {
-    Floats out;
-    for (const std::string& name : names) {
-      DELTASERVE_ASSIGN_OR_RETURN(Floats part, Rows(name, begin, end));
-      out.insert(out.end(), part.begin(), part.end());
-    }
-    return out;
-  }
-
- private:
-  absl::StatusOr<Floats> Convert(const TensorView& view) const {
-    if (bytes_read_ != nullptr) *bytes_read_ += static_cast<int64_t>(view.nbytes);
-    return ToFloat32(view);
-  }
-
-  const Checkpoint& checkpoint_;
-  std::string prefix_;
-  int64_t* bytes_read_;
-};
-
-absl::Status LoadKda(const ModelConfig& c, const ModelShard& s, const Loader& l,
-                     KdaWeights* w) {
-  const std::string p = "self_attn.";
-  const int64_t H = c.kda.num_heads, d = c.kda.head_dim;
-  const int64_t h0 = s.SliceBegin(H), h1 = s.SliceEnd(H);  // this rank's heads
-  DELTASERVE_ASSIGN_OR_RETURN(
-      w->qkv_proj, l.ConcatRows({p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"},
-                                h0 * d, h1 * d));
-  DELTASERVE_ASSIGN_OR_RETURN(
-      w->qkv_conv, l.ConcatRows({p + "q_conv1d.weight", p + "k_conv1d.weight",
-                                 p + "v_conv1d.weight"}, h0 * d, h1 * d));
-  DELTASERVE_ASSIGN_OR_RETURN(w->f_a, l.Get(p + "f_a_proj.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->f_b, l.Rows(p + "f_b_proj.weight", h0 * d, h1 * d));
-  DELTASERVE_ASSIGN_OR_RETURN(w->b_proj, l.Rows(p + "b_proj.weight", h0, h1));
-  // K3 pads A_log to a multiple of 128, Kimi Linear stores [1, 1, H, 1]: the
-  // first H values are the heads' in both, so a flat view works for either.
-  DELTASERVE_ASSIGN_OR_RETURN(w->a_log, l.Elements(p + "A_log", h0, h1));
-  DELTASERVE_ASSIGN_OR_RETURN(w->dt_bias, l.Rows(p + "dt_bias", h0 * d, h1 * d));
+// Each Load / Concat reads this rank's part as the tensor's spec splits it.
+absl::Status LoadKda(const ModelConfig& c, const WeightLoader& l, KdaWeights* w) {
+  DELTASERVE_ASSIGN_OR_RETURN(w->qkv_proj,
+                              l.Concat({"q_proj.weight", "k_proj.weight", "v_proj.weight"}));
+  DELTASERVE_ASSIGN_OR_RETURN(w->qkv_conv,
+                              l.Concat({"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"}));
+  DELTASERVE_ASSIGN_OR_RETURN(w->f_a, l.Load("f_a_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->f_b, l.Load("f_b_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->b_proj, l.Load("b_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->a_log, l.Load("A_log"));  // padding dropped
+  DELTASERVE_ASSIGN_OR_RETURN(w->dt_bias, l.Load("dt_bias"));
   if (c.kda.full_rank_gate) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Rows(p + "g_proj.weight", h0 * d, h1 * d));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Load("g_proj.weight"));
   } else {
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_a, l.Get(p + "g_a_proj.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_b, l.Rows(p + "g_b_proj.weight", h0 * d, h1 * d));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_a, l.Load("g_a_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_b, l.Load("g_b_proj.weight"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(w->o_norm, l.Get(p + "o_norm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Cols(p + "o_proj.weight", h0 * d, h1 * d));
+  DELTASERVE_ASSIGN_OR_RETURN(w->o_norm, l.Load("o_norm.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Load("o_proj.weight"));
   return absl::OkStatus();
 }
 
-absl::Status LoadMla(const ModelConfig& c, const ModelShard& s, const Loader& l,
-                     MlaWeights* w) {
-  const std::string p = "self_attn.";
-  const int64_t n = c.num_attention_heads, P = c.qk_nope_head_dim;
-  const int64_t R = c.qk_rope_head_dim, Vd = c.v_head_dim, C = c.kv_lora_rank;
-  const int64_t h0 = s.SliceBegin(n), h1 = s.SliceEnd(n);
+absl::Status LoadMla(const ModelConfig& c, const WeightLoader& l, MlaWeights* w) {
+  const int64_t P = c.qk_nope_head_dim, Vd = c.v_head_dim, C = c.kv_lora_rank;
   if (c.q_lora_rank > 0) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_a, l.Get(p + "q_a_proj.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_a_norm, l.Get(p + "q_a_layernorm.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_b, l.Rows(p + "q_b_proj.weight", h0 * (P + R), h1 * (P + R)));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_a, l.Load("q_a_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_a_norm, l.Load("q_a_layernorm.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_b, l.Load("q_b_proj.weight"));
   } else {
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_proj, l.Rows(p + "q_proj.weight", h0 * (P + R), h1 * (P + R)));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_proj, l.Load("q_proj.weight"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(w->kv_a, l.Get(p + "kv_a_proj_with_mqa.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->kv_a_norm, l.Get(p + "kv_a_layernorm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->kv_b, l.Rows(p + "kv_b_proj.weight", h0 * (P + Vd), h1 * (P + Vd)));
+  DELTASERVE_ASSIGN_OR_RETURN(w->kv_a, l.Load("kv_a_proj_with_mqa.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->kv_a_norm, l.Load("kv_a_layernorm.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->kv_b, l.Load("kv_b_proj.weight"));
   if (c.mla_output_gate) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Rows(p + "g_proj.weight", h0 * Vd, h1 * Vd));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Load("g_proj.weight"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Cols(p + "o_proj.weight", h0 * Vd, h1 * Vd));
+  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Load("o_proj.weight"));
 
-  const int64_t local = h1 - h0;
+  const int64_t local = static_cast<int64_t>(w->kv_b.size()) / ((P + Vd) * C);  // this rank's heads
   w->w_uk_t.resize(static_cast<size_t>(local * C * P));
   for (int64_t h = 0; h < local; ++h) {
     const float* w_uk = w->kv_b.data() + h * (P + Vd) * C;  // [P, C]
-    float* dst = w->w_uk_t.data() + h * C * P;             // [C, P]
+    float* dst = w->w_uk_t.data() + h * C * P;              // [C, P]
     for (int64_t i = 0; i < P; ++i)
       for (int64_t j = 0; j < C; ++j) dst[j * P + i] = w_uk[i * C + j];
   }
   return absl::OkStatus();
 }
 
-// gate/up rows and down columns [begin, end) of a gated MLP's width.
-absl::Status LoadGatedMlp(const Loader& l, const std::string& p, int64_t begin,
-                          int64_t end, Floats* gate_up, Floats* down) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      *gate_up, l.ConcatRows({p + "gate_proj.weight", p + "up_proj.weight"}, begin, end));
-  DELTASERVE_ASSIGN_OR_RETURN(*down, l.Cols(p + "down_proj.weight", begin, end));
+// A gated MLP's gate/up rows and down columns (this rank's share of its width).
+absl::Status LoadGatedMlp(const WeightLoader& l, Floats* gate_up, Floats* down) {
+  DELTASERVE_ASSIGN_OR_RETURN(*gate_up, l.Concat({"gate_proj.weight", "up_proj.weight"}));
+  DELTASERVE_ASSIGN_OR_RETURN(*down, l.Load("down_proj.weight"));
   return absl::OkStatus();
 }
 
-absl::Status LoadFfn(const ModelConfig& c, const ModelShard& s, int64_t layer,
-                     const Loader& l, FfnWeights* w) {
-  if (!c.IsMoeLayer(layer)) {
-    return LoadGatedMlp(l, "mlp.", s.SliceBegin(c.intermediate_size),
-                        s.SliceEnd(c.intermediate_size), &w->gate_up, &w->down);
-  }
+absl::Status LoadFfn(const ModelConfig& c, int64_t layer, const WeightLoader& l, FfnWeights* w) {
+  if (!c.IsMoeLayer(layer)) return LoadGatedMlp(l.Under("mlp."), &w->gate_up, &w->down);
   w->moe = true;
-  const std::string p = "block_sparse_moe.";
-  DELTASERVE_ASSIGN_OR_RETURN(w->router, l.Get(p + "gate.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->router_bias, l.Get(p + "gate.e_score_correction_bias"));
+  const WeightLoader m = l.Under("block_sparse_moe.");
+  DELTASERVE_ASSIGN_OR_RETURN(w->router, m.Load("gate.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->router_bias, m.Load("gate.e_score_correction_bias"));
   w->expert_w13.resize(c.num_experts);
   w->expert_w2.resize(c.num_experts);
   for (int64_t e = 0; e < c.num_experts; ++e) {
-    if (!s.OwnsExpert(e)) continue;
-    const std::string ep = absl::StrCat(p, "experts.", e, ".");
-    const int64_t inter = c.moe_intermediate_size;
-    DELTASERVE_ASSIGN_OR_RETURN(
-        w->expert_w13[e], l.ConcatRows({ep + "w1.weight", ep + "w3.weight"}, 0, inter));
-    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w2[e], l.Get(ep + "w2.weight"));
+    // Empty unless this rank owns expert e.
+    const WeightLoader x = m.Under(absl::StrCat("experts.", e, "."));
+    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w13[e], x.Concat({"w1.weight", "w3.weight"}));
+    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w2[e], x.Load("w2.weight"));
   }
   if (c.num_shared_experts > 0) {
-    const int64_t width = c.num_shared_experts * c.moe_intermediate_size;
-    DELTASERVE_RETURN_IF_ERROR(LoadGatedMlp(l, p + "shared_experts.", s.SliceBegin(width),
-                                            s.SliceEnd(width), &w->shared_gate_up,
-                                            &w->shared_down));
+    DELTASERVE_RETURN_IF_ERROR(
+        LoadGatedMlp(m.Under("shared_experts."), &w->shared_gate_up, &w->shared_down));
   }
   if (c.routed_expert_hidden_size > 0) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->latent_down, l.Get(p + "routed_expert_down_proj.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->latent_up, l.Get(p + "routed_expert_up_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->latent_down, m.Load("routed_expert_down_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->latent_up, m.Load("routed_expert_up_proj.weight"));
     if (c.latent_moe_use_norm) {
-      DELTASERVE_ASSIGN_OR_RETURN(w->latent_norm, l.Get(p + "routed_expert_norm.weight"));
+      DELTASERVE_ASSIGN_OR_RETURN(w->latent_norm, m.Load("routed_expert_norm.weight"));
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status LoadResMix(const Loader& l, const std::string& name, ResMixWeights* w) {
-  DELTASERVE_ASSIGN_OR_RETURN(w->norm, l.Get(name + "_norm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->proj, l.Get(name + "_proj.weight"));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
-                                         const Checkpoint& checkpoint,
+absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read) {
+  const ModelArchitecture& arch = ArchitectureOf(config);
+  const WeightLoader top(checkpoint, ExpectedTensors(config), shard.tp_rank, shard.tp_size,
+                         bytes_read);
+  const WeightLoader model = top.Under(config.ModelPrefix());
   ModelWeights w;
-  const Loader model(checkpoint, config.ModelPrefix(), bytes_read);
-  const Loader top(checkpoint, "", bytes_read);
   if (shard.HasEmbedding()) {
-    DELTASERVE_ASSIGN_OR_RETURN(w.embed, model.Get("embed_tokens.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w.embed, model.Load("embed_tokens.weight"));
   }
   if (HasHead(config, shard)) {
-    DELTASERVE_ASSIGN_OR_RETURN(w.norm, model.Get("norm.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w.lm_head, top.Get(config.LmHeadName()));
-    if (config.IsK3()) {
-      DELTASERVE_RETURN_IF_ERROR(LoadResMix(model, "output_attn_res", &w.output_res));
-    }
+    DELTASERVE_ASSIGN_OR_RETURN(w.norm, model.Load("norm.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w.lm_head, top.Load(config.LmHeadName()));
+    DELTASERVE_RETURN_IF_ERROR(arch.LoadHeadTensors(model, &w));
   }
   w.layers.resize(static_cast<size_t>(config.num_layers));
   for (int64_t i = shard.layer_begin; i < shard.layer_end; ++i) {
     LayerWeights& layer = w.layers[i];
-    const Loader l(checkpoint, absl::StrCat(config.ModelPrefix(), "layers.", i, "."),
-                   bytes_read);
+    const WeightLoader l = model.Under(absl::StrCat("layers.", i, "."));
     layer.kind = config.layer_kinds[i];
-    DELTASERVE_ASSIGN_OR_RETURN(layer.input_norm, l.Get("input_layernorm.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(layer.input_norm, l.Load("input_layernorm.weight"));
     DELTASERVE_ASSIGN_OR_RETURN(layer.post_attention_norm,
-                                l.Get("post_attention_layernorm.weight"));
+                                l.Load("post_attention_layernorm.weight"));
     if (layer.kind == LayerKind::kKda) {
-      DELTASERVE_RETURN_IF_ERROR(LoadKda(config, shard, l, &layer.kda));
+      DELTASERVE_RETURN_IF_ERROR(LoadKda(config, l.Under("self_attn."), &layer.kda));
     } else {
-      DELTASERVE_RETURN_IF_ERROR(LoadMla(config, shard, l, &layer.mla));
+      DELTASERVE_RETURN_IF_ERROR(LoadMla(config, l.Under("self_attn."), &layer.mla));
     }
-    DELTASERVE_RETURN_IF_ERROR(LoadFfn(config, shard, i, l, &layer.ffn));
-    if (config.IsK3()) {
-      DELTASERVE_RETURN_IF_ERROR(LoadResMix(l, "self_attention_res", &layer.attn_res));
-      DELTASERVE_RETURN_IF_ERROR(LoadResMix(l, "mlp_res", &layer.mlp_res));
-    }
+    DELTASERVE_RETURN_IF_ERROR(LoadFfn(config, i, l, &layer.ffn));
+    DELTASERVE_RETURN_IF_ERROR(arch.LoadLayerTensors(l, &layer));
   }
   return w;
 }

@@ -17,17 +17,17 @@ namespace deltaserve {
 using Floats = std::vector<float>;
 
 struct KdaWeights {
-  Floats qkv_proj;   // [3 * H * d, D]: q, k, v rows
-  Floats qkv_conv;   // [3 * H * d, W]
-  Floats f_a;        // [rank, D]
-  Floats f_b;        // [H * d, rank]
-  Floats b_proj;     // [H, D]
-  Floats a_log;      // [H] (padding dropped)
-  Floats dt_bias;    // [H * d]
-  Floats g_proj;     // full rank: [H * d, D]
-  Floats g_a, g_b;   // low rank: [rank, D], [H * d, rank]
-  Floats o_norm;     // [d]
-  Floats o_proj;     // [D, H * d]
+  Floats qkv_proj;  // [3 * H * d, D]: q, k, v rows
+  Floats qkv_conv;  // [3 * H * d, W]
+  Floats f_a;       // [rank, D]
+  Floats f_b;       // [H * d, rank]
+  Floats b_proj;    // [H, D]
+  Floats a_log;     // [H] (padding dropped)
+  Floats dt_bias;   // [H * d]
+  Floats g_proj;    // full rank: [H * d, D]
+  Floats g_a, g_b;  // low rank: [rank, D], [H * d, rank]
+  Floats o_norm;    // [d]
+  Floats o_proj;    // [D, H * d]
 };
 
 struct MlaWeights {
@@ -47,18 +47,19 @@ struct FfnWeights {
   Floats gate_up;  // [2 * I, D]
   Floats down;     // [D, I]
   // MoE
-  Floats router;        // [E, D]
-  Floats router_bias;   // [E]
+  Floats router;                   // [E, D]
+  Floats router_bias;              // [E]
   std::vector<Floats> expert_w13;  // each [2 * Ie, Din]; empty if on another TP rank
   std::vector<Floats> expert_w2;   // each [Din, Ie]
-  Floats shared_gate_up;  // [2 * Is, D], empty without shared experts
-  Floats shared_down;     // [D, Is]
-  Floats latent_down;     // [L, D] (K3 latent MoE), else empty
-  Floats latent_up;       // [D, L]
-  Floats latent_norm;     // [L]
+  Floats shared_gate_up;           // [2 * Is, D], empty without shared experts
+  Floats shared_down;              // [D, Is]
+  Floats latent_down;              // [L, D] (K3 latent MoE), else empty
+  Floats latent_up;                // [D, L]
+  Floats latent_norm;              // [L]
 };
 
-// K3 attention-residual mix parameters: norm and projection weights.
+// K3 attention-residual mix parameters: norm and projection weights
+// (arch/kimi_k3.cc loads and uses them).
 struct ResMixWeights {
   Floats norm;  // [D]
   Floats proj;  // [D]
@@ -74,21 +75,20 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Floats embed;    // [V, D]
-  Floats norm;     // [D]
-  Floats lm_head;  // [V, D] (the embedding when tied)
-  ResMixWeights output_res;  // K3 only
+  Floats embed;                      // [V, D]
+  Floats norm;                       // [D]
+  Floats lm_head;                    // [V, D] (the embedding when tied)
+  ResMixWeights output_res;          // K3 only
   std::vector<LayerWeights> layers;  // all layers; those of other stages empty
 };
 
 // Loads and converts the tensors `shard` owns: its layers, and of those its
-// TP slice (rows or columns of the split tensors, its routed experts; the
-// others stay empty); the embedding on the first stage, the head on the last.
-// Only those bytes are read from the mapped files; *bytes_read (optional)
-// receives their count. The checkpoint must have passed ValidateCheckpoint.
-absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
-                                         const Checkpoint& checkpoint,
-                                         const ModelShard& shard,
-                                         int64_t* bytes_read = nullptr);
+// TP part as each tensor's spec splits it (tp_split.h; other ranks' routed
+// experts stay empty); the embedding on the first stage, the head on the
+// last. Only those bytes are read from the mapped files; *bytes_read
+// (optional) receives their count. The checkpoint must have passed
+// ValidateCheckpoint.
+absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
+                                         const ModelShard& shard, int64_t* bytes_read = nullptr);
 
 }  // namespace deltaserve

@@ -1,17 +1,13 @@
 #include "runtime/scheduler/stage_plan.h"
 
 #include <algorithm>
-#include <charconv>
 #include <limits>
-#include <set>
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/arch/architecture.h"
 #include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
@@ -67,115 +63,30 @@ double FfnMacsPerToken(const ModelConfig& c, int64_t layer) {
   return macs;
 }
 
-// The split-or-replicate rule of runtime/model/shard.h, per tensor.
-enum class Share { kReplicated, kSplit, kALog, kExpert };
-
-struct TensorShare {
-  Share share = Share::kReplicated;
-  int64_t expert = 0;  // kExpert
-};
-
-const std::set<absl::string_view>& SplitAttention() {
-  static const auto* names = new std::set<absl::string_view>{
-      // KDA: split by heads; o_proj by its input columns.
-      "q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
-      "v_conv1d.weight", "f_b_proj.weight", "b_proj.weight", "dt_bias", "g_proj.weight",
-      "g_b_proj.weight", "o_proj.weight",
-      // MLA: split by heads (q_proj, g_proj and o_proj are above).
-      "q_b_proj.weight", "kv_b_proj.weight"};
-  return *names;
-}
-
-const std::set<absl::string_view>& ReplicatedAttention() {
-  static const auto* names = new std::set<absl::string_view>{
-      "f_a_proj.weight",      "g_a_proj.weight",      "o_norm.weight",
-      "q_a_proj.weight",      "q_a_layernorm.weight", "kv_a_proj_with_mqa.weight",
-      "kv_a_layernorm.weight"};
-  return *names;
-}
-
-const std::set<absl::string_view>& ReplicatedMoe() {
-  static const auto* names = new std::set<absl::string_view>{
-      "gate.weight", "gate.e_score_correction_bias", "routed_expert_down_proj.weight",
-      "routed_expert_up_proj.weight", "routed_expert_norm.weight"};
-  return *names;
-}
-
-// `local` is the name inside a layer ("self_attn.q_proj.weight").
-absl::StatusOr<TensorShare> ShareOf(absl::string_view local, const std::string& full_name) {
-  if (absl::ConsumePrefix(&local, "self_attn.")) {
-    if (local == "A_log") return TensorShare{Share::kALog};
-    if (SplitAttention().count(local)) return TensorShare{Share::kSplit};
-    if (ReplicatedAttention().count(local)) return TensorShare{Share::kReplicated};
-  } else if (absl::ConsumePrefix(&local, "mlp.")) {
-    return TensorShare{Share::kSplit};  // dense FFN: split by width
-  } else if (absl::ConsumePrefix(&local, "block_sparse_moe.")) {
-    if (absl::ConsumePrefix(&local, "experts.")) {
-      int64_t e = 0;
-      const auto [ptr, ec] = std::from_chars(local.data(), local.data() + local.size(), e);
-      if (ec == std::errc() && ptr != local.data()) return TensorShare{Share::kExpert, e};
-    } else if (absl::StartsWith(local, "shared_experts.")) {
-      return TensorShare{Share::kSplit};
-    } else if (ReplicatedMoe().count(local)) {
-      return TensorShare{Share::kReplicated};
-    }
-  } else if (absl::EndsWith(local, "layernorm.weight") || absl::StrContains(local, "_res_")) {
-    return TensorShare{Share::kReplicated};  // norms and attention-residual mixes
-  }
-  return absl::InternalError(
-      absl::StrCat("stage plan: no tensor-parallel rule for tensor '", full_name, "'"));
-}
-
 // Elements of each part of the model one TP rank (rank 0, the largest when
-// the experts do not divide evenly) holds.
+// the experts do not divide evenly) holds, as each tensor's spec splits it.
 struct RankElements {
   std::vector<int64_t> layer;  // [num_layers]
   int64_t embedding = 0;
   int64_t head = 0;  // final norm, LM head, output mix (K3)
 };
 
-absl::StatusOr<RankElements> CountRankElements(const ModelConfig& c, int tp) {
+RankElements CountRankElements(const ModelConfig& c, int tp) {
   RankElements out;
   out.layer.assign(static_cast<size_t>(c.num_layers), 0);
-  const std::string prefix = c.ModelPrefix();
-  const std::string embed_name = prefix + "embed_tokens.weight";
   for (const TensorSpec& spec : ExpectedTensors(c)) {
-    absl::string_view name = spec.name;
-    const int64_t n = spec.NumElements();
-    if (spec.name == embed_name) {
-      out.embedding += n;
-      continue;
-    }
-    if (!absl::ConsumePrefix(&name, prefix) || !absl::ConsumePrefix(&name, "layers.")) {
-      out.head += n;  // norm.weight, lm_head, output_attn_res_*: replicated
-      continue;
-    }
-    int64_t layer = -1;
-    const auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), layer);
-    const char* end = name.data() + name.size();
-    if (ec != std::errc() || layer < 0 || layer >= c.num_layers || ptr == end || *ptr != '.') {
-      return absl::InternalError(
-          absl::StrCat("stage plan: cannot read the layer of tensor '", spec.name, "'"));
-    }
-    name.remove_prefix(static_cast<size_t>(ptr - name.data()) + 1);
-    DELTASERVE_ASSIGN_OR_RETURN(TensorShare share, ShareOf(name, spec.name));
-    int64_t held = n;
-    switch (share.share) {
-      case Share::kReplicated:
+    const int64_t held = spec.RankPart(/*rank=*/0, tp).elements;
+    switch (spec.part) {
+      case ModelPart::kEmbedding:
+        out.embedding += held;
         break;
-      case Share::kSplit:
-        held = n / tp;  // exact: CheckTensorParallel passed
+      case ModelPart::kHead:
+        out.head += held;
         break;
-      case Share::kALog:
-        // K3 pads A_log with zeros to a multiple of 128; only the H heads'
-        // values are loaded.
-        held = c.kda.num_heads / tp;
-        break;
-      case Share::kExpert:
-        held = share.expert % tp == 0 ? n : 0;
+      case ModelPart::kLayer:
+        out.layer[static_cast<size_t>(spec.layer)] += held;
         break;
     }
-    out.layer[static_cast<size_t>(layer)] += held;
   }
   return out;
 }
@@ -316,9 +227,7 @@ double StageCost(const ModelConfig& c, const StageRange& range, int64_t tokens) 
 }
 
 int64_t BankEntriesBefore(const ModelConfig& c, int64_t end) {
-  const int64_t block = c.attn_res_block_size;
-  if (block <= 0 || end <= 0) return 0;
-  return (end + block - 1) / block;  // i in [0, end) with i % block == 0
+  return end <= 0 ? 0 : ArchitectureOf(c).BankSizeBefore(c, end);
 }
 
 absl::StatusOr<StagePlan> PlanStages(const ModelConfig& config, int pp, int64_t context_tokens,
@@ -414,30 +323,6 @@ absl::Status ValidatePlan(const ModelConfig& config, const StagePlan& plan) {
   return absl::OkStatus();
 }
 
-absl::Status CheckTensorParallel(const ModelConfig& c, int tp) {
-  if (tp < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor parallelism must be at least 1, got ", tp));
-  }
-  const struct {
-    const char* name;
-    int64_t value;
-  } splits[] = {
-      {"linear_attn_config.num_heads (KDA heads)", c.kda.num_heads},
-      {"num_attention_heads (MLA heads)", c.num_attention_heads},
-      {"intermediate_size (dense FFN width)", c.intermediate_size},
-      {"num_shared_experts * moe_intermediate_size (shared expert width)",
-       c.num_shared_experts * c.moe_intermediate_size},
-  };
-  for (const auto& split : splits) {
-    if (split.value % tp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor parallelism of ", tp, " does not divide ", split.name, " = ", split.value));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const StagePlan& plan,
                                                     int tp, int64_t context_tokens,
                                                     const PlanBytes& bytes) {
@@ -457,7 +342,7 @@ absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const 
           absl::StrCat(name, " bytes per element must be 1..8, got ", value));
     }
   }
-  DELTASERVE_ASSIGN_OR_RETURN(RankElements elements, CountRankElements(c, tp));
+  const RankElements elements = CountRankElements(c, tp);
 
   const int64_t H_local = c.kda.num_heads / tp, d = c.kda.head_dim;
   const int64_t kda_state =

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/model/config.h"
+#include "runtime/model/tp_split.h"
 
 namespace deltaserve {
 
@@ -69,10 +70,8 @@ absl::StatusOr<StagePlan> StagesFromCounts(const ModelConfig& config,
 // OK when `plan` is contiguous, non-empty per stage and covers all layers.
 absl::Status ValidatePlan(const ModelConfig& config, const StagePlan& plan);
 
-// OK when `tp` >= 1 divides every dimension tensor parallelism splits: KDA
-// heads, MLA heads, the dense FFN width and the shared-expert width (the
-// same rule as runtime/model/shard.h). The error names the dimension.
-absl::Status CheckTensorParallel(const ModelConfig& config, int tp);
+// CheckTensorParallel (runtime/model/tp_split.h) says whether a TP size
+// divides every dimension tensor parallelism splits; ReportPlan checks it.
 
 // Bytes per element. The runtime holds weights, the MLA cache, the KDA state
 // and activations in float32 today; a bf16 plan uses weight = 2, cache = 2.
@@ -87,9 +86,10 @@ struct StageReport {
   StageRange layers;
   int64_t kda_layers = 0;
   int64_t mla_layers = 0;
-  // Weights one TP rank of this stage holds: split tensors divided by tp,
-  // replicated ones whole, routed experts whole on rank e % tp. When
-  // num_experts is not a multiple of tp this is the largest rank's (rank 0).
+  // Weights one TP rank of this stage holds, as each tensor's spec splits it
+  // (runtime/model/tp_split.h: split tensors divided by tp, replicated ones
+  // whole, routed experts whole on rank e % tp). When num_experts is not a
+  // multiple of tp this is the largest rank's (rank 0).
   int64_t weight_bytes_per_rank = 0;
   // KDA recurrent state plus short-convolution tail, per sequence, per rank.
   int64_t kda_state_bytes_per_sequence = 0;

@@ -1,7 +1,8 @@
 // A rank's shard as the loader builds it against the planner's figures for
-// the same stage: the tensor-parallel split rule is written twice (the
-// loader's row/column slices, the planner's byte counts), so they are held
-// to each other here, as are the per-sequence state sizes.
+// the same stage: both read the tensor-parallel split written on each
+// TensorSpec (the loader's slices, the planner's element counts), and this
+// holds what the loader really keeps to what the planner reports, as well as
+// the per-sequence state sizes.
 #include "runtime/model/shard.h"
 
 #include "absl/strings/str_cat.h"
@@ -30,8 +31,8 @@ int64_t HeldElements(const ModelWeights& w) {
       n += f->size();
     }
     const MlaWeights& m = l.mla;
-    for (const Floats* f : {&m.q_a, &m.q_a_norm, &m.q_b, &m.q_proj, &m.kv_a, &m.kv_a_norm,
-                            &m.kv_b, &m.g_proj, &m.o_proj}) {
+    for (const Floats* f : {&m.q_a, &m.q_a_norm, &m.q_b, &m.q_proj, &m.kv_a, &m.kv_a_norm, &m.kv_b,
+                            &m.g_proj, &m.o_proj}) {
       n += f->size();
     }
     const FfnWeights& f = l.ffn;
@@ -112,8 +113,7 @@ TEST(ShardTest, RefusesWhatCannotBeSplit) {
   shard.tp_size = 3;
   auto resolved = ResolveShard(*config, shard);
   ASSERT_FALSE(resolved.ok());
-  EXPECT_NE(resolved.status().message().find("KDA heads"), std::string::npos)
-      << resolved.status();
+  EXPECT_NE(resolved.status().message().find("KDA heads"), std::string::npos) << resolved.status();
   shard.tp_size = 1;
   shard.layer_begin = 5;
   shard.layer_end = 12;
