@@ -14,9 +14,8 @@
 namespace deltaserve::kernels {
 namespace {
 
-using Vf = float __attribute__((vector_size(32)));  // 8 floats
-using Vi =
-    int32_t __attribute__((vector_size(32)));  // 8 lanes of a mask or int
+using Vf = float __attribute__((vector_size(32)));    // 8 floats
+using Vi = int32_t __attribute__((vector_size(32)));  // 8 lanes of a mask or int
 constexpr int64_t kLanes = 8;
 
 // Below this many elements an OpenMP fork costs more than the work.
@@ -103,8 +102,8 @@ void Row(const float* g, const float* u, int64_t width, float* out, Act act) {
 
 }  // namespace
 
-void GatedActivation(const float* gu, int64_t rows, int64_t width,
-                     const ActivationParams& params, float* out) {
+void GatedActivation(const float* gu, int64_t rows, int64_t width, const ActivationParams& params,
+                     float* out) {
   DELTASERVE_CHECK(rows >= 0 && width >= 0);
   const bool situ = params.kind == Activation::kSitu;
   const float beta = params.situ_beta;
@@ -116,9 +115,7 @@ void GatedActivation(const float* gu, int64_t rows, int64_t width,
     const float* u = g + width;           // [width]
     float* o = out + r * width;           // [width]
     if (situ) {
-      Row(g, u, width, o, [beta, lbeta](Vf vg, Vf vu) {
-        return SituLanes(vg, vu, beta, lbeta);
-      });
+      Row(g, u, width, o, [beta, lbeta](Vf vg, Vf vu) { return SituLanes(vg, vu, beta, lbeta); });
     } else {
       Row(g, u, width, o, SiluLanes);
     }

@@ -28,7 +28,6 @@
 #include "kernels/cpu/simd_math.h"
 #include "kernels/kda.h"
 
-
 namespace deltaserve::kernels {
 namespace {
 
@@ -42,10 +41,8 @@ constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
 // (float)(a - b) for 8 doubles.
 inline __m256 DiffToFloat8(const double* a, const double* b) {
-  const __m128 lo = _mm256_cvtpd_ps(
-      _mm256_sub_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(b)));
-  const __m128 hi = _mm256_cvtpd_ps(
-      _mm256_sub_pd(_mm256_loadu_pd(a + 4), _mm256_loadu_pd(b + 4)));
+  const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(b)));
+  const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd(a + 4), _mm256_loadu_pd(b + 4)));
   return _mm256_set_m128(hi, lo);
 }
 
@@ -98,15 +95,14 @@ float Dot(const float* a, const float* b, int64_t len) {
 // exp(Γ_i - Γ_j) = Π exp(g) over the few tokens j < i of a block by
 // products, as the recurrence itself does, instead of one exponential per
 // pair and channel.
-void DecayDot(float* run, const float* decay, const float* ki, const float* qi,
-              int64_t kd, float* l, float* aq) {
+void DecayDot(float* run, const float* decay, const float* ki, const float* qi, int64_t kd,
+              float* l, float* aq) {
   float sl = 0.0f, sq = 0.0f;
   int64_t c = 0;
 #if DELTASERVE_CPU_AVX2
   __m256 al = _mm256_setzero_ps(), aqv = _mm256_setzero_ps();
   for (; c + 8 <= kd; c += 8) {
-    const __m256 r =
-        _mm256_mul_ps(_mm256_loadu_ps(run + c), _mm256_loadu_ps(decay + c));
+    const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(run + c), _mm256_loadu_ps(decay + c));
     _mm256_storeu_ps(run + c, r);
     al = _mm256_fmadd_ps(_mm256_loadu_ps(ki + c), r, al);
     aqv = _mm256_fmadd_ps(_mm256_loadu_ps(qi + c), r, aqv);
@@ -133,9 +129,8 @@ constexpr int64_t kMr = 6;
 
 // An mr x (8·NV) block of c kept in registers over the whole p loop.
 template <int MR, int NV>
-void MicroKernel(int64_t kd, float alpha, const float* a, int64_t a_rs,
-                 int64_t a_cs, const float* b, int64_t ldb, float* c,
-                 int64_t ldc, bool accumulate) {
+void MicroKernel(int64_t kd, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   __m256 acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
@@ -162,52 +157,53 @@ void MicroKernel(int64_t kd, float alpha, const float* a, int64_t a_rs,
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) {
       float* cp = c + r * ldc + 8 * v;
-      _mm256_storeu_ps(cp, accumulate ? _mm256_fmadd_ps(al, acc[r][v],
-                                                        _mm256_loadu_ps(cp))
+      _mm256_storeu_ps(cp, accumulate ? _mm256_fmadd_ps(al, acc[r][v], _mm256_loadu_ps(cp))
                                       : _mm256_mul_ps(al, acc[r][v]));
     }
   }
 }
 
 template <int NV>
-void MicroRows(int64_t mr, int64_t kd, float alpha, const float* a,
-               int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
-               float* c, int64_t ldc, bool accumulate) {
+void MicroRows(int64_t mr, int64_t kd, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   switch (mr) {
-    case 6: return MicroKernel<6, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 5: return MicroKernel<5, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 4: return MicroKernel<4, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 3: return MicroKernel<3, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 2: return MicroKernel<2, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    default: return MicroKernel<1, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 6:
+      return MicroKernel<6, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 5:
+      return MicroKernel<5, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 4:
+      return MicroKernel<4, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 3:
+      return MicroKernel<3, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 2:
+      return MicroKernel<2, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    default:
+      return MicroKernel<1, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
   }
 }
 
 template <int NV>
-void ColumnPanel(int64_t m, int64_t kd, float alpha, const float* a,
-                 int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
-                 float* c, int64_t ldc, bool accumulate, bool lower) {
+void ColumnPanel(int64_t m, int64_t kd, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, bool lower) {
   for (int64_t i0 = 0; i0 < m; i0 += kMr) {
     const int64_t mr = std::min(kMr, m - i0);
     const int64_t kd_rows = lower ? std::min(kd, i0 + mr) : kd;
-    MicroRows<NV>(mr, kd_rows, alpha, a + i0 * a_rs, a_rs, a_cs, b, ldb,
-                  c + i0 * ldc, ldc, accumulate);
+    MicroRows<NV>(mr, kd_rows, alpha, a + i0 * a_rs, a_rs, a_cs, b, ldb, c + i0 * ldc, ldc,
+                  accumulate);
   }
 }
 #endif  // DELTASERVE_CPU_AVX2
 
-void GemmAcc(int64_t m, int64_t n, int64_t kd, float alpha, const float* a,
-             int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
-             int64_t ldc, bool accumulate, bool lower = false) {
+void GemmAcc(int64_t m, int64_t n, int64_t kd, float alpha, const float* a, int64_t a_rs,
+             int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+             bool lower = false) {
   int64_t j = 0;
 #if DELTASERVE_CPU_AVX2
   for (; j + 16 <= n; j += 16) {
-    ColumnPanel<2>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc,
-                   accumulate, lower);
+    ColumnPanel<2>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower);
   }
   for (; j + 8 <= n; j += 8) {
-    ColumnPanel<1>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc,
-                   accumulate, lower);
+    ColumnPanel<1>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower);
   }
 #endif
   if (j == n) return;
@@ -264,10 +260,9 @@ struct ChunkScratch {
 
 // One chunk of n tokens starting at t0 for value head j (q/k head h); s is
 // the head's state [K, V], updated in place.
-void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
-               int64_t n, const float* q, const float* k, const float* v,
-               const float* g, const float* beta, float scale, float* s,
-               float* o, ChunkScratch& w) {
+void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t n, const float* q,
+               const float* k, const float* v, const float* g, const float* beta, float scale,
+               float* s, float* o, ChunkScratch& w) {
   const int64_t hk = shape.heads, hv = shape.v_heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;
   double* gam = w.gamma.data() + kd;  // gam[i * kd + c] = Γ_i[c], i >= -1
@@ -364,8 +359,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
       std::copy(kc + jj * kd, kc + (jj + 1) * kd, run);
       for (int64_t i = jj + 1; i < i1; ++i) {
         float l, aq;
-        DecayDot(run, w.decay.data() + i * kd, kc + i * kd, qs + i * kd, kd, &l,
-                 &aq);
+        DecayDot(run, w.decay.data() + i * kd, kc + i * kd, qs + i * kd, kd, &l, &aq);
         lmat[i * n + jj] = bt[i] * l;
         aqk[i * n + jj] = aq;
       }
@@ -384,8 +378,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
   for (int64_t i0 = 0; i0 < n; i0 += kSub) {
     const int64_t i1 = std::min(i0 + kSub, n);
     if (i0 > 0) {
-      GemmAcc(i1 - i0, vd, i0, -1.0f, lmat + i0 * n, n, 1, vn, vd,
-              vn + i0 * vd, vd, true);
+      GemmAcc(i1 - i0, vd, i0, -1.0f, lmat + i0 * n, n, 1, vn, vd, vn + i0 * vd, vd, true);
     }
     for (int64_t i = i0 + 1; i < i1; ++i) {
       float* __restrict vi = vn + i * vd;
@@ -421,9 +414,8 @@ void CheckShape(const KdaShape& shape) {
 
 }  // namespace
 
-void KdaRecurrent(const KdaShape& shape, const float* q, const float* k,
-                  const float* v, const float* g, const float* beta,
-                  float scale, float* state, float* o) {
+void KdaRecurrent(const KdaShape& shape, const float* q, const float* k, const float* v,
+                  const float* g, const float* beta, float scale, float* state, float* o) {
   CheckShape(shape);
   const int64_t hk = shape.heads, hv = shape.v_heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;
@@ -473,9 +465,8 @@ void KdaRecurrent(const KdaShape& shape, const float* q, const float* k,
   }
 }
 
-void KdaChunk(const KdaShape& shape, const float* q, const float* k,
-              const float* v, const float* g, const float* beta, float scale,
-              float* state, float* o, int64_t chunk_size) {
+void KdaChunk(const KdaShape& shape, const float* q, const float* k, const float* v, const float* g,
+              const float* beta, float scale, float* state, float* o, int64_t chunk_size) {
   CheckShape(shape);
   DELTASERVE_CHECK(chunk_size >= 1);
   if (shape.t == 0) return;
@@ -494,8 +485,8 @@ void KdaChunk(const KdaShape& shape, const float* q, const float* k,
     for (int64_t j = 0; j < hv; ++j) {
       for (int64_t t0 = 0; t0 < shape.t; t0 += n_max) {
         const int64_t n = std::min(n_max, shape.t - t0);
-        ChunkStep(shape, j / group, j, t0, n, q, k, v, g, beta, scale,
-                  state + j * kd * vd, o, scratch);
+        ChunkStep(shape, j / group, j, t0, n, q, k, v, g, beta, scale, state + j * kd * vd, o,
+                  scratch);
       }
     }
   }
