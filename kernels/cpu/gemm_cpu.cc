@@ -1,10 +1,10 @@
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 
 #include "kernels/check.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
 
 namespace deltaserve::kernels {
@@ -13,16 +13,10 @@ namespace {
 // Up to this many rows, one sgemv per row beats sgemm's packing of W.
 constexpr int64_t kMaxGemvRows = 2;
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if DELTASERVE_CPU_AVX2
 // From here up to this many rows (a batch of decode steps), the skinny kernel
 // below beats sgemm, which packs (copies) all of W for a handful of rows.
 constexpr int64_t kMaxSkinnyRows = 16;
-
-float HorizontalSum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 // y[i, j] (+)= x[i, :] . w[j, :] for RW rows j0.. of W and MR rows i0.. of x:
 // RW x MR dot products along k, 8 lanes at a time, each W row read once from
@@ -44,7 +38,7 @@ void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y
   }
   for (int r = 0; r < RW; ++r) {
     for (int i = 0; i < MR; ++i) {
-      float sum = HorizontalSum(acc[r][i]);
+      float sum = simd::HorizontalSum(acc[r][i]);
       for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * w[r * k + t];
       float& out = y[i * ldy + r];
       out = accumulate ? out + sum : sum;
@@ -112,7 +106,7 @@ void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m, int64
     }
     return;
   }
-#if defined(__AVX2__) && defined(__FMA__)
+#if DELTASERVE_CPU_AVX2
   if (m <= kMaxSkinnyRows) {
     SkinnyLinear(x, ldx, w, m, n, k, y, ldy, accumulate);
     return;

@@ -21,11 +21,10 @@
 // over S; the chunked form wins by running them as register-blocked products
 // at a large fraction of peak instead of streaming S through L2 per token.
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "kernels/check.h"
-#include "kernels/cpu/simd_math.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kda.h"
 
 namespace deltaserve::kernels {
@@ -37,43 +36,13 @@ constexpr int64_t kSub = 8;
 // Below this many state multiply-adds an OpenMP fork costs more than the work.
 constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
-#if DELTASERVE_CPU_AVX2
-
-// (float)(a - b) for 8 doubles.
-inline __m256 DiffToFloat8(const double* a, const double* b) {
-  const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(b)));
-  const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_loadu_pd(a + 4), _mm256_loadu_pd(b + 4)));
-  return _mm256_set_m128(hi, lo);
-}
-
-inline float HorizontalSum(__m256 x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#endif  // DELTASERVE_CPU_AVX2
-
-// out[c] = exp(x[c]), x <= 0.
-void ExpRow(const float* x, int64_t len, float* out) {
-  int64_t c = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; c + 8 <= len; c += 8) {
-    _mm256_storeu_ps(out + c, Exp8(_mm256_loadu_ps(x + c)));
-  }
-#endif
-  for (; c < len; ++c) out[c] = std::exp(x[c]);
-}
+// out[c] = exp(x[c]); out may be x.
+void ExpRow(const float* x, int64_t len, float* out) { simd::Map(len, out, simd::Exp, x); }
 
 // out[c] = exp((float)(a[c] - b[c])), a <= b.
 void ExpDiff(const double* a, const double* b, int64_t len, float* out) {
-  int64_t c = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; c + 8 <= len; c += 8) {
-    _mm256_storeu_ps(out + c, Exp8(DiffToFloat8(a + c, b + c)));
-  }
-#endif
-  for (; c < len; ++c) out[c] = std::exp(static_cast<float>(a[c] - b[c]));
+  for (int64_t c = 0; c < len; ++c) out[c] = static_cast<float>(a[c] - b[c]);
+  ExpRow(out, len, out);
 }
 
 float Dot(const float* a, const float* b, int64_t len) {
@@ -84,7 +53,7 @@ float Dot(const float* a, const float* b, int64_t len) {
   for (; c + 8 <= len; c += 8) {
     acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
   }
-  sum = HorizontalSum(acc);
+  sum = simd::HorizontalSum(acc);
 #endif
   for (; c < len; ++c) sum += a[c] * b[c];
   return sum;
@@ -107,8 +76,8 @@ void DecayDot(float* run, const float* decay, const float* ki, const float* qi, 
     al = _mm256_fmadd_ps(_mm256_loadu_ps(ki + c), r, al);
     aqv = _mm256_fmadd_ps(_mm256_loadu_ps(qi + c), r, aqv);
   }
-  sl = HorizontalSum(al);
-  sq = HorizontalSum(aqv);
+  sl = simd::HorizontalSum(al);
+  sq = simd::HorizontalSum(aqv);
 #endif
   for (; c < kd; ++c) {
     run[c] *= decay[c];

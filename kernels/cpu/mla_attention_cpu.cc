@@ -23,14 +23,8 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/mla_attention.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define DELTASERVE_MLA_AVX2 1
-#else
-#define DELTASERVE_MLA_AVX2 0
-#endif
 
 namespace deltaserve::kernels {
 namespace {
@@ -72,28 +66,7 @@ struct Dims {
   int64_t dk() const { return da + db; }
 };
 
-#if DELTASERVE_MLA_AVX2
-
-// 2^x for x <= 128; 0 for x <= -127 (and -inf); NaN propagates.
-inline __m256 Exp2(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
-  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
-  // 2^f = e^(f ln2) by its Taylor series to degree 7: error < 6e-9 relative.
-  __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-02f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.2402265069591007f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471805599453f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  // 2^n from its exponent bits; n = -127 gives the bit pattern of +0.
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+#if DELTASERVE_CPU_AVX2
 
 constexpr int kVecs = kLanes / 8;  // AVX2 registers per panel row
 
@@ -160,11 +133,11 @@ void SoftmaxStep(float* st, int64_t nk, float* m, float* l, float* alpha) {
     const __m256 m_new = _mm256_max_ps(m_old, mb);
     const __m256 none = _mm256_cmp_ps(m_new, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ);
     const __m256 m_use = _mm256_andnot_ps(none, m_new);  // -inf -> 0
-    const __m256 a = Exp2(_mm256_sub_ps(m_old, m_use));
+    const __m256 a = simd::Exp2(_mm256_sub_ps(m_old, m_use));
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < nk; ++j) {
       float* s = st + j * kLanes + h;
-      const __m256 p = Exp2(_mm256_sub_ps(_mm256_loadu_ps(s), m_use));
+      const __m256 p = simd::Exp2(_mm256_sub_ps(_mm256_loadu_ps(s), m_use));
       _mm256_storeu_ps(s, p);
       sum = _mm256_add_ps(sum, p);
     }
@@ -219,7 +192,7 @@ void SoftmaxStep(float* st, int64_t nk, float* m, float* l, float* alpha) {
   }
 }
 
-#endif  // DELTASERVE_MLA_AVX2
+#endif  // DELTASERVE_CPU_AVX2
 
 // Per-thread state of one query block: packed queries, scores, output
 // accumulator and the running softmax statistics, all [panel][...][16].
