@@ -27,13 +27,11 @@ constexpr int64_t kSizes[] = {0, 1, 2, 3, 5, 8, 13, 16, 17, 64, 129};
 // Inputs in [-1, 1): each product is ~1/3 and partial sums grow like sqrt(k),
 // so the absolute error is ReductionTolerance(k) times that sqrt(k) scale.
 double Atol(int64_t k) {
-  return ReductionTolerance(k) *
-         std::sqrt(static_cast<double>(std::max<int64_t>(k, 1)));
+  return ReductionTolerance(k) * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1)));
 }
 
-std::vector<double> Reference(const std::vector<float>& x,
-                              const std::vector<float>& w, int64_t m, int64_t n,
-                              int64_t k) {
+std::vector<double> Reference(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
+                              int64_t n, int64_t k) {
   std::vector<double> y(m * n);
   ref::Linear(ToDouble(x).data(), ToDouble(w).data(), m, n, k, y.data());
   return y;
@@ -44,14 +42,12 @@ TEST(LinearTest, MatchesReference) {
   for (int64_t m : kSizes) {
     for (int64_t n : kSizes) {
       for (int64_t k : kSizes) {
-        SCOPED_TRACE(::testing::Message()
-                     << "m " << m << " n " << n << " k " << k);
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
         const auto w = RandomFloats(n * k, ++seed);
         auto y = NaNs(m * n);  // k == 0 must still write zeros
         Linear(x.data(), w.data(), m, n, k, y.data());
-        EXPECT_TRUE(AllClose(y, Reference(x, w, m, n, k), Atol(k),
-                             ReductionTolerance(k)));
+        EXPECT_TRUE(AllClose(y, Reference(x, w, m, n, k), Atol(k), ReductionTolerance(k)));
       }
     }
   }
@@ -62,16 +58,14 @@ TEST(LinearTest, Accumulates) {
   for (int64_t m : {1, 2, 3, 7, 16, 17, 64}) {
     for (int64_t n : {1, 3, 129}) {
       for (int64_t k : {0, 1, 17, 129}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "m " << m << " n " << n << " k " << k);
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
         const auto w = RandomFloats(n * k, ++seed);
         auto y = RandomFloats(m * n, ++seed);
         auto want = Reference(x, w, m, n, k);
         for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
         Linear(x.data(), w.data(), m, n, k, y.data(), /*accumulate=*/true);
-        EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1),
-                             ReductionTolerance(k)));
+        EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
       }
     }
   }
@@ -87,8 +81,7 @@ TEST(LinearStridedTest, MatchesReferenceAndKeepsOtherColumns) {
       for (int64_t k : kSizes) {
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(::testing::Message()
-                       << "m " << m << " n " << n << " k " << k
-                       << " accumulate " << accumulate);
+                       << "m " << m << " n " << n << " k " << k << " accumulate " << accumulate);
           const int64_t ldx = k + 3, ldy = n + 5,
                         col = 2;                          // y block at column 2
           const auto xw = RandomFloats(m * ldx, ++seed);  // [m, ldx]
@@ -103,8 +96,7 @@ TEST(LinearStridedTest, MatchesReferenceAndKeepsOtherColumns) {
               yw[i * ldy + col + j] = accumulate ? y0[i * n + j] : NAN;
             }
           }
-          LinearStrided(xw.data(), ldx, w.data(), m, n, k, yw.data() + col, ldy,
-                        accumulate);
+          LinearStrided(xw.data(), ldx, w.data(), m, n, k, yw.data() + col, ldy, accumulate);
           auto want = Reference(x, w, m, n, k);
           std::vector<float> y(m * n);
           for (int64_t i = 0; i < m; ++i) {
@@ -113,13 +105,11 @@ TEST(LinearStridedTest, MatchesReferenceAndKeepsOtherColumns) {
                 y[i * n + j - col] = yw[i * ldy + j];
                 if (accumulate) want[i * n + j - col] += y0[i * n + j - col];
               } else {
-                ASSERT_EQ(yw[i * ldy + j], kSentinel)
-                    << "row " << i << " col " << j;
+                ASSERT_EQ(yw[i * ldy + j], kSentinel) << "row " << i << " col " << j;
               }
             }
           }
-          EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1),
-                               ReductionTolerance(k)));
+          EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
         }
       }
     }
