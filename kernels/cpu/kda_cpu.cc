@@ -3,8 +3,8 @@
 // heads: heads are independent and each owns its [K, V] state.
 //
 // The chunkwise form turns the per-token O(K·V) state reads and writes into
-// small matrix products over a chunk of n <= 64 tokens, done by a register-
-// blocked AVX2/FMA micro-kernel (GemmAcc). Every decay factor is exp of a
+// small matrix products over a chunk of n <= 64 tokens, done by the register-
+// blocked SmallGemm of kernels/cpu/gemm_cpu.h. Every decay factor is exp of a
 // difference Γ_a - Γ_b <= 0 of in-chunk cumulative log-decays, computed in
 // double before rounding so that the cancellation of two large sums (they
 // reach -10^4 under strong decay) does not cost accuracy. The O(n²K) decay
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kda.h"
 
@@ -86,107 +87,6 @@ void DecayDot(float* run, const float* decay, const float* ki, const float* qi, 
   }
   *l = sl;
   *aq = sq;
-}
-
-// c[i, j] = (accumulate ? c[i, j] : 0) + alpha · Σ_p a[i, p] · b[p, j]
-// for i < m, j < n, p < kd, with a[i, p] at a[i * a_rs + p * a_cs] (either
-// layout, so Aᵀ costs nothing) and rows of b and c contiguous. lower: a is
-// lower triangular with zeros stored above the diagonal, so p stops after
-// the last row of each row block.
-#if DELTASERVE_CPU_AVX2
-constexpr int64_t kMr = 6;
-
-// An mr x (8·NV) block of c kept in registers over the whole p loop.
-template <int MR, int NV>
-void MicroKernel(int64_t kd, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
-                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  __m256 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
-  }
-  for (int64_t p = 0; p < kd; ++p) {
-    __m256 bv[NV];
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + 8 * v);
-    const float* ap = a + p * a_cs;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(ap + r * a_rs);
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) {
-        acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
-      }
-    }
-  }
-  const __m256 al = _mm256_set1_ps(alpha);
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) {
-      float* cp = c + r * ldc + 8 * v;
-      _mm256_storeu_ps(cp, accumulate ? _mm256_fmadd_ps(al, acc[r][v], _mm256_loadu_ps(cp))
-                                      : _mm256_mul_ps(al, acc[r][v]));
-    }
-  }
-}
-
-template <int NV>
-void MicroRows(int64_t mr, int64_t kd, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
-               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  switch (mr) {
-    case 6:
-      return MicroKernel<6, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 5:
-      return MicroKernel<5, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 4:
-      return MicroKernel<4, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 3:
-      return MicroKernel<3, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 2:
-      return MicroKernel<2, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    default:
-      return MicroKernel<1, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-  }
-}
-
-template <int NV>
-void ColumnPanel(int64_t m, int64_t kd, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
-                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, bool lower) {
-  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-    const int64_t mr = std::min(kMr, m - i0);
-    const int64_t kd_rows = lower ? std::min(kd, i0 + mr) : kd;
-    MicroRows<NV>(mr, kd_rows, alpha, a + i0 * a_rs, a_rs, a_cs, b, ldb, c + i0 * ldc, ldc,
-                  accumulate);
-  }
-}
-#endif  // DELTASERVE_CPU_AVX2
-
-void GemmAcc(int64_t m, int64_t n, int64_t kd, float alpha, const float* a, int64_t a_rs,
-             int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
-             bool lower = false) {
-  int64_t j = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; j + 16 <= n; j += 16) {
-    ColumnPanel<2>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower);
-  }
-  for (; j + 8 <= n; j += 8) {
-    ColumnPanel<1>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower);
-  }
-#endif
-  if (j == n) return;
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t kd_row = lower ? std::min(kd, i + 1) : kd;
-    float* ci = c + i * ldc;
-    for (int64_t jj = j; jj < n; ++jj) {
-      float sum = 0.0f;
-      for (int64_t p = 0; p < kd_row; ++p) {
-        sum += a[i * a_rs + p * a_cs] * b[p * ldb + jj];
-      }
-      ci[jj] = accumulate ? ci[jj] + alpha * sum : alpha * sum;
-    }
-  }
 }
 
 // Per-thread scratch for one value head's chunk of up to n tokens.
@@ -313,7 +213,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t 
         }
       }
       float* blk = w.blk.data();
-      GemmAcc(i0, kCols, kd, 1.0f, kr, kd, 1, klq, kCols, blk, kCols, false);
+      SmallGemm(i0, kCols, kd, 1.0f, kr, kd, 1, klq, kCols, blk, kCols, false);
       for (int64_t i = i0; i < i1; ++i) {
         for (int64_t jj = 0; jj < i0; ++jj) {
           lmat[i * n + jj] = blk[jj * kCols + (i - i0)];
@@ -341,13 +241,13 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t 
     const float* vi = v + ((t0 + i) * hv + j) * vd;
     for (int64_t c = 0; c < vd; ++c) vn[i * vd + c] = bt[i] * vi[c];
   }
-  GemmAcc(n, vd, kd, -1.0f, w.kw.data(), kd, 1, s, vd, vn, vd, true);
+  SmallGemm(n, vd, kd, -1.0f, w.kw.data(), kd, 1, s, vd, vn, vd, true);
   // Blocked forward substitution: earlier blocks by one product, then the
   // few rows inside the block one after the other.
   for (int64_t i0 = 0; i0 < n; i0 += kSub) {
     const int64_t i1 = std::min(i0 + kSub, n);
     if (i0 > 0) {
-      GemmAcc(i1 - i0, vd, i0, -1.0f, lmat + i0 * n, n, 1, vn, vd, vn + i0 * vd, vd, true);
+      SmallGemm(i1 - i0, vd, i0, -1.0f, lmat + i0 * n, n, 1, vn, vd, vn + i0 * vd, vd, true);
     }
     for (int64_t i = i0 + 1; i < i1; ++i) {
       float* __restrict vi = vn + i * vd;
@@ -362,8 +262,8 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t 
   // O = (scale·Q·exp(Γ)) S + Aqk Vn, written straight into o.
   float* oc = o + (t0 * hv + j) * vd;
   const int64_t ldo = hv * vd;
-  GemmAcc(n, vd, kd, 1.0f, w.qw.data(), kd, 1, s, vd, oc, ldo, false);
-  GemmAcc(n, vd, n, 1.0f, aqk, n, 1, vn, vd, oc, ldo, true, /*lower=*/true);
+  SmallGemm(n, vd, kd, 1.0f, w.qw.data(), kd, 1, s, vd, oc, ldo, false);
+  SmallGemm(n, vd, n, 1.0f, aqk, n, 1, vn, vd, oc, ldo, true, /*lower_a=*/true);
 
   // S' = exp(Γ_last) S + (K·exp(Γ_last - Γ))ᵀ Vn.
   ExpDiff(last, gam - kd, kd, e);
@@ -372,7 +272,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t 
     const float d = e[c];
     for (int64_t x = 0; x < vd; ++x) row[x] *= d;
   }
-  GemmAcc(kd, vd, n, 1.0f, w.kn.data(), 1, kd, vn, vd, s, vd, true);
+  SmallGemm(kd, vd, n, 1.0f, w.kn.data(), 1, kd, vn, vd, s, vd, true);
 }
 
 void CheckShape(const KdaShape& shape) {
