@@ -11,31 +11,16 @@
 
 #include "kernels/attn_res.h"
 #include "kernels/check.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define DELTASERVE_ATTN_RES_AVX2 1
-#else
-#define DELTASERVE_ATTN_RES_AVX2 0
-#endif
+#include "kernels/cpu/simd.h"
 
 namespace deltaserve::kernels {
 namespace {
 
-#if DELTASERVE_ATTN_RES_AVX2
-inline double HorizontalSum(__m256d x) {
-  const __m128d s =
-      _mm_add_pd(_mm256_castpd256_pd128(x), _mm256_extractf128_pd(x, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-#endif
-
 // *sq = Σ v[c]², *dot = Σ v[c] q[c], accumulated in float64.
-void SumSquaresAndDot(const float* v, const float* q, int64_t d, double* sq,
-                      double* dot) {
+void SumSquaresAndDot(const float* v, const float* q, int64_t d, double* sq, double* dot) {
   int64_t c = 0;
   double s = 0.0, p = 0.0;
-#if DELTASERVE_ATTN_RES_AVX2
+#if DELTASERVE_CPU_AVX2
   __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
   __m256d p0 = _mm256_setzero_pd(), p1 = _mm256_setzero_pd();
   for (; c + 8 <= d; c += 8) {
@@ -49,8 +34,8 @@ void SumSquaresAndDot(const float* v, const float* q, int64_t d, double* sq,
     p0 = _mm256_fmadd_pd(xl, yl, p0);
     p1 = _mm256_fmadd_pd(xh, yh, p1);
   }
-  s = HorizontalSum(_mm256_add_pd(s0, s1));
-  p = HorizontalSum(_mm256_add_pd(p0, p1));
+  s = simd::HorizontalSum(_mm256_add_pd(s0, s1));
+  p = simd::HorizontalSum(_mm256_add_pd(p0, p1));
 #endif
   for (; c < d; ++c) {
     const double x = v[c];
@@ -62,21 +47,18 @@ void SumSquaresAndDot(const float* v, const float* q, int64_t d, double* sq,
 }
 
 // out[c] = Σ_i w[i] v_i[c], accumulated in float64 and rounded once.
-void WeightedSum(const float* const* v, const double* w, int64_t n, int64_t d,
-                 float* out) {
+void WeightedSum(const float* const* v, const double* w, int64_t n, int64_t d, float* out) {
   int64_t c = 0;
-#if DELTASERVE_ATTN_RES_AVX2
+#if DELTASERVE_CPU_AVX2
   for (; c + 8 <= d; c += 8) {
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     for (int64_t i = 0; i < n; ++i) {
       const __m256 x = _mm256_loadu_ps(v[i] + c);
       const __m256d wi = _mm256_set1_pd(w[i]);
       lo = _mm256_fmadd_pd(wi, _mm256_cvtps_pd(_mm256_castps256_ps128(x)), lo);
-      hi =
-          _mm256_fmadd_pd(wi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), hi);
+      hi = _mm256_fmadd_pd(wi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), hi);
     }
-    _mm256_storeu_ps(out + c,
-                     _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo)));
+    _mm256_storeu_ps(out + c, _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo)));
   }
 #endif
   for (; c < d; ++c) {
@@ -89,12 +71,11 @@ void WeightedSum(const float* const* v, const double* w, int64_t n, int64_t d,
 }  // namespace
 
 void AttnResMix(const float* const* candidates, int64_t n, int64_t t, int64_t d,
-                const float* norm_w, const float* proj_w, float eps,
-                float* out) {
+                const float* norm_w, const float* proj_w, float eps, float* out) {
   DELTASERVE_CHECK(n >= 1 && t >= 0 && d >= 0);
   if (t == 0 || d == 0) return;
-  DELTASERVE_CHECK(candidates != nullptr && norm_w != nullptr &&
-                   proj_w != nullptr && out != nullptr);
+  DELTASERVE_CHECK(candidates != nullptr && norm_w != nullptr && proj_w != nullptr &&
+                   out != nullptr);
   std::vector<float> q(d);  // [D]
   for (int64_t c = 0; c < d; ++c) q[c] = norm_w[c] * proj_w[c];
   const double inv_d = 1.0 / static_cast<double>(d);

@@ -1,10 +1,12 @@
+#include "kernels/cpu/gemm_cpu.h"
+
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 
 #include "kernels/check.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
 
 namespace deltaserve::kernels {
@@ -13,16 +15,10 @@ namespace {
 // Up to this many rows, one sgemv per row beats sgemm's packing of W.
 constexpr int64_t kMaxGemvRows = 2;
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if DELTASERVE_CPU_AVX2
 // From here up to this many rows (a batch of decode steps), the skinny kernel
 // below beats sgemm, which packs (copies) all of W for a handful of rows.
 constexpr int64_t kMaxSkinnyRows = 16;
-
-float HorizontalSum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 // y[i, j] (+)= x[i, :] . w[j, :] for RW rows j0.. of W and MR rows i0.. of x:
 // RW x MR dot products along k, 8 lanes at a time, each W row read once from
@@ -44,7 +40,7 @@ void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y
   }
   for (int r = 0; r < RW; ++r) {
     for (int i = 0; i < MR; ++i) {
-      float sum = HorizontalSum(acc[r][i]);
+      float sum = simd::HorizontalSum(acc[r][i]);
       for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * w[r * k + t];
       float& out = y[i * ldy + r];
       out = accumulate ? out + sum : sum;
@@ -90,7 +86,105 @@ void SkinnyLinear(const float* x, int64_t ldx, const float* w, int64_t m, int64_
 constexpr int64_t kMaxSkinnyRows = 0;  // no AVX2/FMA: sgemm for every size
 #endif
 
+// SmallGemm's register blocks (kernels/cpu/gemm_cpu.h says what it is for).
+#if DELTASERVE_CPU_AVX2
+constexpr int64_t kMr = 6;  // rows of c per block
+
+// An mr x (8·NV) block of c kept in registers over the whole p loop.
+template <int MR, int NV>
+void MicroKernel(int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  __m256 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    __m256 bv[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + 8 * v);
+    const float* ap = a + p * a_cs;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 av = _mm256_broadcast_ss(ap + r * a_rs);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) {
+        acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+      }
+    }
+  }
+  const __m256 al = _mm256_set1_ps(alpha);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      float* cp = c + r * ldc + 8 * v;
+      _mm256_storeu_ps(cp, accumulate ? _mm256_fmadd_ps(al, acc[r][v], _mm256_loadu_ps(cp))
+                                      : _mm256_mul_ps(al, acc[r][v]));
+    }
+  }
+}
+
+template <int NV>
+void MicroRows(int64_t mr, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  switch (mr) {
+    case 6:
+      return MicroKernel<6, NV>(k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 5:
+      return MicroKernel<5, NV>(k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 4:
+      return MicroKernel<4, NV>(k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 3:
+      return MicroKernel<3, NV>(k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    case 2:
+      return MicroKernel<2, NV>(k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+    default:
+      return MicroKernel<1, NV>(k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
+  }
+}
+
+template <int NV>
+void ColumnPanel(int64_t m, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                 bool lower_a) {
+  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+    const int64_t mr = std::min(kMr, m - i0);
+    const int64_t k_rows = lower_a ? std::min(k, i0 + mr) : k;
+    MicroRows<NV>(mr, k_rows, alpha, a + i0 * a_rs, a_rs, a_cs, b, ldb, c + i0 * ldc, ldc,
+                  accumulate);
+  }
+}
+#endif  // DELTASERVE_CPU_AVX2
+
 }  // namespace
+
+void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
+               int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+               bool lower_a) {
+  int64_t j = 0;
+#if DELTASERVE_CPU_AVX2
+  for (; j + 16 <= n; j += 16) {
+    ColumnPanel<2>(m, k, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower_a);
+  }
+  for (; j + 8 <= n; j += 8) {
+    ColumnPanel<1>(m, k, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower_a);
+  }
+#endif
+  if (j == n) return;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t k_row = lower_a ? std::min(k, i + 1) : k;
+    float* ci = c + i * ldc;
+    for (int64_t jj = j; jj < n; ++jj) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < k_row; ++p) {
+        sum += a[i * a_rs + p * a_cs] * b[p * ldb + jj];
+      }
+      ci[jj] = accumulate ? ci[jj] + alpha * sum : alpha * sum;
+    }
+  }
+}
 
 void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n, int64_t k,
                    float* y, int64_t ldy, bool accumulate) {
@@ -112,7 +206,7 @@ void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m, int64
     }
     return;
   }
-#if defined(__AVX2__) && defined(__FMA__)
+#if DELTASERVE_CPU_AVX2
   if (m <= kMaxSkinnyRows) {
     SkinnyLinear(x, ldx, w, m, n, k, y, ldy, accumulate);
     return;

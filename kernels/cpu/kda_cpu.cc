@@ -3,8 +3,8 @@
 // heads: heads are independent and each owns its [K, V] state.
 //
 // The chunkwise form turns the per-token O(K·V) state reads and writes into
-// small matrix products over a chunk of n <= 64 tokens, done by a register-
-// blocked AVX2/FMA micro-kernel (GemmAcc). Every decay factor is exp of a
+// small matrix products over a chunk of n <= 64 tokens, done by the register-
+// blocked SmallGemm of kernels/cpu/gemm_cpu.h. Every decay factor is exp of a
 // difference Γ_a - Γ_b <= 0 of in-chunk cumulative log-decays, computed in
 // double before rounding so that the cancellation of two large sums (they
 // reach -10^4 under strong decay) does not cost accuracy. The O(n²K) decay
@@ -21,13 +21,12 @@
 // over S; the chunked form wins by running them as register-blocked products
 // at a large fraction of peak instead of streaming S through L2 per token.
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "kernels/check.h"
-#include "kernels/cpu/simd_math.h"
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kda.h"
-
 
 namespace deltaserve::kernels {
 namespace {
@@ -38,45 +37,13 @@ constexpr int64_t kSub = 8;
 // Below this many state multiply-adds an OpenMP fork costs more than the work.
 constexpr int64_t kParallelMinWork = int64_t{1} << 16;
 
-#if DELTASERVE_CPU_AVX2
-
-// (float)(a - b) for 8 doubles.
-inline __m256 DiffToFloat8(const double* a, const double* b) {
-  const __m128 lo = _mm256_cvtpd_ps(
-      _mm256_sub_pd(_mm256_loadu_pd(a), _mm256_loadu_pd(b)));
-  const __m128 hi = _mm256_cvtpd_ps(
-      _mm256_sub_pd(_mm256_loadu_pd(a + 4), _mm256_loadu_pd(b + 4)));
-  return _mm256_set_m128(hi, lo);
-}
-
-inline float HorizontalSum(__m256 x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#endif  // DELTASERVE_CPU_AVX2
-
-// out[c] = exp(x[c]), x <= 0.
-void ExpRow(const float* x, int64_t len, float* out) {
-  int64_t c = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; c + 8 <= len; c += 8) {
-    _mm256_storeu_ps(out + c, Exp8(_mm256_loadu_ps(x + c)));
-  }
-#endif
-  for (; c < len; ++c) out[c] = std::exp(x[c]);
-}
+// out[c] = exp(x[c]); out may be x.
+void ExpRow(const float* x, int64_t len, float* out) { simd::Map(len, out, simd::Exp, x); }
 
 // out[c] = exp((float)(a[c] - b[c])), a <= b.
 void ExpDiff(const double* a, const double* b, int64_t len, float* out) {
-  int64_t c = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; c + 8 <= len; c += 8) {
-    _mm256_storeu_ps(out + c, Exp8(DiffToFloat8(a + c, b + c)));
-  }
-#endif
-  for (; c < len; ++c) out[c] = std::exp(static_cast<float>(a[c] - b[c]));
+  for (int64_t c = 0; c < len; ++c) out[c] = static_cast<float>(a[c] - b[c]);
+  ExpRow(out, len, out);
 }
 
 float Dot(const float* a, const float* b, int64_t len) {
@@ -87,7 +54,7 @@ float Dot(const float* a, const float* b, int64_t len) {
   for (; c + 8 <= len; c += 8) {
     acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
   }
-  sum = HorizontalSum(acc);
+  sum = simd::HorizontalSum(acc);
 #endif
   for (; c < len; ++c) sum += a[c] * b[c];
   return sum;
@@ -98,21 +65,20 @@ float Dot(const float* a, const float* b, int64_t len) {
 // exp(Γ_i - Γ_j) = Π exp(g) over the few tokens j < i of a block by
 // products, as the recurrence itself does, instead of one exponential per
 // pair and channel.
-void DecayDot(float* run, const float* decay, const float* ki, const float* qi,
-              int64_t kd, float* l, float* aq) {
+void DecayDot(float* run, const float* decay, const float* ki, const float* qi, int64_t kd,
+              float* l, float* aq) {
   float sl = 0.0f, sq = 0.0f;
   int64_t c = 0;
 #if DELTASERVE_CPU_AVX2
   __m256 al = _mm256_setzero_ps(), aqv = _mm256_setzero_ps();
   for (; c + 8 <= kd; c += 8) {
-    const __m256 r =
-        _mm256_mul_ps(_mm256_loadu_ps(run + c), _mm256_loadu_ps(decay + c));
+    const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(run + c), _mm256_loadu_ps(decay + c));
     _mm256_storeu_ps(run + c, r);
     al = _mm256_fmadd_ps(_mm256_loadu_ps(ki + c), r, al);
     aqv = _mm256_fmadd_ps(_mm256_loadu_ps(qi + c), r, aqv);
   }
-  sl = HorizontalSum(al);
-  sq = HorizontalSum(aqv);
+  sl = simd::HorizontalSum(al);
+  sq = simd::HorizontalSum(aqv);
 #endif
   for (; c < kd; ++c) {
     run[c] *= decay[c];
@@ -121,107 +87,6 @@ void DecayDot(float* run, const float* decay, const float* ki, const float* qi,
   }
   *l = sl;
   *aq = sq;
-}
-
-// c[i, j] = (accumulate ? c[i, j] : 0) + alpha · Σ_p a[i, p] · b[p, j]
-// for i < m, j < n, p < kd, with a[i, p] at a[i * a_rs + p * a_cs] (either
-// layout, so Aᵀ costs nothing) and rows of b and c contiguous. lower: a is
-// lower triangular with zeros stored above the diagonal, so p stops after
-// the last row of each row block.
-#if DELTASERVE_CPU_AVX2
-constexpr int64_t kMr = 6;
-
-// An mr x (8·NV) block of c kept in registers over the whole p loop.
-template <int MR, int NV>
-void MicroKernel(int64_t kd, float alpha, const float* a, int64_t a_rs,
-                 int64_t a_cs, const float* b, int64_t ldb, float* c,
-                 int64_t ldc, bool accumulate) {
-  __m256 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
-  }
-  for (int64_t p = 0; p < kd; ++p) {
-    __m256 bv[NV];
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(b + p * ldb + 8 * v);
-    const float* ap = a + p * a_cs;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(ap + r * a_rs);
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) {
-        acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
-      }
-    }
-  }
-  const __m256 al = _mm256_set1_ps(alpha);
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) {
-      float* cp = c + r * ldc + 8 * v;
-      _mm256_storeu_ps(cp, accumulate ? _mm256_fmadd_ps(al, acc[r][v],
-                                                        _mm256_loadu_ps(cp))
-                                      : _mm256_mul_ps(al, acc[r][v]));
-    }
-  }
-}
-
-template <int NV>
-void MicroRows(int64_t mr, int64_t kd, float alpha, const float* a,
-               int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
-               float* c, int64_t ldc, bool accumulate) {
-  switch (mr) {
-    case 6: return MicroKernel<6, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 5: return MicroKernel<5, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 4: return MicroKernel<4, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 3: return MicroKernel<3, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    case 2: return MicroKernel<2, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-    default: return MicroKernel<1, NV>(kd, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
-  }
-}
-
-template <int NV>
-void ColumnPanel(int64_t m, int64_t kd, float alpha, const float* a,
-                 int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
-                 float* c, int64_t ldc, bool accumulate, bool lower) {
-  for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-    const int64_t mr = std::min(kMr, m - i0);
-    const int64_t kd_rows = lower ? std::min(kd, i0 + mr) : kd;
-    MicroRows<NV>(mr, kd_rows, alpha, a + i0 * a_rs, a_rs, a_cs, b, ldb,
-                  c + i0 * ldc, ldc, accumulate);
-  }
-}
-#endif  // DELTASERVE_CPU_AVX2
-
-void GemmAcc(int64_t m, int64_t n, int64_t kd, float alpha, const float* a,
-             int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
-             int64_t ldc, bool accumulate, bool lower = false) {
-  int64_t j = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; j + 16 <= n; j += 16) {
-    ColumnPanel<2>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc,
-                   accumulate, lower);
-  }
-  for (; j + 8 <= n; j += 8) {
-    ColumnPanel<1>(m, kd, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc,
-                   accumulate, lower);
-  }
-#endif
-  if (j == n) return;
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t kd_row = lower ? std::min(kd, i + 1) : kd;
-    float* ci = c + i * ldc;
-    for (int64_t jj = j; jj < n; ++jj) {
-      float sum = 0.0f;
-      for (int64_t p = 0; p < kd_row; ++p) {
-        sum += a[i * a_rs + p * a_cs] * b[p * ldb + jj];
-      }
-      ci[jj] = accumulate ? ci[jj] + alpha * sum : alpha * sum;
-    }
-  }
 }
 
 // Per-thread scratch for one value head's chunk of up to n tokens.
@@ -264,10 +129,9 @@ struct ChunkScratch {
 
 // One chunk of n tokens starting at t0 for value head j (q/k head h); s is
 // the head's state [K, V], updated in place.
-void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
-               int64_t n, const float* q, const float* k, const float* v,
-               const float* g, const float* beta, float scale, float* s,
-               float* o, ChunkScratch& w) {
+void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t n, const float* q,
+               const float* k, const float* v, const float* g, const float* beta, float scale,
+               float* s, float* o, ChunkScratch& w) {
   const int64_t hk = shape.heads, hv = shape.v_heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;
   double* gam = w.gamma.data() + kd;  // gam[i * kd + c] = Γ_i[c], i >= -1
@@ -349,7 +213,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
         }
       }
       float* blk = w.blk.data();
-      GemmAcc(i0, kCols, kd, 1.0f, kr, kd, 1, klq, kCols, blk, kCols, false);
+      SmallGemm(i0, kCols, kd, 1.0f, kr, kd, 1, klq, kCols, blk, kCols, false);
       for (int64_t i = i0; i < i1; ++i) {
         for (int64_t jj = 0; jj < i0; ++jj) {
           lmat[i * n + jj] = blk[jj * kCols + (i - i0)];
@@ -364,8 +228,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
       std::copy(kc + jj * kd, kc + (jj + 1) * kd, run);
       for (int64_t i = jj + 1; i < i1; ++i) {
         float l, aq;
-        DecayDot(run, w.decay.data() + i * kd, kc + i * kd, qs + i * kd, kd, &l,
-                 &aq);
+        DecayDot(run, w.decay.data() + i * kd, kc + i * kd, qs + i * kd, kd, &l, &aq);
         lmat[i * n + jj] = bt[i] * l;
         aqk[i * n + jj] = aq;
       }
@@ -378,14 +241,13 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
     const float* vi = v + ((t0 + i) * hv + j) * vd;
     for (int64_t c = 0; c < vd; ++c) vn[i * vd + c] = bt[i] * vi[c];
   }
-  GemmAcc(n, vd, kd, -1.0f, w.kw.data(), kd, 1, s, vd, vn, vd, true);
+  SmallGemm(n, vd, kd, -1.0f, w.kw.data(), kd, 1, s, vd, vn, vd, true);
   // Blocked forward substitution: earlier blocks by one product, then the
   // few rows inside the block one after the other.
   for (int64_t i0 = 0; i0 < n; i0 += kSub) {
     const int64_t i1 = std::min(i0 + kSub, n);
     if (i0 > 0) {
-      GemmAcc(i1 - i0, vd, i0, -1.0f, lmat + i0 * n, n, 1, vn, vd,
-              vn + i0 * vd, vd, true);
+      SmallGemm(i1 - i0, vd, i0, -1.0f, lmat + i0 * n, n, 1, vn, vd, vn + i0 * vd, vd, true);
     }
     for (int64_t i = i0 + 1; i < i1; ++i) {
       float* __restrict vi = vn + i * vd;
@@ -400,8 +262,8 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
   // O = (scale·Q·exp(Γ)) S + Aqk Vn, written straight into o.
   float* oc = o + (t0 * hv + j) * vd;
   const int64_t ldo = hv * vd;
-  GemmAcc(n, vd, kd, 1.0f, w.qw.data(), kd, 1, s, vd, oc, ldo, false);
-  GemmAcc(n, vd, n, 1.0f, aqk, n, 1, vn, vd, oc, ldo, true, /*lower=*/true);
+  SmallGemm(n, vd, kd, 1.0f, w.qw.data(), kd, 1, s, vd, oc, ldo, false);
+  SmallGemm(n, vd, n, 1.0f, aqk, n, 1, vn, vd, oc, ldo, true, /*lower_a=*/true);
 
   // S' = exp(Γ_last) S + (K·exp(Γ_last - Γ))ᵀ Vn.
   ExpDiff(last, gam - kd, kd, e);
@@ -410,7 +272,7 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0,
     const float d = e[c];
     for (int64_t x = 0; x < vd; ++x) row[x] *= d;
   }
-  GemmAcc(kd, vd, n, 1.0f, w.kn.data(), 1, kd, vn, vd, s, vd, true);
+  SmallGemm(kd, vd, n, 1.0f, w.kn.data(), 1, kd, vn, vd, s, vd, true);
 }
 
 void CheckShape(const KdaShape& shape) {
@@ -421,9 +283,8 @@ void CheckShape(const KdaShape& shape) {
 
 }  // namespace
 
-void KdaRecurrent(const KdaShape& shape, const float* q, const float* k,
-                  const float* v, const float* g, const float* beta,
-                  float scale, float* state, float* o) {
+void KdaRecurrent(const KdaShape& shape, const float* q, const float* k, const float* v,
+                  const float* g, const float* beta, float scale, float* state, float* o) {
   CheckShape(shape);
   const int64_t hk = shape.heads, hv = shape.v_heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;
@@ -473,9 +334,8 @@ void KdaRecurrent(const KdaShape& shape, const float* q, const float* k,
   }
 }
 
-void KdaChunk(const KdaShape& shape, const float* q, const float* k,
-              const float* v, const float* g, const float* beta, float scale,
-              float* state, float* o, int64_t chunk_size) {
+void KdaChunk(const KdaShape& shape, const float* q, const float* k, const float* v, const float* g,
+              const float* beta, float scale, float* state, float* o, int64_t chunk_size) {
   CheckShape(shape);
   DELTASERVE_CHECK(chunk_size >= 1);
   if (shape.t == 0) return;
@@ -494,8 +354,8 @@ void KdaChunk(const KdaShape& shape, const float* q, const float* k,
     for (int64_t j = 0; j < hv; ++j) {
       for (int64_t t0 = 0; t0 < shape.t; t0 += n_max) {
         const int64_t n = std::min(n_max, shape.t - t0);
-        ChunkStep(shape, j / group, j, t0, n, q, k, v, g, beta, scale,
-                  state + j * kd * vd, o, scratch);
+        ChunkStep(shape, j / group, j, t0, n, q, k, v, g, beta, scale, state + j * kd * vd, o,
+                  scratch);
       }
     }
   }

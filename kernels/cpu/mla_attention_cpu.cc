@@ -23,14 +23,8 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/mla_attention.h"
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define DELTASERVE_MLA_AVX2 1
-#else
-#define DELTASERVE_MLA_AVX2 0
-#endif
 
 namespace deltaserve::kernels {
 namespace {
@@ -72,29 +66,7 @@ struct Dims {
   int64_t dk() const { return da + db; }
 };
 
-#if DELTASERVE_MLA_AVX2
-
-// 2^x for x <= 128; 0 for x <= -127 (and -inf); NaN propagates.
-inline __m256 Exp2(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
-  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
-  const __m256 n =
-      _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
-  // 2^f = e^(f ln2) by its Taylor series to degree 7: error < 6e-9 relative.
-  __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-02f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.2402265069591007f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471805599453f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  // 2^n from its exponent bits; n = -127 gives the bit pattern of +0.
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+#if DELTASERVE_CPU_AVX2
 
 constexpr int kVecs = kLanes / 8;  // AVX2 registers per panel row
 
@@ -107,30 +79,28 @@ inline void QkAccumulate(const float* const* k, int64_t n, const float* qt,
     for (int u = 0; u < kVecs; ++u) q[u] = _mm256_loadu_ps(qt + 8 * u);
     for (int r = 0; r < MR; ++r) {
       const __m256 x = _mm256_broadcast_ss(k[r] + d);
-      for (int u = 0; u < kVecs; ++u)
-        acc[r][u] = _mm256_fmadd_ps(x, q[u], acc[r][u]);
+      for (int u = 0; u < kVecs; ++u) acc[r][u] = _mm256_fmadd_ps(x, q[u], acc[r][u]);
     }
   }
 }
 
 // st[r][:] = Σ_d k_r[d] qt[d][:] over both key pieces, r < MR.
 template <int MR>
-void QkTile(const float* const* ka, const float* const* kb, const Dims& dims,
-            const float* qt, float* st) {
+void QkTile(const float* const* ka, const float* const* kb, const Dims& dims, const float* qt,
+            float* st) {
   __m256 acc[MR][kVecs];
   for (int r = 0; r < MR; ++r)
     for (int u = 0; u < kVecs; ++u) acc[r][u] = _mm256_setzero_ps();
   QkAccumulate<MR>(ka, dims.da, qt, acc);
   QkAccumulate<MR>(kb, dims.db, qt + dims.da * kLanes, acc);
   for (int r = 0; r < MR; ++r)
-    for (int u = 0; u < kVecs; ++u)
-      _mm256_storeu_ps(st + r * kLanes + 8 * u, acc[r][u]);
+    for (int u = 0; u < kVecs; ++u) _mm256_storeu_ps(st + r * kLanes + 8 * u, acc[r][u]);
 }
 
 // ot[c0 + r][:] = alpha[:] * ot[c0 + r][:] + Σ_j v_j[c0 + r] pt[j][:], r < MR.
 template <int MR>
-void PvTile(const float* const* v, int64_t c0, int64_t nk, const float* pt,
-            const float* alpha, float* ot) {
+void PvTile(const float* const* v, int64_t c0, int64_t nk, const float* pt, const float* alpha,
+            float* ot) {
   float* o = ot + c0 * kLanes;
   __m256 acc[MR][kVecs];
   for (int u = 0; u < kVecs; ++u) {
@@ -144,13 +114,11 @@ void PvTile(const float* const* v, int64_t c0, int64_t nk, const float* pt,
     const float* vj = v[j] + c0;
     for (int r = 0; r < MR; ++r) {
       const __m256 x = _mm256_broadcast_ss(vj + r);
-      for (int u = 0; u < kVecs; ++u)
-        acc[r][u] = _mm256_fmadd_ps(x, p[u], acc[r][u]);
+      for (int u = 0; u < kVecs; ++u) acc[r][u] = _mm256_fmadd_ps(x, p[u], acc[r][u]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int u = 0; u < kVecs; ++u)
-      _mm256_storeu_ps(o + r * kLanes + 8 * u, acc[r][u]);
+    for (int u = 0; u < kVecs; ++u) _mm256_storeu_ps(o + r * kLanes + 8 * u, acc[r][u]);
 }
 
 // Online-softmax step for one panel of scores st [nk][16]: updates the running
@@ -160,18 +128,16 @@ void PvTile(const float* const* v, int64_t c0, int64_t nk, const float* pt,
 void SoftmaxStep(float* st, int64_t nk, float* m, float* l, float* alpha) {
   for (int h = 0; h < kLanes; h += 8) {
     __m256 mb = _mm256_loadu_ps(st + h);
-    for (int64_t j = 1; j < nk; ++j)
-      mb = _mm256_max_ps(mb, _mm256_loadu_ps(st + j * kLanes + h));
+    for (int64_t j = 1; j < nk; ++j) mb = _mm256_max_ps(mb, _mm256_loadu_ps(st + j * kLanes + h));
     const __m256 m_old = _mm256_loadu_ps(m + h);
     const __m256 m_new = _mm256_max_ps(m_old, mb);
-    const __m256 none =
-        _mm256_cmp_ps(m_new, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ);
+    const __m256 none = _mm256_cmp_ps(m_new, _mm256_set1_ps(kNegInf), _CMP_EQ_OQ);
     const __m256 m_use = _mm256_andnot_ps(none, m_new);  // -inf -> 0
-    const __m256 a = Exp2(_mm256_sub_ps(m_old, m_use));
+    const __m256 a = simd::Exp2(_mm256_sub_ps(m_old, m_use));
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < nk; ++j) {
       float* s = st + j * kLanes + h;
-      const __m256 p = Exp2(_mm256_sub_ps(_mm256_loadu_ps(s), m_use));
+      const __m256 p = simd::Exp2(_mm256_sub_ps(_mm256_loadu_ps(s), m_use));
       _mm256_storeu_ps(s, p);
       sum = _mm256_add_ps(sum, p);
     }
@@ -184,8 +150,8 @@ void SoftmaxStep(float* st, int64_t nk, float* m, float* l, float* alpha) {
 #else  // portable scalar versions of the three kernels above
 
 template <int MR>
-void QkTile(const float* const* ka, const float* const* kb, const Dims& dims,
-            const float* qt, float* st) {
+void QkTile(const float* const* ka, const float* const* kb, const Dims& dims, const float* qt,
+            float* st) {
   float acc[MR][kLanes] = {};
   for (int64_t d = 0; d < dims.da; ++d, qt += kLanes)
     for (int r = 0; r < MR; ++r)
@@ -198,15 +164,14 @@ void QkTile(const float* const* ka, const float* const* kb, const Dims& dims,
 }
 
 template <int MR>
-void PvTile(const float* const* v, int64_t c0, int64_t nk, const float* pt,
-            const float* alpha, float* ot) {
+void PvTile(const float* const* v, int64_t c0, int64_t nk, const float* pt, const float* alpha,
+            float* ot) {
   float* o = ot + c0 * kLanes;
   for (int r = 0; r < MR; ++r)
     for (int i = 0; i < kLanes; ++i) o[r * kLanes + i] *= alpha[i];
   for (int64_t j = 0; j < nk; ++j, pt += kLanes)
     for (int r = 0; r < MR; ++r)
-      for (int i = 0; i < kLanes; ++i)
-        o[r * kLanes + i] += v[j][c0 + r] * pt[i];
+      for (int i = 0; i < kLanes; ++i) o[r * kLanes + i] += v[j][c0 + r] * pt[i];
 }
 
 void SoftmaxStep(float* st, int64_t nk, float* m, float* l, float* alpha) {
@@ -227,7 +192,7 @@ void SoftmaxStep(float* st, int64_t nk, float* m, float* l, float* alpha) {
   }
 }
 
-#endif  // DELTASERVE_MLA_AVX2
+#endif  // DELTASERVE_CPU_AVX2
 
 // Per-thread state of one query block: packed queries, scores, output
 // accumulator and the running softmax statistics, all [panel][...][16].
@@ -249,23 +214,19 @@ struct Workspace {
 
 // Loads up to kBlockQ rows (scaled into the log2 domain) and resets the state.
 // Returns the number of panels in use.
-int LoadQueries(const RowInfo* rows, int nq, const Dims& dims, float scale,
-                Workspace* ws) {
+int LoadQueries(const RowInfo* rows, int nq, const Dims& dims, float scale, Workspace* ws) {
   const int panels = (nq + kLanes - 1) / kLanes;
   const int64_t dk = dims.dk();
   const float qscale = scale * kLog2E;
   std::fill(ws->qt.begin(), ws->qt.begin() + panels * dk * kLanes, 0.0f);
   for (int i = 0; i < nq; ++i) {
     float* dst = ws->qt.data() + (i / kLanes) * dk * kLanes + i % kLanes;
-    for (int64_t d = 0; d < dims.da; ++d)
-      dst[d * kLanes] = rows[i].qa[d] * qscale;
+    for (int64_t d = 0; d < dims.da; ++d) dst[d * kLanes] = rows[i].qa[d] * qscale;
     dst += dims.da * kLanes;
-    for (int64_t d = 0; d < dims.db; ++d)
-      dst[d * kLanes] = rows[i].qb[d] * qscale;
+    for (int64_t d = 0; d < dims.db; ++d) dst[d * kLanes] = rows[i].qb[d] * qscale;
   }
   // Padding lanes copy the last row's limit so that they never force masking.
-  for (int i = 0; i < panels * kLanes; ++i)
-    ws->limit[i] = rows[std::min(i, nq - 1)].limit;
+  for (int i = 0; i < panels * kLanes; ++i) ws->limit[i] = rows[std::min(i, nq - 1)].limit;
   std::fill(ws->m.begin(), ws->m.end(), kNegInf);
   std::fill(ws->l.begin(), ws->l.end(), 0.0f);
   std::fill(ws->ot.begin(), ws->ot.begin() + panels * dims.dv * kLanes, 0.0f);
@@ -278,11 +239,9 @@ template <int MR = kTileRows, typename F>
 void ForTiles(int64_t n, F&& tile) {
   if constexpr (MR == kTileRows) {
     int64_t r = 0;
-    for (; r + kTileRows <= n; r += kTileRows)
-      tile.template operator()<kTileRows>(r);
+    for (; r + kTileRows <= n; r += kTileRows) tile.template operator()<kTileRows>(r);
     if (r < n)
-      ForTiles<kTileRows - 1>(
-          n - r, [&]<int M>(int64_t i) { tile.template operator()<M>(r + i); });
+      ForTiles<kTileRows - 1>(n - r, [&]<int M>(int64_t i) { tile.template operator()<M>(r + i); });
   } else if constexpr (MR > 0) {
     if (n == MR) {
       tile.template operator()<MR>(0);
@@ -293,8 +252,8 @@ void ForTiles(int64_t n, F&& tile) {
 }
 
 // Streams keys [k_begin, k_end) through the loaded query block.
-void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels,
-                int64_t k_begin, int64_t k_end, Workspace* ws) {
+void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels, int64_t k_begin,
+                int64_t k_end, Workspace* ws) {
   int64_t lim_min = ws->limit[0], lim_max = ws->limit[0];
   for (int i = 1; i < nq; ++i) {
     lim_min = std::min(lim_min, ws->limit[i]);
@@ -328,12 +287,9 @@ void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels,
     for (int p = 0; p < panels; ++p) {
       float* st = ws->st.data() + p * kBlockK * kLanes;
       float* alpha = ws->alpha.data() + p * kLanes;
-      SoftmaxStep(st, nk, ws->m.data() + p * kLanes, ws->l.data() + p * kLanes,
-                  alpha);
+      SoftmaxStep(st, nk, ws->m.data() + p * kLanes, ws->l.data() + p * kLanes, alpha);
       float* ot = ws->ot.data() + p * dims.dv * kLanes;
-      ForTiles(dims.dv, [&]<int MR>(int64_t c) {
-        PvTile<MR>(ws->v, c, nk, st, alpha, ot);
-      });
+      ForTiles(dims.dv, [&]<int MR>(int64_t c) { PvTile<MR>(ws->v, c, nk, st, alpha, ot); });
     }
   }
 }
@@ -354,18 +310,16 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
   const int64_t threads = omp_get_max_threads();
   int64_t nsplit = 1;
   if (nblocks < 2 * threads) {
-    nsplit = std::min((2 * threads + nblocks - 1) / nblocks,
-                      rows.NumKeys() / kMinSplitKeys);
+    nsplit = std::min((2 * threads + nblocks - 1) / nblocks, rows.NumKeys() / kMinSplitKeys);
     nsplit = std::max<int64_t>(nsplit, 1);
   }
-  const int64_t split_len =
-      (rows.NumKeys() + nsplit - 1) / nsplit;  // keys per split
+  const int64_t split_len = (rows.NumKeys() + nsplit - 1) / nsplit;  // keys per split
   std::vector<Partial> partials(nsplit > 1 ? nblocks * nsplit : 0);
   // A fork costs microseconds, and far more when other processes hold the
   // cores: small problems (a decode step over a short cache) run inline.
-  const bool parallel = nblocks * nsplit > 1 &&
-                        nblocks * kBlockQ * rows.NumKeys() * (dims.dk() + dims.dv) >=
-                            kMinParallelWork;
+  const bool parallel =
+      nblocks * nsplit > 1 &&
+      nblocks * kBlockQ * rows.NumKeys() * (dims.dk() + dims.dv) >= kMinParallelWork;
 
 #pragma omp parallel if (parallel)
   {
@@ -377,22 +331,18 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
       const int64_t block = task / nsplit, split = task % nsplit;
       const int nq = rows.Block(block, info, &keys);
       const int panels = LoadQueries(info, nq, dims, scale, &ws);
-      AttendKeys(keys, dims, nq, panels, split * split_len,
-                 (split + 1) * split_len, &ws);
+      AttendKeys(keys, dims, nq, panels, split * split_len, (split + 1) * split_len, &ws);
       if (nsplit == 1) {
         for (int i = 0; i < nq; ++i) {
           const float inv = 1.0f / ws.l[i];
-          const float* src =
-              ws.ot.data() + (i / kLanes) * dims.dv * kLanes + i % kLanes;
-          for (int64_t c = 0; c < dims.dv; ++c)
-            info[i].out[c] = src[c * kLanes] * inv;
+          const float* src = ws.ot.data() + (i / kLanes) * dims.dv * kLanes + i % kLanes;
+          for (int64_t c = 0; c < dims.dv; ++c) info[i].out[c] = src[c * kLanes] * inv;
         }
       } else {
         Partial& part = partials[task];
         part.m.assign(ws.m.begin(), ws.m.end());
         part.l.assign(ws.l.begin(), ws.l.end());
-        part.ot.assign(ws.ot.begin(),
-                       ws.ot.begin() + panels * dims.dv * kLanes);
+        part.ot.assign(ws.ot.begin(), ws.ot.begin() + panels * dims.dv * kLanes);
       }
     }
     if (nsplit > 1) {
@@ -406,16 +356,14 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
           for (int64_t k = 0; k < nsplit; ++k) mx = std::max(mx, part[k].m[i]);
           float l = 0.0f;
           for (int64_t k = 0; k < nsplit; ++k) {
-            w[k] =
-                part[k].m[i] == kNegInf ? 0.0f : std::exp2(part[k].m[i] - mx);
+            w[k] = part[k].m[i] == kNegInf ? 0.0f : std::exp2(part[k].m[i] - mx);
             l += w[k] * part[k].l[i];
           }
           const float inv = 1.0f / l;
           const int64_t base = (i / kLanes) * dims.dv * kLanes + i % kLanes;
           for (int64_t c = 0; c < dims.dv; ++c) {
             float acc = 0.0f;
-            for (int64_t k = 0; k < nsplit; ++k)
-              acc += w[k] * part[k].ot[base + c * kLanes];
+            for (int64_t k = 0; k < nsplit; ++k) acc += w[k] * part[k].ot[base + c * kLanes];
             info[i].out[c] = acc * inv;
           }
         }
@@ -481,25 +429,21 @@ void MlaPrefillAttention(const MlaPrefillArgs& args) {
   DELTASERVE_CHECK(args.t >= 0 && args.prefix >= 0 && args.heads >= 0);
   DELTASERVE_CHECK(args.nope_dim >= 0 && args.rope_dim >= 0 && args.v_dim >= 0);
   if (args.t == 0 || args.heads == 0 || args.v_dim == 0) return;
-  DELTASERVE_CHECK(args.q != nullptr && args.kv != nullptr &&
-                   args.o != nullptr);
-  DELTASERVE_CHECK(args.rope_dim == 0 || (args.k_rope != nullptr &&
-                                          args.k_rope_stride >= args.rope_dim));
+  DELTASERVE_CHECK(args.q != nullptr && args.kv != nullptr && args.o != nullptr);
+  DELTASERVE_CHECK(args.rope_dim == 0 ||
+                   (args.k_rope != nullptr && args.k_rope_stride >= args.rope_dim));
   const PrefillRows rows{args, (args.t + kBlockQ - 1) / kBlockQ};
-  RunAttention(rows, Dims{args.nope_dim, args.rope_dim, args.v_dim},
-               args.scale);
+  RunAttention(rows, Dims{args.nope_dim, args.rope_dim, args.v_dim}, args.scale);
 }
 
 void MlaAbsorbedAttention(const MlaAbsorbedArgs& args) {
   DELTASERVE_CHECK(args.t >= 0 && args.prefix >= 0 && args.heads >= 0);
   DELTASERVE_CHECK(args.latent_dim >= 0 && args.rope_dim >= 0);
   if (args.t == 0 || args.heads == 0 || args.latent_dim == 0) return;
-  DELTASERVE_CHECK(args.q_latent != nullptr && args.cache != nullptr &&
-                   args.o_latent != nullptr);
+  DELTASERVE_CHECK(args.q_latent != nullptr && args.cache != nullptr && args.o_latent != nullptr);
   DELTASERVE_CHECK(args.rope_dim == 0 || args.q_rope != nullptr);
   const AbsorbedRows rows{args, args.t * args.heads};
-  RunAttention(rows, Dims{args.latent_dim, args.rope_dim, args.latent_dim},
-               args.scale);
+  RunAttention(rows, Dims{args.latent_dim, args.rope_dim, args.latent_dim}, args.scale);
 }
 
 }  // namespace deltaserve::kernels

@@ -3,15 +3,12 @@
 // loops run over contiguous channels and vectorise. Every output element is
 // computed by the same operations in the same order whatever T is, so prefill
 // in one call, in pieces or token by token gives bitwise the same result.
-#include "kernels/short_conv.h"
-
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "kernels/check.h"
-#include "kernels/cpu/simd_math.h"
-
+#include "kernels/cpu/simd.h"
+#include "kernels/short_conv.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -22,37 +19,14 @@ constexpr int64_t kParallelMinWork = int64_t{1} << 15;
 
 // x·sigmoid(x) = x·num / (1 + e) with e = exp(-|x|) <= 1 (num = 1 for
 // x >= 0, else e), so nothing overflows.
-inline float Silu(float x) {
-  const float e = std::exp(-std::fabs(x));
-  return x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));
+inline simd::Vf SiluLanes(simd::Vf x) {
+  const simd::Vf e = simd::Exp(x < 0.0f ? x : -x);  // exp(-|x|)
+  const simd::Vf num = x >= 0.0f ? simd::Splat(1.0f) : e;
+  return x * (num / (1.0f + e));
 }
 
-#if DELTASERVE_CPU_AVX2
-
-inline __m256 Silu8(__m256 x) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 e = Exp8(_mm256_or_ps(x, sign));  // exp(-|x|)
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 num =
-      _mm256_blendv_ps(e, one, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
-  return _mm256_mul_ps(x, _mm256_div_ps(num, _mm256_add_ps(one, e)));
-}
-#endif
-
-// y[c] = SiLU(x[c]).
-void SiluRow(const float* x, int64_t len, float* y) {
-  int64_t c = 0;
-#if DELTASERVE_CPU_AVX2
-  for (; c + 8 <= len; c += 8) {
-    _mm256_storeu_ps(y + c, Silu8(_mm256_loadu_ps(x + c)));
-  }
-#endif
-  for (; c < len; ++c) y[c] = Silu(x[c]);
-}
-
-void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels,
-               int64_t width, bool silu, int64_t c0, int64_t nc, float* state,
-               float* y) {
+void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels, int64_t width,
+               bool silu, int64_t c0, int64_t nc, float* state, float* y) {
   const int64_t history = width - 1;
   // Weights transposed to [width, nc] so the channel loop is contiguous.
   float wt[kChannelBlock * 8];
@@ -71,14 +45,14 @@ void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels,
     for (int64_t j = 0; j < width; ++j) {
       // Row s + j of x̃ = [state; x].
       const int64_t row = s + j;
-      const float* src = row < history ? state + row * channels + c0
-                                       : x + (row - history) * channels + c0;
+      const float* src =
+          row < history ? state + row * channels + c0 : x + (row - history) * channels + c0;
       const float* wj = wtp + j * nc;
       for (int64_t c = 0; c < nc; ++c) acc[c] += wj[c] * src[c];
     }
     float* ys = y + s * channels + c0;
     if (silu) {
-      SiluRow(acc, nc, ys);
+      simd::Map(nc, ys, SiluLanes, acc);
     } else {
       for (int64_t c = 0; c < nc; ++c) ys[c] = acc[c];
     }
@@ -87,8 +61,8 @@ void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels,
   // are not yet overwritten.
   for (int64_t r = 0; r < history && t > 0; ++r) {
     const int64_t row = t + r;
-    const float* src = row < history ? state + row * channels + c0
-                                     : x + (row - history) * channels + c0;
+    const float* src =
+        row < history ? state + row * channels + c0 : x + (row - history) * channels + c0;
     float* dst = state + r * channels + c0;
     for (int64_t c = 0; c < nc; ++c) dst[c] = src[c];
   }
@@ -96,8 +70,8 @@ void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels,
 
 }  // namespace
 
-void ShortConv(const float* x, const float* w, int64_t t, int64_t channels,
-               int64_t width, bool silu, float* state, float* y) {
+void ShortConv(const float* x, const float* w, int64_t t, int64_t channels, int64_t width,
+               bool silu, float* state, float* y) {
   DELTASERVE_CHECK(t >= 0 && channels >= 0 && width >= 1);
   if (t == 0 || channels == 0) return;
   const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;

@@ -1,0 +1,33 @@
+// GEMM pieces of the CPU backend that other CPU kernels build on, beside the
+// public Linear of kernels/gemm.h. Internal to kernels/cpu.
+#pragma once
+
+#include <cstdint>
+
+namespace deltaserve::kernels {
+
+// c[i, j] = (accumulate ? c[i, j] : 0) + alpha · Σ_p a[i, p] · b[p, j]
+// for i < m, j < n, p < k, with a[i, p] at a[i * a_rs + p * a_cs] (either
+// layout, so Aᵀ costs nothing) and rows of b and c at strides ldb and ldc.
+// lower_a: a is lower triangular with zeros stored above the diagonal, and p
+// stops after the last row of each block of rows. c may lie in the same
+// array as b as long as the rows read and the rows written are disjoint.
+//
+// For small products whose operands are already in cache: the ones inside a
+// KDA chunk (kernels/cpu/kda_cpu.cc), where each of m, n and k is a head
+// dimension or the chunk length (128 or 64 in K3), about 20 calls per chunk
+// and head. Six rows of c and 16 columns stay in registers over the
+// whole p loop, with no packing. Linear cannot serve these: it computes
+// x · wᵀ from a w stored [n, k], while here the right operand is [k, n] (the
+// state S, Vn and the decayed key panel, each of which would need a
+// transposed copy per call), and it has no alpha, no transposed left operand
+// and no triangle. The cblas_sgemm behind it has all but the triangle, and
+// measured slower: KdaChunk at T = 4096, H = 8, K = V = 128, one thread of a
+// Zen 4, median CPU time of 10 runs 85.2 ms with this kernel, 87.4 ms with
+// cblas_sgemm in its place (OpenBLAS 0.3.21, AVX-512 kernels) and 89.7 ms
+// with OpenBLAS's Haswell (AVX2) kernels, what an AVX2-only machine gets.
+void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
+               int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+               bool lower_a = false);
+
+}  // namespace deltaserve::kernels
