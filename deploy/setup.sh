@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
+  python3                  # the build's include check (tools/check_layers.py)
+  clang-format             # the format_check test (tools/check_format.sh)
   libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build (docs/architecture.md)
   libabsl-dev              # absl::Status / StatusOr, strings
   nlohmann-json3-dev       # config.json and safetensors headers

@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include "nlohmann/json.hpp"
 
 namespace deltaserve::testing {
 
@@ -100,17 +103,95 @@ std::string GoldenPath(const std::string& relative) {
   return std::string(DELTASERVE_SOURCE_DIR) + "/../shared/golden/" + relative;
 }
 
+const GoldenTensor& GoldenFile::Get(const std::string& name) const {
+  static const GoldenTensor kEmpty;
+  const auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    ADD_FAILURE() << "golden file has no tensor " << name;
+    return kEmpty;
+  }
+  return it->second;
+}
+
+namespace {
+
+// Little-endian element `i` of a tensor of `dtype` as double; false for a
+// dtype the golden files do not use.
+bool ReadElement(const std::string& dtype, const char* data, size_t i, double* out) {
+  auto load = [&](auto value) {
+    std::memcpy(&value, data + i * sizeof(value), sizeof(value));
+    *out = static_cast<double>(value);
+    return true;
+  };
+  if (dtype == "F64") return load(double{});
+  if (dtype == "F32") return load(float{});
+  if (dtype == "I64") return load(int64_t{});
+  if (dtype == "I32") return load(int32_t{});
+  return false;
+}
+
+size_t DtypeBytes(const std::string& dtype) {
+  return dtype == "F64" || dtype == "I64" ? 8 : dtype == "F32" || dtype == "I32" ? 4 : 0;
+}
+
+}  // namespace
+
+std::optional<GoldenFile> ReadGoldenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  const std::string file = bytes.str();
+  uint64_t header_size = 0;
+  if (!in || file.size() < 8) {
+    ADD_FAILURE() << path << ": cannot read";
+    return std::nullopt;
+  }
+  std::memcpy(&header_size, file.data(), 8);  // little-endian, as on x86
+  if (header_size > file.size() - 8) {
+    ADD_FAILURE() << path << ": header of " << header_size << " bytes runs past the file";
+    return std::nullopt;
+  }
+  const nlohmann::json header =
+      nlohmann::json::parse(file.substr(8, header_size), nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) {
+    ADD_FAILURE() << path << ": header is not a JSON object";
+    return std::nullopt;
+  }
+  const char* data = file.data() + 8 + header_size;
+  const size_t data_size = file.size() - 8 - header_size;
+  GoldenFile golden;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      for (const auto& [key, value] : entry.items()) {
+        if (value.is_string()) golden.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    const std::string dtype = entry.value("dtype", "");
+    GoldenTensor tensor;
+    tensor.shape = entry.value("shape", std::vector<int64_t>{});
+    const auto offsets = entry.value("data_offsets", std::vector<size_t>{});
+    size_t count = 1;
+    for (int64_t d : tensor.shape) count *= static_cast<size_t>(d);
+    if (DtypeBytes(dtype) == 0 || offsets.size() != 2 || offsets[0] > offsets[1] ||
+        offsets[1] > data_size || offsets[1] - offsets[0] != count * DtypeBytes(dtype)) {
+      ADD_FAILURE() << path << ": tensor " << name << " (" << dtype
+                    << ") has an unsupported dtype or wrong data offsets";
+      return std::nullopt;
+    }
+    tensor.values.resize(count);
+    for (size_t i = 0; i < count; ++i) ReadElement(dtype, data + offsets[0], i, &tensor.values[i]);
+    golden.tensors.emplace(name, std::move(tensor));
+  }
+  return golden;
+}
+
 GoldenLogits LoadGoldenLogits(const std::string& model) {
   GoldenLogits golden;
-  auto file = SafetensorsFile::Open(GoldenPath("model/" + model + "/expected_logits.safetensors"));
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return golden;
-  auto tokens = (*file)->Get("tokens");
-  auto logits = (*file)->Get("logits");
-  EXPECT_TRUE(tokens.ok() && logits.ok());
-  if (!tokens.ok() || !logits.ok()) return golden;
-  golden.tokens = *ToInt64(**tokens);
-  golden.logits = *ToFloat64(**logits);
+  auto file = ReadGoldenFile(GoldenPath("model/" + model + "/expected_logits.safetensors"));
+  if (!file) return golden;
+  for (double t : file->Get("tokens").values) golden.tokens.push_back(static_cast<int64_t>(t));
+  golden.logits = file->Get("logits").values;
   return golden;
 }
 

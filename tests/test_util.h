@@ -1,18 +1,19 @@
 // Shared helpers for the tests: random inputs, float64 comparisons with
-// tolerances, NaN poisoning of outputs, and paths to the golden files.
+// tolerances, NaN poisoning of outputs, the golden files, child processes.
+// On no deltaserve library, so that a kernel test links only the kernels.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/model/safetensors.h"
 
 namespace deltaserve::testing {
 
@@ -43,6 +44,24 @@ double ReductionTolerance(int64_t n, double factor = 8.0);
 
 // `../shared/golden/<relative>`: tests run from the repository root.
 std::string GoldenPath(const std::string& relative);
+
+// A golden safetensors file read whole, every tensor as float64 (F64, F32,
+// I64 and I32, which is what the golden files hold). The tests read their
+// oracles with this, not with the model library's reader: kernel tests do not
+// link that library, and a reader bug cannot hide in both sides of a check.
+struct GoldenTensor {
+  std::vector<int64_t> shape;
+  std::vector<double> values;  // row-major
+};
+struct GoldenFile {
+  std::map<std::string, GoldenTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  // The named tensor; fails the current test (and gives an empty one) when
+  // there is none.
+  const GoldenTensor& Get(const std::string& name) const;
+};
+// Fails the current test and returns nullopt when the file cannot be read.
+std::optional<GoldenFile> ReadGoldenFile(const std::string& path);
 
 // ../shared/golden/model/<model>/expected_logits.safetensors: the prompt and
 // its float64 logits [T, vocab]. Fails the current test when unreadable.

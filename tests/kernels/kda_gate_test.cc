@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/reference/kda_gate_ref.h"
-#include "runtime/model/safetensors.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -112,16 +112,10 @@ TEST(KdaGateTest, SoftplusMatchesGolden) {
     if (entry.path().extension() != ".safetensors") continue;
     ++files;
     const std::string name = entry.path().stem().string();
-    auto file = SafetensorsFile::Open(entry.path().string());
-    ASSERT_TRUE(file.ok()) << file.status();
-    auto load = [&](const char* tensor) {
-      auto view = (*file)->Get(tensor);
-      EXPECT_TRUE(view.ok()) << view.status();
-      auto values = ToFloat64(**view);
-      EXPECT_TRUE(values.ok()) << values.status();
-      return *values;
-    };
-    const std::vector<int64_t> shape = (*(*file)->Get("g_raw"))->shape;  // [B, T, HV, K]
+    const std::optional<testing::GoldenFile> file = testing::ReadGoldenFile(entry.path().string());
+    ASSERT_TRUE(file.has_value());
+    auto load = [&](const char* tensor) { return file->Get(tensor).values; };
+    const std::vector<int64_t> shape = file->Get("g_raw").shape;  // [B, T, HV, K]
     const int64_t tokens = shape[0] * shape[1], heads = shape[2], head_dim = shape[3];
     const std::vector<float> graw = testing::ToFloat(load("g_raw"));
     const std::vector<float> dt_bias = testing::ToFloat(load("dt_bias"));

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/reference/kda_ref.h"
-#include "runtime/model/safetensors.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -233,15 +233,6 @@ struct Golden {
   std::vector<double> o, final_state;
 };
 
-std::vector<double> GetF64(const SafetensorsFile& file, const std::string& name) {
-  auto view = file.Get(name);
-  EXPECT_TRUE(view.ok()) << view.status();
-  if (!view.ok()) return {};
-  auto values = ToFloat64(**view);
-  EXPECT_TRUE(values.ok()) << values.status();
-  return values.ok() ? *values : std::vector<double>{};
-}
-
 std::vector<Golden> LoadGoldens() {
   std::vector<std::string> paths;
   for (const auto& entry :
@@ -251,35 +242,34 @@ std::vector<Golden> LoadGoldens() {
   std::sort(paths.begin(), paths.end());
   std::vector<Golden> out;
   for (const std::string& path : paths) {
-    auto file = SafetensorsFile::Open(path);
-    EXPECT_TRUE(file.ok()) << file.status();
-    if (!file.ok()) continue;
-    const SafetensorsFile& f = **file;
+    const std::optional<testing::GoldenFile> file = testing::ReadGoldenFile(path);
+    if (!file) continue;
+    const testing::GoldenFile& f = *file;
     Golden gold;
     gold.name = std::filesystem::path(path).stem().string();
-    const std::vector<int64_t> qs = (*f.Get("q"))->shape;  // [B, T, H, K]
-    const std::vector<int64_t> vs = (*f.Get("v"))->shape;  // [B, T, HV, V]
+    const std::vector<int64_t> qs = f.Get("q").shape;  // [B, T, H, K]
+    const std::vector<int64_t> vs = f.Get("v").shape;  // [B, T, HV, V]
     gold.batch = qs[0];
     gold.shape = KdaShape{qs[1], qs[2], vs[2], qs[3], vs[3]};
     gold.scale = 1.0f / std::sqrt(static_cast<float>(qs[3]));
-    const auto meta = f.metadata().find("scale");
-    if (meta != f.metadata().end()) {
+    const auto meta = f.metadata.find("scale");
+    if (meta != f.metadata.end()) {
       EXPECT_NEAR(std::stod(meta->second), gold.scale, 1e-7) << gold.name;
     }
-    gold.q = testing::ToFloat(GetF64(f, "q"));
-    gold.k = testing::ToFloat(GetF64(f, "k"));
-    gold.v = testing::ToFloat(GetF64(f, "v"));
-    gold.g = testing::ToFloat(GetF64(f, "g"));
-    gold.beta = testing::ToFloat(GetF64(f, "beta"));
+    gold.q = testing::ToFloat(f.Get("q").values);
+    gold.k = testing::ToFloat(f.Get("k").values);
+    gold.v = testing::ToFloat(f.Get("v").values);
+    gold.g = testing::ToFloat(f.Get("g").values);
+    gold.beta = testing::ToFloat(f.Get("beta").values);
     const KdaShape& s = gold.shape;
     const size_t state_size = gold.batch * s.v_heads * s.k_dim * s.v_dim;
-    if (f.tensors().count("initial_state")) {
-      gold.initial_state = testing::ToFloat(GetF64(f, "initial_state"));
+    if (f.tensors.count("initial_state")) {
+      gold.initial_state = testing::ToFloat(f.Get("initial_state").values);
     } else {
       gold.initial_state.assign(state_size, 0.0f);
     }
-    gold.o = GetF64(f, "o");
-    gold.final_state = GetF64(f, "final_state");
+    gold.o = f.Get("o").values;
+    gold.final_state = f.Get("final_state").values;
     EXPECT_EQ(gold.initial_state.size(), state_size) << gold.name;
     EXPECT_EQ(gold.final_state.size(), state_size) << gold.name;
     EXPECT_EQ(gold.o.size(), static_cast<size_t>(gold.batch * s.t * s.v_heads * s.v_dim))

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/model/safetensors.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {

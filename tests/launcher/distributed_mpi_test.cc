@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/model/config.h"
+#include "runtime/model/safetensors.h"
 #include "runtime/scheduler/stage_plan.h"
 #include "tests/test_util.h"
 

@@ -1,0 +1,28 @@
+# Runs the command after `--` and passes only when it fails (exit status not
+# 0) with output matching EXPECT_REGEX: a checker test that can itself fail.
+#   cmake -DEXPECT_REGEX=<regex> -P expect_failure.cmake -- <command> [args...]
+set(command)
+set(collect OFF)
+foreach(i RANGE 1 ${CMAKE_ARGC})
+  if(i EQUAL CMAKE_ARGC)
+    break()
+  endif()
+  if(collect)
+    list(APPEND command "${CMAKE_ARGV${i}}")
+  elseif(CMAKE_ARGV${i} STREQUAL "--")
+    set(collect ON)
+  endif()
+endforeach()
+if(NOT command OR NOT DEFINED EXPECT_REGEX)
+  message(FATAL_ERROR "usage: cmake -DEXPECT_REGEX=<regex> -P expect_failure.cmake -- <command>")
+endif()
+execute_process(COMMAND ${command} RESULT_VARIABLE status OUTPUT_VARIABLE out
+                ERROR_VARIABLE out)
+message("${out}")
+if(status EQUAL 0)
+  message(FATAL_ERROR "expected a failure, the command succeeded")
+endif()
+if(NOT out MATCHES "${EXPECT_REGEX}")
+  message(FATAL_ERROR "the command failed (${status}) but its output does not match: ${EXPECT_REGEX}")
+endif()
+message("failed as expected (${status})")
