@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "runtime/comm/single_communicator.h"
-#include "tests/engine_runs.h"
+#include "tests/model_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-#include "tests/engine_runs.h"
+#include "tests/model_runs.h"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <tuple>
 
-#include "tests/engine_runs.h"
+#include "tests/model_runs.h"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
 #include "tests/runtime/serving/serving_test_util.h"

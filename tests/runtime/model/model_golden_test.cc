@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "runtime/model/model.h"
-#include "tests/engine_runs.h"
+#include "tests/model_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {

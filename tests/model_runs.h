@@ -1,0 +1,46 @@
+// References for tests that run a model: the plain one-shot forward pass
+// (which every other way of running must match) and the plainest generation
+// loop. Nothing here goes through the engine.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/sampling.h"
+#include "runtime/model/model.h"
+
+namespace deltaserve::testing {
+
+// Logits [T, vocab] of `tokens` in one Model::Forward call.
+inline std::vector<float> OneShotLogits(const Model& model, const std::vector<int32_t>& tokens) {
+  auto state = model.NewSequence();
+  const ForwardInput input{state.get(), tokens, /*all_logits=*/true};
+  auto logits = model.Forward(std::span(&input, 1));
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>{};
+}
+
+// The tokens `prompt` generates, by the plainest loop: Model::Forward and
+// kernels::Sample with the sequence's own seeded generator (no end tokens).
+inline std::vector<int32_t> ReferenceGenerate(const Model& model,
+                                              const std::vector<int32_t>& prompt, int64_t n,
+                                              const kernels::SamplingParams& sampling = {},
+                                              uint64_t seed = 0) {
+  auto state = model.NewSequence();
+  kernels::Rng rng(seed);
+  std::vector<int32_t> out;
+  std::vector<int32_t> next = prompt;
+  while (static_cast<int64_t>(out.size()) < n) {
+    const ForwardInput input{state.get(), next, false};
+    auto logits = model.Forward(std::span(&input, 1));
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) break;
+    out.push_back(kernels::Sample(logits->data(), model.config().vocab_size, sampling, rng));
+    next = {out.back()};
+  }
+  return out;
+}
+
+}  // namespace deltaserve::testing
