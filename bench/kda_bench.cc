@@ -71,12 +71,12 @@ int main(int argc, char** argv) {
   std::vector<float> state_chunk, state_rec;
 
   const double chunk_ms = BestMs(3, state0, state_chunk, [&] {
-    deltaserve::kernels::KdaChunk(s, q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                  scale, state_chunk.data(), o_chunk.data());
+    deltaserve::kernels::KdaChunk(s, q.data(), k.data(), v.data(), g.data(), beta.data(), scale,
+                                  state_chunk.data(), o_chunk.data());
   });
   const double rec_ms = BestMs(2, state0, state_rec, [&] {
-    deltaserve::kernels::KdaRecurrent(s, q.data(), k.data(), v.data(), g.data(),
-                                      beta.data(), scale, state_rec.data(), o_rec.data());
+    deltaserve::kernels::KdaRecurrent(s, q.data(), k.data(), v.data(), g.data(), beta.data(), scale,
+                                      state_rec.data(), o_rec.data());
   });
 
   double num = 0, den = 0;
@@ -88,8 +88,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(s.heads), static_cast<long long>(s.k_dim),
               omp_get_max_threads());
   std::printf("  KdaRecurrent %9.2f ms  %10.0f tokens/s\n", rec_ms, s.t / (rec_ms * 1e-3));
-  std::printf("  KdaChunk     %9.2f ms  %10.0f tokens/s\n", chunk_ms,
-              s.t / (chunk_ms * 1e-3));
+  std::printf("  KdaChunk     %9.2f ms  %10.0f tokens/s\n", chunk_ms, s.t / (chunk_ms * 1e-3));
   std::printf("  chunk speed-up x%.2f, rel L2 difference of o %.2g\n", rec_ms / chunk_ms,
               std::sqrt(num / den));
   return 0;

@@ -56,7 +56,10 @@ double ReadBandwidth() {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp parallel for reduction(+ : s0, s1, s2, s3)
     for (size_t i = 0; i < n; i += 4) {
-      s0 += a[i]; s1 += a[i + 1]; s2 += a[i + 2]; s3 += a[i + 3];
+      s0 += a[i];
+      s1 += a[i + 1];
+      s2 += a[i + 2];
+      s3 += a[i + 3];
     }
     sink = s0 + s1 + s2 + s3;
     best = std::max(best, n * sizeof(float) / Seconds(t0, Clock::now()));
@@ -69,7 +72,8 @@ double ReadBandwidth() {
 // (weight_spec's count, routed experts at the share it is sent to) less the
 // embedding, which is a lookup.
 double ActiveMatmulParams(const ModelConfig& c) {
-  const double embedding = c.tie_word_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.hidden_size;
+  const double embedding =
+      c.tie_word_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.hidden_size;
   return static_cast<double>(CountParameters(c).active_per_token) - embedding;
 }
 
@@ -88,8 +92,8 @@ double PrefillFlops(const ModelConfig& c, double T) {
   double flops = 2 * ActiveMatmulParams(c) * T;
   int64_t mla = 0, kda = 0;
   for (LayerKind k : c.layer_kinds) (k == LayerKind::kMla ? mla : kda)++;
-  const double per_key = 2.0 * c.num_attention_heads *
-                         (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim);
+  const double per_key =
+      2.0 * c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim);
   flops += mla * per_key * T * (T + 1) / 2;
   flops += kda * 8.0 * c.kda.num_heads * c.kda.head_dim * c.kda.head_dim * T;
   return flops;
@@ -167,8 +171,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     const double flops = PrefillFlops(config, static_cast<double>(T)) / s;
-    std::printf("| %lld | %.2f | %.0f | %.1f | %.1f%% |\n", static_cast<long long>(T), s,
-                T / s, flops / 1e9, 100 * flops / sgemm);
+    std::printf("| %lld | %.2f | %.0f | %.1f | %.1f%% |\n", static_cast<long long>(T), s, T / s,
+                flops / 1e9, 100 * flops / sgemm);
     std::fflush(stdout);
   }
 
@@ -187,8 +191,8 @@ int main(int argc, char** argv) {
   std::printf("\n| decode | tokens/s | weight bytes/token | achieved GB/s | of read bandwidth |\n");
   std::printf("|---|---|---|---|---|\n");
   std::printf("| %lld steps after 128 tokens | %.1f | %.0f MB | %.1f | %.1f%% |\n",
-              static_cast<long long>(decode_tokens), decode_tokens / s,
-              bytes_per_token / 1e6, bytes_per_token * decode_tokens / s / 1e9,
+              static_cast<long long>(decode_tokens), decode_tokens / s, bytes_per_token / 1e6,
+              bytes_per_token * decode_tokens / s / 1e9,
               100 * bytes_per_token * decode_tokens / s / bandwidth);
   return 0;
 }

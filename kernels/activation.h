@@ -17,7 +17,7 @@ struct ActivationParams {
 // gu: [rows, 2 * width], gate in columns [0, width) and up in [width, 2*width)
 // (one fused GEMM of gate_proj and up_proj). out: [rows, width]; must not
 // alias gu.
-void GatedActivation(const float* gu, int64_t rows, int64_t width,
-                     const ActivationParams& params, float* out);
+void GatedActivation(const float* gu, int64_t rows, int64_t width, const ActivationParams& params,
+                     float* out);
 
 }  // namespace deltaserve::kernels

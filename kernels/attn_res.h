@@ -10,8 +10,7 @@ namespace deltaserve::kernels {
 // For each token: q = norm_w * proj_w, score_i = RMSNorm_no_gain(v_i; eps) · q,
 // out = sum_i softmax(score)_i v_i (raw values). out: [T, D], must not alias a
 // candidate. n >= 1.
-void AttnResMix(const float* const* candidates, int64_t n, int64_t t,
-                int64_t d, const float* norm_w, const float* proj_w, float eps,
-                float* out);
+void AttnResMix(const float* const* candidates, int64_t n, int64_t t, int64_t d,
+                const float* norm_w, const float* proj_w, float eps, float* out);
 
 }  // namespace deltaserve::kernels

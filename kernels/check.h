@@ -6,11 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define DELTASERVE_CHECK(cond)                                                \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                    \
-      std::abort();                                                           \
-    }                                                                         \
+#define DELTASERVE_CHECK(cond)                                                      \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)

@@ -19,14 +19,12 @@ struct KdaShape {
 // q, k: [T, H, K], already L2-normalised (q unscaled; scale is applied here).
 // v: [T, HV, V]. g: [T, HV, K] log-decay, <= 0, any magnitude. beta: [T, HV].
 // state: [HV, K, V] in/out. o: [T, HV, V], must not alias the inputs.
-void KdaRecurrent(const KdaShape& shape, const float* q, const float* k,
-                  const float* v, const float* g, const float* beta,
-                  float scale, float* state, float* o);
+void KdaRecurrent(const KdaShape& shape, const float* q, const float* k, const float* v,
+                  const float* g, const float* beta, float scale, float* state, float* o);
 
 // Same contract, computed in chunks of chunk_size tokens with the safe-exponent
 // form of MODEL.md (only differences <= 0 are exponentiated), any T.
-void KdaChunk(const KdaShape& shape, const float* q, const float* k,
-              const float* v, const float* g, const float* beta, float scale,
-              float* state, float* o, int64_t chunk_size = 64);
+void KdaChunk(const KdaShape& shape, const float* q, const float* k, const float* v, const float* g,
+              const float* beta, float scale, float* state, float* o, int64_t chunk_size = 64);
 
 }  // namespace deltaserve::kernels

@@ -9,14 +9,12 @@
 namespace deltaserve::kernels {
 
 // K3: g = lower_bound · sigmoid(exp(A_log[h]) · (graw + dt_bias)).
-void KdaGateLowerBound(const float* graw, const float* dt_bias,
-                       const float* a_log, int64_t t, int64_t heads,
-                       int64_t head_dim, float lower_bound, float* g);
+void KdaGateLowerBound(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                       int64_t heads, int64_t head_dim, float lower_bound, float* g);
 
 // Kimi Linear: g = -exp(A_log[h]) · softplus(graw + dt_bias), softplus(z) = z
 // for z > 20.
-void KdaGateSoftplus(const float* graw, const float* dt_bias,
-                     const float* a_log, int64_t t, int64_t heads,
-                     int64_t head_dim, float* g);
+void KdaGateSoftplus(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                     int64_t heads, int64_t head_dim, float* g);
 
 }  // namespace deltaserve::kernels

@@ -12,9 +12,8 @@ namespace deltaserve::kernels {
 // scores + bias (bias may be null; ties go to the lower index), then
 // weights = scores[sel] / sum(scores[sel]) * scaling when renormalize, else
 // scores[sel] * scaling. idx, weights: [T, top_k], in selection order.
-void MoeRoute(const float* logits, const float* bias, int64_t t,
-              int64_t experts, int64_t top_k, bool renormalize, float scaling,
-              int32_t* idx, float* weights);
+void MoeRoute(const float* logits, const float* bias, int64_t t, int64_t experts, int64_t top_k,
+              bool renormalize, float scaling, int32_t* idx, float* weights);
 
 struct MoeExpert {
   const float* w13 = nullptr;  // [2 * inter, din]: w1 (gate) rows then w3 (up) rows
@@ -23,12 +22,12 @@ struct MoeExpert {
 
 struct MoeExpertsArgs {
   int64_t t = 0, din = 0, inter = 0, dout = 0, top_k = 0, n_experts = 0;
-  const float* z = nullptr;        // [T, din]
+  const float* z = nullptr;            // [T, din]
   const MoeExpert* experts = nullptr;  // [n_experts]
-  const int32_t* idx = nullptr;    // [T, top_k]
-  const float* weights = nullptr;  // [T, top_k]
+  const int32_t* idx = nullptr;        // [T, top_k]
+  const float* weights = nullptr;      // [T, top_k]
   ActivationParams act;
-  float* out = nullptr;            // [T, dout], overwritten
+  float* out = nullptr;  // [T, dout], overwritten
 };
 
 // out[t] = sum_j weights[t, j] · w2_e(act(w1_e z[t], w3_e z[t])), e = idx[t, j].

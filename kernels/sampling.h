@@ -26,12 +26,11 @@ class Rng {
 // to the top_k highest logits, then to the smallest set of highest
 // probabilities whose sum reaches top_p, renormalised. probs: [vocab].
 // Greedy (temperature 0) gives a one-hot distribution.
-void SamplingDistribution(const float* logits, int64_t vocab,
-                          const SamplingParams& params, double* probs);
+void SamplingDistribution(const float* logits, int64_t vocab, const SamplingParams& params,
+                          double* probs);
 
 // Draws one token id from SamplingDistribution(...), advancing rng once
 // (greedy does not touch rng).
-int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params,
-               Rng& rng);
+int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng);
 
 }  // namespace deltaserve::kernels

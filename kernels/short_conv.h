@@ -11,7 +11,7 @@ namespace deltaserve::kernels {
 // followed by x[T, channels]. act is SiLU when silu, else identity.
 // On return state holds the last width-1 rows of x̃. w: [channels, width]
 // (PyTorch's [channels, 1, width]). y must not alias x or state. T may be 0.
-void ShortConv(const float* x, const float* w, int64_t t, int64_t channels,
-               int64_t width, bool silu, float* state, float* y);
+void ShortConv(const float* x, const float* w, int64_t t, int64_t channels, int64_t width,
+               bool silu, float* state, float* y);
 
 }  // namespace deltaserve::kernels

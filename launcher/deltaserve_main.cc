@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
   } else if (command == "bench-serve") {
     status = deltaserve::RunBenchServe(args);
   } else if (command == "version") {
-    std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION,
-                DELTASERVE_HAVE_CUDA, DELTASERVE_HAVE_MPI);
+    std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION, DELTASERVE_HAVE_CUDA,
+                DELTASERVE_HAVE_MPI);
 #if DELTASERVE_HAVE_CUDA
     std::string error;
     const auto devices = deltaserve::kernels::ListCudaDevices(&error);

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/threads.h"
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/common/status_macros.h"
 #include "runtime/comm/single_communicator.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/scheduler/stage_plan.h"
 
 namespace deltaserve {
@@ -30,8 +30,8 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));
-  DELTASERVE_ASSIGN_OR_RETURN(d.layout, WorldLayout::Make(1, static_cast<int>(pp),
-                                                          static_cast<int>(tp)));
+  DELTASERVE_ASSIGN_OR_RETURN(d.layout,
+                              WorldLayout::Make(1, static_cast<int>(pp), static_cast<int>(tp)));
   d.distributed = LaunchedUnderMpi() || d.layout.WorldSize() > 1 || flags.Has("stage-layers");
   if (!d.distributed) {
     DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir));
@@ -52,12 +52,11 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   if (flags.Has("stage-layers")) {
     std::vector<int64_t> counts;
     DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> parsed,
-                                ParseTokenList(flags.GetString("stage-layers"),
-                                               "--stage-layers"));
+                                ParseTokenList(flags.GetString("stage-layers"), "--stage-layers"));
     counts.assign(parsed.begin(), parsed.end());
     if (static_cast<int64_t>(counts.size()) != pp) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--stage-layers gives ", counts.size(), " stages but --pp is ", pp));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage-layers gives ", counts.size(), " stages but --pp is ", pp));
     }
     DELTASERVE_ASSIGN_OR_RETURN(plan, StagesFromCounts(config, counts));
   } else {
@@ -75,9 +74,9 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.tp.get()));
   d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
   d.replica = std::make_unique<Replica>(*d.executor);
-  d.description = absl::StrCat("rank ", d.world->rank(), ": stage ", coord.stage, " (layers ",
-                               range.begin, "-", range.end - 1, "), tp ", coord.tp_rank,
-                               " of ", d.layout.tp);
+  d.description =
+      absl::StrCat("rank ", d.world->rank(), ": stage ", coord.stage, " (layers ", range.begin, "-",
+                   range.end - 1, "), tp ", coord.tp_rank, " of ", d.layout.tp);
   return d;
 }
 

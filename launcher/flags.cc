@@ -10,8 +10,7 @@
 
 namespace deltaserve {
 
-absl::StatusOr<Flags> Flags::Parse(const std::string& command,
-                                   const std::vector<std::string>& args,
+absl::StatusOr<Flags> Flags::Parse(const std::string& command, const std::vector<std::string>& args,
                                    const std::set<std::string>& valued,
                                    const std::set<std::string>& switches) {
   Flags flags;
@@ -19,8 +18,7 @@ absl::StatusOr<Flags> Flags::Parse(const std::string& command,
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(command, ": unexpected argument '", arg, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(command, ": unexpected argument '", arg, "'"));
     }
     const std::string_view body = std::string_view(arg).substr(2);
     const size_t eq = body.find('=');
@@ -39,8 +37,7 @@ absl::StatusOr<Flags> Flags::Parse(const std::string& command,
       std::set<std::string> all = valued;
       all.insert(switches.begin(), switches.end());
       return absl::InvalidArgumentError(absl::StrCat(
-          command, ": unknown flag --", name, " (known: --",
-          absl::StrJoin(all, ", --"), ")"));
+          command, ": unknown flag --", name, " (known: --", absl::StrJoin(all, ", --"), ")"));
     }
     if (!inline_value) {
       if (i + 1 >= args.size()) {
@@ -54,8 +51,7 @@ absl::StatusOr<Flags> Flags::Parse(const std::string& command,
   return flags;
 }
 
-std::string Flags::GetString(const std::string& name,
-                             const std::string& fallback) const {
+std::string Flags::GetString(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;
 }
@@ -63,36 +59,33 @@ std::string Flags::GetString(const std::string& name,
 absl::StatusOr<std::string> Flags::Required(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(command_, ": missing required flag --", name));
+    return absl::InvalidArgumentError(absl::StrCat(command_, ": missing required flag --", name));
   }
   return it->second;
 }
 
-absl::StatusOr<int64_t> Flags::GetInt(const std::string& name,
-                                      int64_t fallback) const {
+absl::StatusOr<int64_t> Flags::GetInt(const std::string& name, int64_t fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(it->second.c_str(), &end, 10);
   if (it->second.empty() || *end != '\0' || errno != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        command_, ": --", name, " must be an integer, got '", it->second, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(command_, ": --", name, " must be an integer, got '", it->second, "'"));
   }
   return static_cast<int64_t>(v);
 }
 
-absl::StatusOr<double> Flags::GetDouble(const std::string& name,
-                                        double fallback) const {
+absl::StatusOr<double> Flags::GetDouble(const std::string& name, double fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0' || errno != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        command_, ": --", name, " must be a number, got '", it->second, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(command_, ": --", name, " must be a number, got '", it->second, "'"));
   }
   return v;
 }
@@ -117,8 +110,8 @@ absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text,
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (*end != '\0' || errno != 0 || v < std::numeric_limits<int32_t>::min() ||
         v > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": '", item, "' (item ", tokens.size(), ") is not a token id"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": '", item, "' (item ", tokens.size(), ") is not a token id"));
     }
     tokens.push_back(static_cast<int32_t>(v));
     i = j;

@@ -171,8 +171,8 @@ absl::Status RunGenerate(const Args& args) {
   std::fprintf(stderr,
                "prompt tokens: %lld, generated: %lld, time to first token: %.1f ms, "
                "prefill: %.1f tokens/s, decode: %.1f tokens/s\n",
-               static_cast<long long>(prompt_tokens), static_cast<long long>(generated),
-               ttft * 1e3, prompt_tokens / std::max(ttft, 1e-9), decode_rate);
+               static_cast<long long>(prompt_tokens), static_cast<long long>(generated), ttft * 1e3,
+               prompt_tokens / std::max(ttft, 1e-9), decode_rate);
   return absl::OkStatus();
 }
 

@@ -20,7 +20,9 @@ namespace deltaserve::testing {
 class LocalReplica {
  public:
   explicit LocalReplica(const Model& model)
-      : layout_(*WorldLayout::Make(1, 1, 1)), executor_(model, layout_, world_), replica_(executor_) {}
+      : layout_(*WorldLayout::Make(1, 1, 1)),
+        executor_(model, layout_, world_),
+        replica_(executor_) {}
   Replica& replica() { return replica_; }
 
  private:
@@ -33,8 +35,7 @@ class LocalReplica {
 // Runs `requests` through the offline engine with fixed chunks (0: each
 // prompt in one piece); the events in order.
 inline std::vector<SchedulerEvent> RunEngine(const Model& model,
-                                             std::vector<SequenceRequest> requests,
-                                             int64_t chunk) {
+                                             std::vector<SequenceRequest> requests, int64_t chunk) {
   LocalReplica local(model);
   SchedulerOptions options;
   int64_t longest = 1;
@@ -44,8 +45,7 @@ inline std::vector<SchedulerEvent> RunEngine(const Model& model,
   OfflineEngine engine(local.replica(), model.config(), options);
   for (auto& r : requests) engine.Add(std::move(r));
   std::vector<SchedulerEvent> events;
-  const absl::Status status =
-      engine.Run([&](const SchedulerEvent& e) { events.push_back(e); });
+  const absl::Status status = engine.Run([&](const SchedulerEvent& e) { events.push_back(e); });
   EXPECT_TRUE(status.ok()) << status;
   for (const auto& e : events) {
     EXPECT_NE(e.kind, SchedulerEvent::Kind::kFailed) << e.status;

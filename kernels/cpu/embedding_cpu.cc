@@ -12,8 +12,8 @@ constexpr int64_t kParallelMinElements = int64_t{1} << 16;
 
 }  // namespace
 
-void Embedding(const float* table, int64_t vocab, int64_t dim,
-               const int32_t* tokens, int64_t t, float* out) {
+void Embedding(const float* table, int64_t vocab, int64_t dim, const int32_t* tokens, int64_t t,
+               float* out) {
   DELTASERVE_CHECK(vocab >= 0 && dim >= 0 && t >= 0);
   if (t == 0 || dim == 0) return;
   // An id outside the table would read foreign memory: the callers' validation

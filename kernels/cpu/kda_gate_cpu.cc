@@ -1,12 +1,11 @@
 // Fast float32 KDA decay gates: elementwise, threaded over tokens. The
 // transcendental calls are libm's (exp, log1p) for accuracy: the gate is
 // O(T·H·K), small next to the recurrence it feeds.
-#include "kernels/kda_gate.h"
-
 #include <cmath>
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/kda_gate.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -23,9 +22,7 @@ inline float Sigmoid(float x) {
 
 // softplus(z) = log(1 + exp(z)), = z for z > 20 (where exp(-z) < 2e-9 is
 // below float precision relative to z) as in the reference implementation.
-inline float Softplus(float z) {
-  return z > 20.0f ? z : std::log1p(std::exp(z));
-}
+inline float Softplus(float z) { return z > 20.0f ? z : std::log1p(std::exp(z)); }
 
 // exp(A_log[h]) per head, computed once.
 std::vector<float> HeadScales(const float* a_log, int64_t heads) {
@@ -36,9 +33,8 @@ std::vector<float> HeadScales(const float* a_log, int64_t heads) {
 
 }  // namespace
 
-void KdaGateLowerBound(const float* graw, const float* dt_bias,
-                       const float* a_log, int64_t t, int64_t heads,
-                       int64_t head_dim, float lower_bound, float* g) {
+void KdaGateLowerBound(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                       int64_t heads, int64_t head_dim, float lower_bound, float* g) {
   DELTASERVE_CHECK(t >= 0 && heads >= 0 && head_dim >= 0);
   const int64_t width = heads * head_dim;
   const std::vector<float> a = HeadScales(a_log, heads);
@@ -54,9 +50,8 @@ void KdaGateLowerBound(const float* graw, const float* dt_bias,
   }
 }
 
-void KdaGateSoftplus(const float* graw, const float* dt_bias,
-                     const float* a_log, int64_t t, int64_t heads,
-                     int64_t head_dim, float* g) {
+void KdaGateSoftplus(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                     int64_t heads, int64_t head_dim, float* g) {
   DELTASERVE_CHECK(t >= 0 && heads >= 0 && head_dim >= 0);
   const int64_t width = heads * head_dim;
   const std::vector<float> a = HeadScales(a_log, heads);

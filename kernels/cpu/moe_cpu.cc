@@ -24,9 +24,8 @@ constexpr int64_t kParallelMinTokens = 16;
 
 }  // namespace
 
-void MoeRoute(const float* logits, const float* bias, int64_t t,
-              int64_t experts, int64_t top_k, bool renormalize, float scaling,
-              int32_t* idx, float* weights) {
+void MoeRoute(const float* logits, const float* bias, int64_t t, int64_t experts, int64_t top_k,
+              bool renormalize, float scaling, int32_t* idx, float* weights) {
   DELTASERVE_CHECK(t >= 0 && experts >= 0 && top_k >= 0 && top_k <= experts);
   if (t == 0 || top_k == 0) return;
 #pragma omp parallel if (t >= kParallelMinTokens)
@@ -41,16 +40,14 @@ void MoeRoute(const float* logits, const float* bias, int64_t t,
       const float* row = logits + i * experts;  // [experts]
       for (int64_t e = 0; e < experts; ++e) {
         score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(row[e])));
-        key[e] =
-            score[e] + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
+        key[e] = score[e] + (bias != nullptr ? static_cast<double>(bias[e]) : 0.0);
         cand[e] = static_cast<int32_t>(e);
       }
       // Highest key first, lower index on ties: a strict total order, so the
       // selection and its order are unique.
-      std::partial_sort(cand.begin(), cand.begin() + top_k, cand.end(),
-                        [&key](int32_t a, int32_t b) {
-                          return key[a] > key[b] || (key[a] == key[b] && a < b);
-                        });
+      std::partial_sort(
+          cand.begin(), cand.begin() + top_k, cand.end(),
+          [&key](int32_t a, int32_t b) { return key[a] > key[b] || (key[a] == key[b] && a < b); });
       double sum = 0.0;
       for (int64_t j = 0; j < top_k; ++j) sum += score[cand[j]];
       const double norm = renormalize ? scaling / sum : scaling;
@@ -63,8 +60,8 @@ void MoeRoute(const float* logits, const float* bias, int64_t t,
 }
 
 void MoeExperts(const MoeExpertsArgs& a) {
-  DELTASERVE_CHECK(a.t >= 0 && a.din >= 0 && a.inter >= 0 && a.dout >= 0 &&
-                   a.top_k >= 0 && a.n_experts >= 0);
+  DELTASERVE_CHECK(a.t >= 0 && a.din >= 0 && a.inter >= 0 && a.dout >= 0 && a.top_k >= 0 &&
+                   a.n_experts >= 0);
   const int64_t pairs = a.t * a.top_k;
   std::fill(a.out, a.out + a.t * a.dout, 0.0f);
   if (pairs == 0) return;
@@ -102,7 +99,7 @@ void MoeExperts(const MoeExpertsArgs& a) {
   for (int64_t e = 0; e < a.n_experts; ++e) {
     const int64_t rows = offset[e + 1] - offset[e];
     if (rows == 0 || a.experts[e].w13 == nullptr) continue;  // idle, or held elsewhere
-    const int64_t* pair = order.data() + offset[e];  // [rows]
+    const int64_t* pair = order.data() + offset[e];          // [rows]
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(x.get() + r * a.din, a.z + (pair[r] / a.top_k) * a.din,
                   static_cast<size_t>(a.din) * sizeof(float));

@@ -28,8 +28,8 @@ double SumSquares(const float* x, int64_t dim) {
     const double v = x[i];
     tail += v * v;
   }
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-         ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) +
+         tail;
 }
 
 // y = x * s (* w). Safe in place: each element is read before it is written.
@@ -43,8 +43,7 @@ void ScaleRow(const float* x, const float* w, int64_t dim, float s, float* y) {
 
 }  // namespace
 
-void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim,
-             float eps, float* y) {
+void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y) {
   DELTASERVE_CHECK(rows >= 0 && dim >= 0);
   if (rows == 0 || dim == 0) return;
   const bool parallel = rows > 1 && rows * dim >= kParallelMinElements;
@@ -57,16 +56,14 @@ void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim,
   }
 }
 
-void L2Norm(const float* x, int64_t rows, int64_t dim, float eps, float scale,
-            float* y) {
+void L2Norm(const float* x, int64_t rows, int64_t dim, float eps, float scale, float* y) {
   DELTASERVE_CHECK(rows >= 0 && dim >= 0);
   if (rows == 0 || dim == 0) return;
   const bool parallel = rows > 1 && rows * dim >= kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
-    const float s =
-        static_cast<float>(scale / std::sqrt(SumSquares(xr, dim) + eps));
+    const float s = static_cast<float>(scale / std::sqrt(SumSquares(xr, dim) + eps));
     ScaleRow(xr, nullptr, dim, s, y + r * dim);
   }
 }

@@ -40,9 +40,7 @@ struct Entry {
 
 // Higher value first, lower id on ties: a strict total order, so every cut
 // below is unique.
-bool Before(const Entry& a, const Entry& b) {
-  return a.p > b.p || (a.p == b.p && a.id < b.id);
-}
+bool Before(const Entry& a, const Entry& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); }
 
 void Renormalise(std::vector<Entry>& kept) {
   double sum = 0.0;
@@ -74,9 +72,8 @@ void KeepNucleus(std::vector<Entry>& kept, double top_p) {
       break;
     }
   }
-  const auto head_end =
-      std::partition(kept.begin(), kept.end(),
-                     [cut](const Entry& e) { return Bucket(e.p) >= cut; });
+  const auto head_end = std::partition(kept.begin(), kept.end(),
+                                       [cut](const Entry& e) { return Bucket(e.p) >= cut; });
   std::sort(kept.begin(), head_end, Before);
   double cum = 0.0;
   for (auto it = kept.begin(); it != kept.end(); ++it) {
@@ -102,8 +99,7 @@ std::vector<Entry> KeptDistribution(const float* logits, int64_t vocab,
   // runs over the kept tokens only: the same renormalised values as a full
   // softmax restricted afterwards.
   if (params.top_k > 0 && params.top_k < vocab) {
-    std::nth_element(kept.begin(), kept.begin() + params.top_k, kept.end(),
-                     Before);
+    std::nth_element(kept.begin(), kept.begin() + params.top_k, kept.end(), Before);
     kept.resize(params.top_k);
     id_order = false;
   }
@@ -122,8 +118,7 @@ std::vector<Entry> KeptDistribution(const float* logits, int64_t vocab,
     id_order = false;
   }
   if (!id_order) {
-    std::sort(kept.begin(), kept.end(),
-              [](const Entry& a, const Entry& b) { return a.id < b.id; });
+    std::sort(kept.begin(), kept.end(), [](const Entry& a, const Entry& b) { return a.id < b.id; });
   }
   return kept;
 }
@@ -149,20 +144,18 @@ uint64_t Rng::Next() {
 
 double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
-void SamplingDistribution(const float* logits, int64_t vocab,
-                          const SamplingParams& params, double* probs) {
+void SamplingDistribution(const float* logits, int64_t vocab, const SamplingParams& params,
+                          double* probs) {
   DELTASERVE_CHECK(vocab > 0);
   std::fill(probs, probs + vocab, 0.0);
   if (params.temperature <= 0.0f) {
     probs[Argmax(logits, vocab)] = 1.0;
     return;
   }
-  for (const Entry& e : KeptDistribution(logits, vocab, params))
-    probs[e.id] = e.p;
+  for (const Entry& e : KeptDistribution(logits, vocab, params)) probs[e.id] = e.p;
 }
 
-int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params,
-               Rng& rng) {
+int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {
   DELTASERVE_CHECK(vocab > 0);
   if (params.temperature <= 0.0f) return Argmax(logits, vocab);
   const std::vector<Entry> kept = KeptDistribution(logits, vocab, params);

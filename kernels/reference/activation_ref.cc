@@ -19,8 +19,8 @@ double Act(double g, double u, const ActivationParams& p) {
 
 }  // namespace
 
-void GatedActivation(const double* gu, int64_t rows, int64_t width,
-                     const ActivationParams& params, double* out) {
+void GatedActivation(const double* gu, int64_t rows, int64_t width, const ActivationParams& params,
+                     double* out) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < width; ++c) {
       const double g = gu[r * 2 * width + c];

@@ -8,7 +8,7 @@
 namespace deltaserve::kernels::ref {
 
 // gu: [rows, 2 * width] (gate columns, then up columns); out: [rows, width].
-void GatedActivation(const double* gu, int64_t rows, int64_t width,
-                     const ActivationParams& params, double* out);
+void GatedActivation(const double* gu, int64_t rows, int64_t width, const ActivationParams& params,
+                     double* out);
 
 }  // namespace deltaserve::kernels::ref

@@ -6,9 +6,8 @@
 
 namespace deltaserve::kernels::ref {
 
-void AttnResMix(const double* const* candidates, int64_t n, int64_t t,
-                int64_t d, const double* norm_w, const double* proj_w,
-                double eps, double* out) {
+void AttnResMix(const double* const* candidates, int64_t n, int64_t t, int64_t d,
+                const double* norm_w, const double* proj_w, double eps, double* out) {
   std::vector<double> score(n);
   for (int64_t tok = 0; tok < t; ++tok) {
     for (int64_t i = 0; i < n; ++i) {
@@ -28,8 +27,7 @@ void AttnResMix(const double* const* candidates, int64_t n, int64_t t,
     }
     for (int64_t c = 0; c < d; ++c) {
       double acc = 0.0;
-      for (int64_t i = 0; i < n; ++i)
-        acc += score[i] / sum * candidates[i][tok * d + c];
+      for (int64_t i = 0; i < n; ++i) acc += score[i] / sum * candidates[i][tok * d + c];
       out[tok * d + c] = acc;
     }
   }

@@ -6,7 +6,7 @@
 namespace deltaserve::kernels::ref {
 
 // out[i, :] = table[tokens[i], :].
-void Embedding(const double* table, int64_t vocab, int64_t dim,
-               const int32_t* tokens, int64_t t, double* out);
+void Embedding(const double* table, int64_t vocab, int64_t dim, const int32_t* tokens, int64_t t,
+               double* out);
 
 }  // namespace deltaserve::kernels::ref

@@ -2,8 +2,7 @@
 
 namespace deltaserve::kernels::ref {
 
-void Linear(const double* x, const double* w, int64_t m, int64_t n, int64_t k,
-            double* y) {
+void Linear(const double* x, const double* w, int64_t m, int64_t n, int64_t k, double* y) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0.0;

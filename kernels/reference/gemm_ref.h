@@ -6,7 +6,6 @@
 namespace deltaserve::kernels::ref {
 
 // y[m, n] = x[m, k] · w[n, k]ᵀ.
-void Linear(const double* x, const double* w, int64_t m, int64_t n, int64_t k,
-            double* y);
+void Linear(const double* x, const double* w, int64_t m, int64_t n, int64_t k, double* y);
 
 }  // namespace deltaserve::kernels::ref

@@ -4,22 +4,19 @@
 
 namespace deltaserve::kernels::ref {
 
-void KdaGateLowerBound(const double* graw, const double* dt_bias,
-                       const double* a_log, int64_t t, int64_t heads,
-                       int64_t head_dim, double lower_bound, double* g) {
+void KdaGateLowerBound(const double* graw, const double* dt_bias, const double* a_log, int64_t t,
+                       int64_t heads, int64_t head_dim, double lower_bound, double* g) {
   const int64_t width = heads * head_dim;
   for (int64_t s = 0; s < t; ++s) {
     for (int64_t c = 0; c < width; ++c) {
-      const double z = std::exp(a_log[c / head_dim]) *
-                       (graw[s * width + c] + dt_bias[c]);
+      const double z = std::exp(a_log[c / head_dim]) * (graw[s * width + c] + dt_bias[c]);
       g[s * width + c] = lower_bound / (1.0 + std::exp(-z));
     }
   }
 }
 
-void KdaGateSoftplus(const double* graw, const double* dt_bias,
-                     const double* a_log, int64_t t, int64_t heads,
-                     int64_t head_dim, double* g) {
+void KdaGateSoftplus(const double* graw, const double* dt_bias, const double* a_log, int64_t t,
+                     int64_t heads, int64_t head_dim, double* g) {
   const int64_t width = heads * head_dim;
   for (int64_t s = 0; s < t; ++s) {
     for (int64_t c = 0; c < width; ++c) {

@@ -5,9 +5,8 @@
 
 namespace deltaserve::kernels::ref {
 
-void KdaRecurrent(const KdaShape& shape, const double* q, const double* k,
-                  const double* v, const double* g, const double* beta,
-                  double scale, double* state, double* o) {
+void KdaRecurrent(const KdaShape& shape, const double* q, const double* k, const double* v,
+                  const double* g, const double* beta, double scale, double* state, double* o) {
   const int64_t hk = shape.heads, hv = shape.v_heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;
   const int64_t group = hv / hk;

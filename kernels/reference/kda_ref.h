@@ -7,8 +7,7 @@
 namespace deltaserve::kernels::ref {
 
 // Same contract as kernels::KdaRecurrent, in double.
-void KdaRecurrent(const KdaShape& shape, const double* q, const double* k,
-                  const double* v, const double* g, const double* beta,
-                  double scale, double* state, double* o);
+void KdaRecurrent(const KdaShape& shape, const double* q, const double* k, const double* v,
+                  const double* g, const double* beta, double scale, double* state, double* o);
 
 }  // namespace deltaserve::kernels::ref

@@ -40,8 +40,7 @@ void MlaPrefillAttention(const MlaPrefillArgs& a) {
       double* o = a.o + (t * n + h) * Vd;
       for (int64_t c = 0; c < Vd; ++c) {
         double acc = 0.0;
-        for (int64_t s = 0; s < keys; ++s)
-          acc += p[s] * a.kv[(s * n + h) * (P + Vd) + P + c];
+        for (int64_t s = 0; s < keys; ++s) acc += p[s] * a.kv[(s * n + h) * (P + Vd) + P + c];
         o[c] = acc;
       }
     }
@@ -67,8 +66,7 @@ void MlaAbsorbedAttention(const MlaAbsorbedArgs& a) {
       double* o = a.o_latent + (t * n + h) * C;
       for (int64_t d = 0; d < C; ++d) {
         double acc = 0.0;
-        for (int64_t s = 0; s < keys; ++s)
-          acc += p[s] * a.cache[s * (C + R) + d];
+        for (int64_t s = 0; s < keys; ++s) acc += p[s] * a.cache[s * (C + R) + d];
         o[d] = acc;
       }
     }

@@ -8,9 +8,8 @@
 
 namespace deltaserve::kernels::ref {
 
-void MoeRoute(const double* logits, const double* bias, int64_t t,
-              int64_t experts, int64_t top_k, bool renormalize, double scaling,
-              int32_t* idx, double* weights) {
+void MoeRoute(const double* logits, const double* bias, int64_t t, int64_t experts, int64_t top_k,
+              bool renormalize, double scaling, int32_t* idx, double* weights) {
   std::vector<double> score(experts);
   std::vector<bool> taken(experts);
   for (int64_t i = 0; i < t; ++i) {

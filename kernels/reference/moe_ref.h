@@ -9,9 +9,8 @@
 namespace deltaserve::kernels::ref {
 
 // Same contract as kernels::MoeRoute, in double.
-void MoeRoute(const double* logits, const double* bias, int64_t t,
-              int64_t experts, int64_t top_k, bool renormalize, double scaling,
-              int32_t* idx, double* weights);
+void MoeRoute(const double* logits, const double* bias, int64_t t, int64_t experts, int64_t top_k,
+              bool renormalize, double scaling, int32_t* idx, double* weights);
 
 struct MoeExpert {
   const double* w13 = nullptr;  // [2 * inter, din]: w1 rows then w3 rows

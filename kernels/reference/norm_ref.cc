@@ -4,8 +4,7 @@
 
 namespace deltaserve::kernels::ref {
 
-void RmsNorm(const double* x, const double* w, int64_t rows, int64_t dim,
-             double eps, double* y) {
+void RmsNorm(const double* x, const double* w, int64_t rows, int64_t dim, double eps, double* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const double* xr = x + r * dim;
     double* yr = y + r * dim;
@@ -18,8 +17,7 @@ void RmsNorm(const double* x, const double* w, int64_t rows, int64_t dim,
   }
 }
 
-void L2Norm(const double* x, int64_t rows, int64_t dim, double eps,
-            double scale, double* y) {
+void L2Norm(const double* x, int64_t rows, int64_t dim, double eps, double scale, double* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const double* xr = x + r * dim;
     double* yr = y + r * dim;

@@ -24,8 +24,8 @@ void Renormalise(double* probs, int64_t vocab) {
 
 }  // namespace
 
-void SamplingDistribution(const double* logits, int64_t vocab,
-                          const SamplingParams& params, double* probs) {
+void SamplingDistribution(const double* logits, int64_t vocab, const SamplingParams& params,
+                          double* probs) {
   if (params.temperature <= 0.0f) {
     for (int64_t i = 0; i < vocab; ++i) probs[i] = 0.0;
     probs[Argmax(logits, vocab)] = 1.0;
@@ -33,8 +33,7 @@ void SamplingDistribution(const double* logits, int64_t vocab,
   }
   const double temperature = params.temperature;
   double zmax = logits[0] / temperature;
-  for (int64_t i = 1; i < vocab; ++i)
-    zmax = std::max(zmax, logits[i] / temperature);
+  for (int64_t i = 1; i < vocab; ++i) zmax = std::max(zmax, logits[i] / temperature);
   for (int64_t i = 0; i < vocab; ++i) {
     probs[i] = std::exp(logits[i] / temperature - zmax);
   }
@@ -43,31 +42,27 @@ void SamplingDistribution(const double* logits, int64_t vocab,
   std::vector<int32_t> ids(vocab);
   if (params.top_k > 0 && params.top_k < vocab) {
     std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [logits](int32_t a, int32_t b) {
-      return logits[a] > logits[b];
-    });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [logits](int32_t a, int32_t b) { return logits[a] > logits[b]; });
     for (int64_t r = params.top_k; r < vocab; ++r) probs[ids[r]] = 0.0;
     Renormalise(probs, vocab);
   }
 
   if (params.top_p < 1.0f) {
     std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [probs](int32_t a, int32_t b) {
-      return probs[a] > probs[b];
-    });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [probs](int32_t a, int32_t b) { return probs[a] > probs[b]; });
     const double top_p = params.top_p;
     double cum = 0.0;
     int64_t keep = 0;
     // At least one token, whatever top_p.
-    while (keep < vocab && (keep == 0 || cum < top_p))
-      cum += probs[ids[keep++]];
+    while (keep < vocab && (keep == 0 || cum < top_p)) cum += probs[ids[keep++]];
     for (int64_t r = keep; r < vocab; ++r) probs[ids[r]] = 0.0;
     Renormalise(probs, vocab);
   }
 }
 
-int32_t Sample(const double* logits, int64_t vocab,
-               const SamplingParams& params, Rng& rng) {
+int32_t Sample(const double* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {
   if (params.temperature <= 0.0f) return Argmax(logits, vocab);
   std::vector<double> probs(vocab);
   SamplingDistribution(logits, vocab, params, probs.data());

@@ -12,12 +12,11 @@ namespace deltaserve::kernels::ref {
 // highest logits (ties: lower id) and renormalise; keep the smallest prefix of
 // that, sorted by probability descending (ties: lower id), whose sum reaches
 // top_p, and renormalise. Temperature <= 0: one-hot at the argmax (lowest id).
-void SamplingDistribution(const double* logits, int64_t vocab,
-                          const SamplingParams& params, double* probs);
+void SamplingDistribution(const double* logits, int64_t vocab, const SamplingParams& params,
+                          double* probs);
 
 // Greedy: argmax without touching rng. Else one rng.Uniform() u and the first
 // id, in ascending id order, whose cumulative probability exceeds u·total.
-int32_t Sample(const double* logits, int64_t vocab,
-               const SamplingParams& params, Rng& rng);
+int32_t Sample(const double* logits, int64_t vocab, const SamplingParams& params, Rng& rng);
 
 }  // namespace deltaserve::kernels::ref

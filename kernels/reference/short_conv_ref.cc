@@ -5,8 +5,8 @@
 
 namespace deltaserve::kernels::ref {
 
-void ShortConv(const double* x, const double* w, int64_t t, int64_t channels,
-               int64_t width, bool silu, double* state, double* y) {
+void ShortConv(const double* x, const double* w, int64_t t, int64_t channels, int64_t width,
+               bool silu, double* state, double* y) {
   const int64_t history = width - 1;
   // x̃ = [state; x]: [history + t, channels].
   std::vector<double> xt((history + t) * channels);

@@ -27,8 +27,8 @@ absl::Status WriteFileAtomically(const std::string& path,
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(
-        path, ": cannot move the written file into place: ", std::strerror(errno)));
+    return absl::DataLossError(
+        absl::StrCat(path, ": cannot move the written file into place: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }

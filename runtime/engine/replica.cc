@@ -64,8 +64,8 @@ absl::Status Replica::SendToFollowers(uint64_t step_id, std::string bytes) {
         auto request, world.Isend(sends.size.get(), sizeof(uint64_t), r, message_tags::kStep));
     sends.requests.push_back(std::move(request));
     if (!sends.bytes->empty()) {
-      DELTASERVE_ASSIGN_OR_RETURN(request, world.Isend(sends.bytes->data(), sends.bytes->size(),
-                                                       r, message_tags::kStep));
+      DELTASERVE_ASSIGN_OR_RETURN(
+          request, world.Isend(sends.bytes->data(), sends.bytes->size(), r, message_tags::kStep));
       sends.requests.push_back(std::move(request));
     }
   }
@@ -183,8 +183,8 @@ absl::Status Replica::Follow() {
   if (is_leader()) return absl::FailedPreconditionError("the leader rank does not follow");
   StageRunner& stage = executor_.stage();
   while (true) {
-    DELTASERVE_ASSIGN_OR_RETURN(
-        std::string bytes, RecvBytes(stage.world(), stage.leader_rank(), message_tags::kStep));
+    DELTASERVE_ASSIGN_OR_RETURN(std::string bytes,
+                                RecvBytes(stage.world(), stage.leader_rank(), message_tags::kStep));
     if (bytes.empty()) return absl::OkStatus();
     DELTASERVE_ASSIGN_OR_RETURN(Step step, DecodeStep(bytes));
     DELTASERVE_RETURN_IF_ERROR(Execute(step).status());

@@ -62,9 +62,9 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   send.packet.insert(send.packet.end(), act.prefix.begin(), act.prefix.end());
   const size_t bytes = send.packet.size() * sizeof(float);
   DELTASERVE_ASSIGN_OR_RETURN(
-      send.request,
-      world_.Isend(send.packet.data(), bytes,
-                   layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank), message_tags::kActivation));
+      send.request, world_.Isend(send.packet.data(), bytes,
+                                 layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank),
+                                 message_tags::kActivation));
   stats_.bytes_sent += static_cast<int64_t>(bytes);
   stats_.tokens_sent += rows;
   in_flight_.push_back(std::move(send));

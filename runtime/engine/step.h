@@ -54,7 +54,7 @@ struct SequenceResult {
 
 struct StepResult {
   uint64_t step_id = 0;
-  std::string error;  // the replica refused the step; no state advanced
+  std::string error;                    // the replica refused the step; no state advanced
   std::vector<SequenceResult> outputs;  // the work with output, in work order
   double wall_s = 0;                    // the leader: step started -> result ready
   std::vector<double> stage_compute_s;  // per pipeline stage, the slowest rank

@@ -69,8 +69,8 @@ class Reader {
 
  private:
   absl::Status Short(uint64_t wanted) const {
-    return absl::DataLossError(absl::StrCat(what_, ": truncated (", wanted, " bytes wanted, ",
-                                            bytes_.size(), " left)"));
+    return absl::DataLossError(
+        absl::StrCat(what_, ": truncated (", wanted, " bytes wanted, ", bytes_.size(), " left)"));
   }
   std::string_view bytes_;
   const char* what_;

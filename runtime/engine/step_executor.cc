@@ -66,8 +66,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
                                : " has no state (never started, or released)"));
     }
     if (w.top_logprobs < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ",
-                                                     w.sequence_id, " asks for ", w.top_logprobs,
+      return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
+                                                     " asks for ", w.top_logprobs,
                                                      " top log-probs"));
     }
     if (w.output == WorkOutput::kScore && w.targets.size() != w.tokens.size()) {
@@ -88,9 +88,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   std::vector<ForwardInput> inputs;
   inputs.reserve(step.work.size());
   for (const SequenceWork& w : step.work) {
-    inputs.push_back(
-        {sequences_.at(w.sequence_id).state.get(), w.tokens,
-         w.output == WorkOutput::kScore || w.output == WorkOutput::kLogits});
+    inputs.push_back({sequences_.at(w.sequence_id).state.get(), w.tokens,
+                      w.output == WorkOutput::kScore || w.output == WorkOutput::kLogits});
   }
   std::vector<float> logits;
   // The activation packet to the next stage stays in flight (StageRunner

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/sampling.h"
-#include "runtime/engine/step.h"
 #include "runtime/engine/stage_runner.h"
+#include "runtime/engine/step.h"
 #include "runtime/model/model.h"
 
 namespace deltaserve {

@@ -16,17 +16,15 @@ namespace {
 
 kernels::ActivationParams ActivationOf(const ModelConfig& config) {
   kernels::ActivationParams p;
-  p.kind = config.hidden_act == "situ" ? kernels::Activation::kSitu
-                                       : kernels::Activation::kSilu;
+  p.kind = config.hidden_act == "situ" ? kernels::Activation::kSitu : kernels::Activation::kSilu;
   p.situ_beta = config.situ_beta;
   p.situ_linear_beta = config.situ_linear_beta;
   return p;
 }
 
 // out (+)= down(act(gate_up x)).
-void GatedMlp(const float* gate_up, const float* down, int64_t width,
-              int64_t rows, int64_t dim, const kernels::ActivationParams& act,
-              const float* x, float* out, bool accumulate) {
+void GatedMlp(const float* gate_up, const float* down, int64_t width, int64_t rows, int64_t dim,
+              const kernels::ActivationParams& act, const float* x, float* out, bool accumulate) {
   std::vector<float> gu(rows * 2 * width), h(rows * width);
   kernels::Linear(x, gate_up, rows, 2 * width, dim, gu.data());
   kernels::GatedActivation(gu.data(), rows, width, act, h.data());
@@ -56,9 +54,8 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   std::vector<float> logits(rows * E), weights(rows * k);
   std::vector<int32_t> idx(rows * k);
   kernels::Linear(x, w.router.data(), rows, E, D, logits.data());
-  kernels::MoeRoute(logits.data(), w.router_bias.data(), rows, E, k,
-                    config.moe_renormalize, config.routed_scaling_factor,
-                    idx.data(), weights.data());
+  kernels::MoeRoute(logits.data(), w.router_bias.data(), rows, E, k, config.moe_renormalize,
+                    config.routed_scaling_factor, idx.data(), weights.data());
 
   const bool latent = !w.latent_down.empty();
   const int64_t din = latent ? config.routed_expert_hidden_size : D;
@@ -94,8 +91,8 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   if (!latent) {
     // Routed and shared partial sums reduce together.
     if (shared_width > 0) {
-      GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D,
-               act, x, out, /*accumulate=*/true);
+      GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act, x, out,
+               /*accumulate=*/true);
     }
     return TpAllReduce(tp, out, rows * D);
   }
@@ -103,14 +100,14 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   // RMSNorm (MODEL.md); the up-projection is then the same on every rank.
   DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed.data(), rows * din));
   if (!w.latent_norm.empty()) {
-    kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din,
-                     config.rms_norm_eps, routed.data());
+    kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din, config.rms_norm_eps,
+                     routed.data());
   }
   kernels::Linear(routed.data(), w.latent_up.data(), rows, D, din, out);
   if (shared_width == 0) return absl::OkStatus();
   if (tp == nullptr || tp->size() == 1) {
-    GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act,
-             x, out, /*accumulate=*/true);
+    GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act, x, out,
+             /*accumulate=*/true);
     return absl::OkStatus();
   }
   std::vector<float> shared(rows * D);

@@ -19,8 +19,7 @@ constexpr float kOutputNormEps = 1e-5f;
 }  // namespace
 
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out,
-                        Communicator* tp) {
+                        const BatchRows& batch, const float* x, float* out, Communicator* tp) {
   using namespace kernels;
   const int64_t rows = batch.rows(), D = config.hidden_size;
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
@@ -32,9 +31,8 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   Linear(x, w.qkv_proj.data(), rows, 3 * HD, D, qkv.data());
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b);
-    ShortConv(qkv.data() + r0 * 3 * HD, w.qkv_conv.data(), batch.Count(b),
-              3 * HD, width, /*silu=*/true, batch.states[b]->kda[layer].conv.data(),
-              conv.data() + r0 * 3 * HD);
+    ShortConv(qkv.data() + r0 * 3 * HD, w.qkv_conv.data(), batch.Count(b), 3 * HD, width,
+              /*silu=*/true, batch.states[b]->kda[layer].conv.data(), conv.data() + r0 * 3 * HD);
   }
   // Split into [rows, H, d] each; q and k are L2-normalised per head.
   std::vector<float> q(rows * HD), k(rows * HD), v(rows * HD);
@@ -70,11 +68,11 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
     float* state = batch.states[b]->kda[layer].state.data();
     const int64_t off = r0 * HD;
     if (t == 1) {
-      KdaRecurrent(shape, q.data() + off, k.data() + off, v.data() + off,
-                   g.data() + off, beta.data() + r0 * H, scale, state, o.data() + off);
+      KdaRecurrent(shape, q.data() + off, k.data() + off, v.data() + off, g.data() + off,
+                   beta.data() + r0 * H, scale, state, o.data() + off);
     } else {
-      KdaChunk(shape, q.data() + off, k.data() + off, v.data() + off,
-               g.data() + off, beta.data() + r0 * H, scale, state, o.data() + off);
+      KdaChunk(shape, q.data() + off, k.data() + off, v.data() + off, g.data() + off,
+               beta.data() + r0 * H, scale, state, o.data() + off);
     }
   }
 

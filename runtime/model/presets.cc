@@ -8,11 +8,9 @@ namespace deltaserve {
 namespace {
 
 // 1-indexed lists, as config.json writes them.
-std::vector<LayerKind> LayerKinds(int64_t num_layers,
-                                  const std::vector<int64_t>& mla_layers) {
+std::vector<LayerKind> LayerKinds(int64_t num_layers, const std::vector<int64_t>& mla_layers) {
   std::vector<LayerKind> kinds(static_cast<size_t>(num_layers), LayerKind::kKda);
-  for (int64_t layer : mla_layers)
-    kinds[static_cast<size_t>(layer - 1)] = LayerKind::kMla;
+  for (int64_t layer : mla_layers) kinds[static_cast<size_t>(layer - 1)] = LayerKind::kMla;
   return kinds;
 }
 
@@ -120,16 +118,14 @@ ModelConfig K3Small() {
 
 }  // namespace
 
-std::vector<std::string> PresetNames() {
-  return {"k3-tiny", "kimi-linear-tiny", "k3-small"};
-}
+std::vector<std::string> PresetNames() { return {"k3-tiny", "kimi-linear-tiny", "k3-small"}; }
 
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name) {
   if (name == "k3-tiny") return K3Tiny();
   if (name == "kimi-linear-tiny") return KimiLinearTiny();
   if (name == "k3-small") return K3Small();
-  return absl::NotFoundError(absl::StrCat("unknown model preset '", name, "' (known: ",
-                                          absl::StrJoin(PresetNames(), ", "), ")"));
+  return absl::NotFoundError(absl::StrCat("unknown model preset '", name,
+                                          "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
 }
 
 }  // namespace deltaserve

@@ -82,8 +82,7 @@ Init InitFor(const std::string& name) {
   return Init::kLinear;
 }
 
-std::vector<float> RandomValues(const ModelConfig& c, const TensorSpec& spec,
-                                uint64_t seed) {
+std::vector<float> RandomValues(const ModelConfig& c, const TensorSpec& spec, uint64_t seed) {
   Rng rng(seed ^ HashName(spec.name));
   rng.Next();  // decorrelate nearby seeds before the first value
   const size_t n = static_cast<size_t>(spec.NumElements());
@@ -142,7 +141,6 @@ std::vector<float> RandomValues(const ModelConfig& c, const TensorSpec& spec,
   return v;
 }
 
-
 }  // namespace
 
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
@@ -151,9 +149,8 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
   const std::string config_text = ModelConfigToJson(config);
   const std::string config_path = (fs::path(dir) / "config.json").string();
   // Reading the JSON back checks everything ParseModelConfig checks.
-  DELTASERVE_ASSIGN_OR_RETURN(
-      ModelConfig checked,
-      ParseModelConfig(config_text, config_path + " (to be written)"));
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig checked,
+                              ParseModelConfig(config_text, config_path + " (to be written)"));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -165,14 +162,12 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
     const std::vector<float> values = RandomValues(checked, spec, seed);
     // Converted tensor by tensor: only the stored bytes of the whole model
     // are ever held at once.
-    tensors.push_back(spec.dtype == DType::kF32
-                          ? MakeF32Tensor(spec.name, spec.shape, values)
-                          : MakeBF16Tensor(spec.name, spec.shape, values));
+    tensors.push_back(spec.dtype == DType::kF32 ? MakeF32Tensor(spec.name, spec.shape, values)
+                                                : MakeBF16Tensor(spec.name, spec.shape, values));
   }
-  DELTASERVE_RETURN_IF_ERROR(WriteSafetensors(
-      (fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}}));
-  return WriteFileAtomically(config_path,
-                             [&](std::ostream& out) { out << config_text; });
+  DELTASERVE_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(),
+                                              tensors, {{"format", "pt"}}));
+  return WriteFileAtomically(config_path, [&](std::ostream& out) { out << config_text; });
 }
 
 }  // namespace deltaserve

@@ -36,12 +36,10 @@ T LoadUnaligned(const uint8_t* p) {
   return value;
 }
 
-absl::Status ParseTensorEntry(const std::string& path, const std::string& name,
-                              const json& entry, size_t data_size,
-                              TensorView* view) {
+absl::Status ParseTensorEntry(const std::string& path, const std::string& name, const json& entry,
+                              size_t data_size, TensorView* view) {
   auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tensor '", name, "': ", what));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", what));
   };
   if (!entry.is_object()) return bad("header entry is not an object");
   if (!entry.contains("dtype") || !entry["dtype"].is_string()) {
@@ -84,8 +82,8 @@ absl::Status ParseTensorEntry(const std::string& path, const std::string& name,
   }
   const uint64_t expected = elements * DTypeSize(*dtype);
   if (end - begin != expected) {
-    return bad(absl::StrCat("holds ", end - begin, " bytes but shape and dtype ",
-                            DTypeName(*dtype), " need ", expected));
+    return bad(absl::StrCat("holds ", end - begin, " bytes but shape and dtype ", DTypeName(*dtype),
+                            " need ", expected));
   }
   view->nbytes = end - begin;
   return absl::OkStatus();
@@ -106,13 +104,20 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kF64:
+      return "F64";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -120,12 +125,16 @@ const char* DTypeName(DType dtype) {
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF64:
-    case DType::kI64: return 8;
+    case DType::kI64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kBF16:
-    case DType::kF16: return 2;
-    case DType::kU8: return 1;
+    case DType::kF16:
+      return 2;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
@@ -197,9 +206,9 @@ static absl::StatusOr<std::vector<Out>> ConvertFloat(const TensorView& view) {
       for (int64_t i = 0; i < n; ++i) out[i] = F16ToFloat(LoadUnaligned<uint16_t>(p + 2 * i));
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(view.file, ": tensor '", view.name, "' has dtype ",
-                       DTypeName(view.dtype), ", expected a floating-point type"));
+      return absl::InvalidArgumentError(absl::StrCat(view.file, ": tensor '", view.name,
+                                                     "' has dtype ", DTypeName(view.dtype),
+                                                     ", expected a floating-point type"));
   }
   return out;
 }
@@ -220,19 +229,17 @@ absl::StatusOr<std::vector<int64_t>> ToInt64(const TensorView& view) {
   } else if (view.dtype == DType::kI32) {
     for (int64_t i = 0; i < n; ++i) out[i] = LoadUnaligned<int32_t>(view.data + 4 * i);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(view.file, ": tensor '", view.name, "' has dtype ",
-                     DTypeName(view.dtype), ", expected I64 or I32"));
+    return absl::InvalidArgumentError(absl::StrCat(view.file, ": tensor '", view.name,
+                                                   "' has dtype ", DTypeName(view.dtype),
+                                                   ", expected I64 or I32"));
   }
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
-    const std::string& path) {
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -244,30 +251,27 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
   file->path_ = path;
   if (size < 8) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": truncated safetensors file (", size,
-        " bytes; the 8-byte header length is missing)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": truncated safetensors file (", size,
+                                                   " bytes; the 8-byte header length is missing)"));
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
   }
   file->map_ = map;
   file->map_size_ = size;
   const auto* bytes = static_cast<const uint8_t*>(map);
   const uint64_t header_len = LoadUnaligned<uint64_t>(bytes);
   if (header_len > kMaxHeaderBytes || header_len > size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": header length ", header_len, " exceeds the file size of ",
-        size, " bytes (truncated or not a safetensors file)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_len,
+                                                   " exceeds the file size of ", size,
+                                                   " bytes (truncated or not a safetensors file)"));
   }
   json header = json::parse(bytes + 8, bytes + 8 + header_len, nullptr,
                             /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header is not a valid JSON object"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a valid JSON object"));
   }
   const size_t data_size = size - 8 - header_len;
   const uint8_t* data = bytes + 8 + header_len;
@@ -280,21 +284,19 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": __metadata__ is not an object"));
+        return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__ is not an object"));
       }
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              path, ": __metadata__ value '", m.key(), "' is not a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": __metadata__ value '", m.key(), "' is not a string"));
         }
         file->metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     TensorView view;
-    DELTASERVE_RETURN_IF_ERROR(
-        ParseTensorEntry(path, it.key(), it.value(), data_size, &view));
+    DELTASERVE_RETURN_IF_ERROR(ParseTensorEntry(path, it.key(), it.value(), data_size, &view));
     const uint64_t begin = it.value()["data_offsets"][0].get<uint64_t>();
     view.data = data + begin;
     ranges.push_back({begin, begin + view.nbytes, it.key()});
@@ -303,9 +305,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].begin < ranges[i - 1].end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensors '", ranges[i - 1].name, "' and '",
-                       ranges[i].name, "' overlap in the data section"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensors '", ranges[i - 1].name,
+                                                     "' and '", ranges[i].name,
+                                                     "' overlap in the data section"));
     }
   }
   return file;
@@ -315,18 +317,15 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, map_size_);
 }
 
-absl::StatusOr<const TensorView*> SafetensorsFile::Get(
-    const std::string& name) const {
+absl::StatusOr<const TensorView*> SafetensorsFile::Get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(path_, ": missing tensor '", name, "'"));
+    return absl::NotFoundError(absl::StrCat(path_, ": missing tensor '", name, "'"));
   }
   return &it->second;
 }
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
-    const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   namespace fs = std::filesystem;
   auto checkpoint = std::unique_ptr<Checkpoint>(new Checkpoint());
   checkpoint->dir_ = dir;
@@ -336,55 +335,49 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
   if (fs::exists(index_path, ec)) {
     std::ifstream in(index_path);
     json index = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (index.is_discarded() || !index.is_object() ||
-        !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          index_path.string(), ": not valid JSON with a 'weight_map' object"));
+    if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+        !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path.string(), ": not valid JSON with a 'weight_map' object"));
     }
     std::map<std::string, SafetensorsFile*> shards;
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end();
-         ++it) {
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path.string(), ": weight_map entry '", it.key(),
-            "' is not a file name"));
+        return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": weight_map entry '",
+                                                       it.key(), "' is not a file name"));
       }
       const std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path.string(), ": shard name '", shard,
-            "' must be a file in the checkpoint directory"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": shard name '", shard,
+                         "' must be a file in the checkpoint directory"));
       }
       if (!shards.count(shard)) {
-        DELTASERVE_ASSIGN_OR_RETURN(
-            auto file, SafetensorsFile::Open((fs::path(dir) / shard).string()));
+        DELTASERVE_ASSIGN_OR_RETURN(auto file,
+                                    SafetensorsFile::Open((fs::path(dir) / shard).string()));
         shards[shard] = file.get();
         checkpoint->files_.push_back(std::move(file));
       }
-      DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view,
-                                  shards[shard]->Get(it.key()));
+      DELTASERVE_ASSIGN_OR_RETURN(const TensorView* view, shards[shard]->Get(it.key()));
       checkpoint->tensors_[it.key()] = view;
     }
   } else if (fs::exists(single_path, ec)) {
-    DELTASERVE_ASSIGN_OR_RETURN(auto file,
-                                SafetensorsFile::Open(single_path.string()));
+    DELTASERVE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single_path.string()));
     for (const auto& [name, view] : file->tensors()) {
       checkpoint->tensors_[name] = &view;
     }
     checkpoint->files_.push_back(std::move(file));
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        dir, ": no model.safetensors or model.safetensors.index.json"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json"));
   }
   return checkpoint;
 }
 
-absl::StatusOr<const TensorView*> Checkpoint::Get(
-    const std::string& name) const {
+absl::StatusOr<const TensorView*> Checkpoint::Get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(dir_, ": checkpoint has no tensor '", name, "'"));
+    return absl::NotFoundError(absl::StrCat(dir_, ": checkpoint has no tensor '", name, "'"));
   }
   return it->second;
 }
@@ -408,8 +401,7 @@ TensorData MakeBF16Tensor(std::string name, std::vector<int64_t> shape,
   return t;
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<TensorData>& tensors,
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -417,15 +409,14 @@ absl::Status WriteSafetensors(const std::string& path,
   std::set<std::string> names;
   for (const TensorData& t : tensors) {
     if (!names.insert(t.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": duplicate tensor '", t.name, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": duplicate tensor '", t.name, "'"));
     }
     uint64_t elements = 1;
     for (int64_t d : t.shape) elements *= static_cast<uint64_t>(d);
     if (elements * DTypeSize(t.dtype) != t.bytes.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", t.name, "' has ", t.bytes.size(),
-          " bytes, its shape and dtype need ", elements * DTypeSize(t.dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", t.name, "' has ", t.bytes.size(),
+                       " bytes, its shape and dtype need ", elements * DTypeSize(t.dtype)));
     }
     header[t.name] = {{"dtype", DTypeName(t.dtype)},
                       {"shape", t.shape},

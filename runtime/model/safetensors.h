@@ -43,17 +43,14 @@ absl::StatusOr<std::vector<int64_t>> ToInt64(const TensorView& view);
 
 class SafetensorsFile {
  public:
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
-      const std::string& path);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
-  const std::map<std::string, std::string>& metadata() const {
-    return metadata_;
-  }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The tensor, or NotFound naming the tensor and the file.
   absl::StatusOr<const TensorView*> Get(const std::string& name) const;
 
@@ -71,13 +68,10 @@ class SafetensorsFile {
 // the index names).
 class Checkpoint {
  public:
-  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(
-      const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
-  const std::map<std::string, const TensorView*>& tensors() const {
-    return tensors_;
-  }
+  const std::map<std::string, const TensorView*>& tensors() const { return tensors_; }
   absl::StatusOr<const TensorView*> Get(const std::string& name) const;
 
  private:
@@ -101,8 +95,7 @@ TensorData MakeBF16Tensor(std::string name, std::vector<int64_t> shape,
 
 // Writes a safetensors file (tensors in the given order), atomically: to a
 // temporary file renamed into place, so a failed write leaves no partial file.
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<TensorData>& tensors,
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
 // bfloat16 / float16 conversions (round to nearest even on the way down).

@@ -3,8 +3,7 @@
 namespace deltaserve {
 
 SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard)
-    : kda(static_cast<size_t>(config.num_layers)),
-      mla(static_cast<size_t>(config.num_layers)) {
+    : kda(static_cast<size_t>(config.num_layers)), mla(static_cast<size_t>(config.num_layers)) {
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
   const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
   for (int64_t i = shard.layer_begin; i < end; ++i) {

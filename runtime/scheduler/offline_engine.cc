@@ -4,8 +4,7 @@
 
 namespace deltaserve {
 
-OfflineEngine::OfflineEngine(Replica& replica, const ModelConfig& config,
-                             SchedulerOptions options)
+OfflineEngine::OfflineEngine(Replica& replica, const ModelConfig& config, SchedulerOptions options)
     : replica_(replica), scheduler_(config, options) {}
 
 void OfflineEngine::Add(SequenceRequest request) { scheduler_.Add(std::move(request)); }

@@ -62,9 +62,8 @@ bool Scheduler::PromptLeft() const {
 
 bool Scheduler::DecodersOutside(const std::vector<Item>& items) const {
   return std::any_of(running_.begin(), running_.end(), [&](const SequencePtr& s) {
-    return s->decoding() && std::none_of(items.begin(), items.end(), [&](const Item& i) {
-             return i.sequence == s;
-           });
+    return s->decoding() &&
+           std::none_of(items.begin(), items.end(), [&](const Item& i) { return i.sequence == s; });
   });
 }
 
@@ -198,8 +197,7 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
   }
   // Promise a successor when the next step has work that needs nothing from
   // this one: prompt left to prefill, or decoding sequences not in this step.
-  promised_ =
-      options_.pipeline_stages > 1 && (PromptLeft() || DecodersOutside(flight.items));
+  promised_ = options_.pipeline_stages > 1 && (PromptLeft() || DecodersOutside(flight.items));
   step.more_coming = promised_;
   in_flight_.push_back(std::move(flight));
   return step;
@@ -221,9 +219,8 @@ std::optional<FinishReason> Scheduler::Ends(const Sequence& s, int32_t token,
 
 Scheduler::Update Scheduler::TakeResult(StepResult result) {
   Update update;
-  const bool expected = std::any_of(in_flight_.begin(), in_flight_.end(), [&](const InFlight& f) {
-    return f.step_id == result.step_id;
-  });
+  const bool expected = std::any_of(in_flight_.begin(), in_flight_.end(),
+                                    [&](const InFlight& f) { return f.step_id == result.step_id; });
   if (!expected) return update;
   early_[result.step_id] = std::move(result);
   while (!in_flight_.empty() && early_.contains(in_flight_.front().step_id)) {
@@ -235,8 +232,7 @@ Scheduler::Update Scheduler::TakeResult(StepResult result) {
   return update;
 }
 
-void Scheduler::Process(const StepResult& result, const std::vector<Item>& items,
-                        Update* update) {
+void Scheduler::Process(const StepResult& result, const std::vector<Item>& items, Update* update) {
   ++update->steps;
   last_result_ = result;
   last_result_.outputs.clear();

@@ -40,7 +40,7 @@
 namespace deltaserve {
 
 struct SchedulerOptions {
-  int64_t max_running = 64;  // sequences holding (or about to hold) state
+  int64_t max_running = 64;   // sequences holding (or about to hold) state
   int64_t step_tokens = 512;  // token budget of one step
   int pipeline_stages = 1;    // of the replica: steps in flight, decode groups
   // Prefill chunks are cut by the cost model, or, when > 0, at most this many

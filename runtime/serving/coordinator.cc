@@ -338,8 +338,8 @@ void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
 }
 
 void Coordinator::LoseWorkerLocked(const std::shared_ptr<Worker>& w, const std::string& why) {
-  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n", static_cast<unsigned long long>(w->id),
-               why.c_str());
+  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n",
+               static_cast<unsigned long long>(w->id), why.c_str());
   w->gone = true;
   workers_.erase(w->id);  // `w` keeps it alive; its scheduler thread ends on `gone`
   // What the worker held is gone: requests it had state for end; requests it

@@ -35,8 +35,8 @@ ActivationParams Situ(float beta = 4.0f, float lbeta = 25.0f) {
   return p;
 }
 
-std::vector<double> Reference(const std::vector<float>& gu, int64_t rows,
-                              int64_t width, const ActivationParams& p) {
+std::vector<double> Reference(const std::vector<float>& gu, int64_t rows, int64_t width,
+                              const ActivationParams& p) {
   std::vector<double> want(rows * width);
   ref::GatedActivation(ToDouble(gu).data(), rows, width, p, want.data());
   return want;
@@ -47,9 +47,8 @@ TEST(GatedActivationTest, MatchesReferenceOverShapes) {
   for (const ActivationParams& p : {Silu(), Situ(), Situ(2.0f, 10.0f)}) {
     for (int64_t rows : {1, 2, 5, 33}) {
       for (int64_t width : {1, 3, 7, 8, 9, 16, 100, 1000}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "kind " << static_cast<int>(p.kind) << " beta "
-                     << p.situ_beta << " rows " << rows << " width " << width);
+        SCOPED_TRACE(::testing::Message() << "kind " << static_cast<int>(p.kind) << " beta "
+                                          << p.situ_beta << " rows " << rows << " width " << width);
         // Range wide enough for both tails of tanh and the sigmoid.
         const auto gu = RandomFloats(rows * 2 * width, ++seed, -40.0f, 40.0f);
         auto out = NaNs(rows * width);
@@ -82,10 +81,9 @@ TEST(GatedActivationTest, SmallArguments) {
 // Large |g| and |u| must saturate, never give inf or NaN from exp overflow.
 TEST(GatedActivationTest, ExtremeInputsStayFinite) {
   const float big = std::numeric_limits<float>::max();
-  const std::vector<float> g = {0.0f,   -0.0f,  1e-30f, -1e-30f, 87.0f,
-                                -87.0f, 88.5f,  -88.5f, 88.8f,   -88.8f,
-                                89.0f,  -89.0f, 104.0f, -104.0f, 1000.0f,
-                                -1e4f,  1e30f,  -1e30f, big,     -big};
+  const std::vector<float> g = {0.0f,    -0.0f, 1e-30f, -1e-30f, 87.0f,  -87.0f, 88.5f,
+                                -88.5f,  88.8f, -88.8f, 89.0f,   -89.0f, 104.0f, -104.0f,
+                                1000.0f, -1e4f, 1e30f,  -1e30f,  big,    -big};
   const int64_t width = static_cast<int64_t>(g.size());
   for (float u : {1.0f, -0.5f, 1e30f, -big}) {
     std::vector<float> gu(g);

@@ -27,8 +27,7 @@ struct MixResult {
 
 // Candidate i is scaled by scales[i]; proj_w by 1/sqrt(D) so that the scores
 // stay O(1) and the softmax is not one-hot.
-MixResult RunMix(int64_t n, int64_t t, int64_t d,
-                 const std::vector<float>& scales, uint64_t seed) {
+MixResult RunMix(int64_t n, int64_t t, int64_t d, const std::vector<float>& scales, uint64_t seed) {
   std::vector<std::vector<float>> cands(n);
   std::vector<const float*> ptrs(n);
   std::vector<std::vector<double>> cands_d(n);
@@ -37,8 +36,7 @@ MixResult RunMix(int64_t n, int64_t t, int64_t d,
   for (int64_t i = 0; i < n; ++i) {
     cands[i] = RandomFloats(t * d, seed + i);
     for (float& x : cands[i]) x *= scales[i];
-    for (float x : cands[i])
-      r.max_abs = std::max(r.max_abs, std::abs(double{x}));
+    for (float x : cands[i]) r.max_abs = std::max(r.max_abs, std::abs(double{x}));
     ptrs[i] = cands[i].data();
     cands_d[i] = ToDouble(cands[i]);
     ptrs_d[i] = cands_d[i].data();
@@ -49,12 +47,10 @@ MixResult RunMix(int64_t n, int64_t t, int64_t d,
   const float eps = 1e-6f;
 
   r.got = NaNs(t * d);
-  AttnResMix(ptrs.data(), n, t, d, norm_w.data(), proj_w.data(), eps,
-             r.got.data());
+  AttnResMix(ptrs.data(), n, t, d, norm_w.data(), proj_w.data(), eps, r.got.data());
   r.want.assign(t * d, 0.0);
   const std::vector<double> nw = ToDouble(norm_w), pw = ToDouble(proj_w);
-  ref::AttnResMix(ptrs_d.data(), n, t, d, nw.data(), pw.data(), eps,
-                  r.want.data());
+  ref::AttnResMix(ptrs_d.data(), n, t, d, nw.data(), pw.data(), eps, r.want.data());
   return r;
 }
 
@@ -86,18 +82,15 @@ TEST(AttnResMix, MatchesReferenceOverShapes) {
 // Candidates spanning eight orders of magnitude: the RMS normalisation makes
 // their scores comparable, the mixed values are raw.
 TEST(AttnResMix, CandidatesOfVeryDifferentScales) {
-  const std::vector<float> scales = {1e-4f, 1.0f, 3e3f, 0.02f,
-                                     50.0f, 1e4f, 7e-3f};
+  const std::vector<float> scales = {1e-4f, 1.0f, 3e3f, 0.02f, 50.0f, 1e4f, 7e-3f};
   for (int64_t d : {5, 129, 2048}) {
-    const MixResult r =
-        RunMix(static_cast<int64_t>(scales.size()), 17, d, scales, 4242);
+    const MixResult r = RunMix(static_cast<int64_t>(scales.size()), 17, d, scales, 4242);
     const double tol = MixTolerance(d);
     EXPECT_TRUE(AllClose(r.got, r.want, tol * r.max_abs, tol)) << "D=" << d;
     double worst = 0.0;
     for (size_t i = 0; i < r.got.size(); ++i)
       worst = std::max(worst, std::abs(r.got[i] - r.want[i]) / r.max_abs);
-    std::printf("D=%ld: max abs error / max |v| %.3g\n", static_cast<long>(d),
-                worst);
+    std::printf("D=%ld: max abs error / max |v| %.3g\n", static_cast<long>(d), worst);
   }
 }
 
@@ -111,8 +104,7 @@ TEST(AttnResMix, SingleCandidateIsExact) {
     const std::vector<float> nw = RandomFloats(d, 10), pw = RandomFloats(d, 11);
     std::vector<float> out = NaNs(t * d);
     AttnResMix(&ptr, 1, t, d, nw.data(), pw.data(), 1e-6f, out.data());
-    EXPECT_EQ(0, std::memcmp(out.data(), v.data(), v.size() * sizeof(float)))
-        << "D=" << d;
+    EXPECT_EQ(0, std::memcmp(out.data(), v.data(), v.size() * sizeof(float))) << "D=" << d;
   }
   // An all-zero candidate has score 0 and mixes to zeros.
   std::vector<float> zeros(3 * 16, 0.0f);
@@ -140,8 +132,7 @@ TEST(AttnResMix, EqualScoresAverage) {
   const float* ptrs[] = {a.data(), b.data(), c.data()};
   std::vector<float> out = NaNs(d);
   AttnResMix(ptrs, 3, 1, d, nw.data(), pw.data(), 1e-6f, out.data());
-  for (int64_t i = 0; i < d; ++i)
-    EXPECT_FLOAT_EQ(out[i], (a[i] + b[i] + c[i]) / 3.0f);
+  for (int64_t i = 0; i < d; ++i) EXPECT_FLOAT_EQ(out[i], (a[i] + b[i] + c[i]) / 3.0f);
 }
 
 }  // namespace

@@ -20,22 +20,18 @@ TEST(EmbeddingTest, CopiesRowsExactly) {
   uint64_t seed = 1;
   for (int64_t vocab : {1, 5, 256}) {
     for (int64_t dim : {1, 3, 64, 129}) {
-      for (int64_t t :
-           {1, 2, 17, 600}) {  // 600 x 129 crosses the OpenMP threshold
-        SCOPED_TRACE(::testing::Message()
-                     << "vocab " << vocab << " dim " << dim << " t " << t);
+      for (int64_t t : {1, 2, 17, 600}) {  // 600 x 129 crosses the OpenMP threshold
+        SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " dim " << dim << " t " << t);
         const auto table = RandomFloats(vocab * dim, ++seed);
         std::vector<int32_t> tokens(t);
         for (int64_t i = 0; i < t; ++i) {
           // First and last ids, repeats, and a stride through the rest.
-          tokens[i] =
-              static_cast<int32_t>(i == 0 ? vocab - 1 : (i * 7) % vocab);
+          tokens[i] = static_cast<int32_t>(i == 0 ? vocab - 1 : (i * 7) % vocab);
         }
         auto out = NaNs(t * dim);
         Embedding(table.data(), vocab, dim, tokens.data(), t, out.data());
         std::vector<double> want(t * dim);
-        ref::Embedding(ToDouble(table).data(), vocab, dim, tokens.data(), t,
-                       want.data());
+        ref::Embedding(ToDouble(table).data(), vocab, dim, tokens.data(), t, want.data());
         EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
       }
     }
@@ -51,8 +47,7 @@ TEST(EmbeddingDeathTest, OutOfRangeTokenAborts) {
   const auto table = RandomFloats(4 * 3, 9);
   const int32_t tokens[] = {1, 4};
   auto out = NaNs(2 * 3);
-  EXPECT_DEATH(Embedding(table.data(), 4, 3, tokens, 2, out.data()),
-               "check failed");
+  EXPECT_DEATH(Embedding(table.data(), 4, 3, tokens, 2, out.data()), "check failed");
 }
 
 }  // namespace

@@ -27,15 +27,14 @@ const double kGateTolerance = testing::ReductionTolerance(1);
 // the argument z of exp (relative error u), which exp turns into a relative
 // error |z|·u of the result, so the tolerance grows with 1 + |z|. Results
 // below float's normal range (exp(z) for z < -87) carry no relative precision.
-::testing::AssertionResult GateClose(const std::vector<float>& got,
-                                     const std::vector<double>& want,
+::testing::AssertionResult GateClose(const std::vector<float>& got, const std::vector<double>& want,
                                      const std::vector<double>& z) {
   for (size_t i = 0; i < got.size(); ++i) {
     const double tol = kGateTolerance * (1.0 + std::abs(z[i])) * std::abs(want[i]) +
                        std::numeric_limits<float>::min();
     if (!(std::abs(got[i] - want[i]) <= tol)) {
-      return ::testing::AssertionFailure() << "[" << i << "] got " << got[i] << " want "
-                                           << want[i] << " (z " << z[i] << ")";
+      return ::testing::AssertionFailure()
+             << "[" << i << "] got " << got[i] << " want " << want[i] << " (z " << z[i] << ")";
     }
   }
   return ::testing::AssertionSuccess();
@@ -67,8 +66,8 @@ TEST(KdaGateTest, MatchesReference) {
     kernels::ref::KdaGateLowerBound(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
                                     c.head_dim, -5.0, want.data());
     std::vector<float> got = testing::NaNs(c.t * width);
-    kernels::KdaGateLowerBound(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
-                               c.head_dim, -5.0f, got.data());
+    kernels::KdaGateLowerBound(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads, c.head_dim,
+                               -5.0f, got.data());
     EXPECT_TRUE(GateClose(got, want, z_lb));
     // In place (g == graw) is allowed.
     std::vector<float> inplace = graw;
@@ -77,20 +76,20 @@ TEST(KdaGateTest, MatchesReference) {
     EXPECT_EQ(inplace, got);
     if (c.t > 0) worst_lb = std::max(worst_lb, testing::RelL2(got, want));
 
-    kernels::ref::KdaGateSoftplus(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
-                                  c.head_dim, want.data());
+    kernels::ref::KdaGateSoftplus(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads, c.head_dim,
+                                  want.data());
     got = testing::NaNs(c.t * width);
-    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
-                             c.head_dim, got.data());
+    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads, c.head_dim,
+                             got.data());
     EXPECT_TRUE(GateClose(got, want, z_sp));
     inplace = graw;
-    kernels::KdaGateSoftplus(inplace.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
-                             c.head_dim, inplace.data());
+    kernels::KdaGateSoftplus(inplace.data(), dt_bias.data(), a_log.data(), c.t, c.heads, c.head_dim,
+                             inplace.data());
     EXPECT_EQ(inplace, got);
     if (c.t > 0) worst_sp = std::max(worst_sp, testing::RelL2(got, want));
   }
-  std::printf("KdaGateLowerBound max rel L2 %.3g, KdaGateSoftplus max rel L2 %.3g\n",
-              worst_lb, worst_sp);
+  std::printf("KdaGateLowerBound max rel L2 %.3g, KdaGateSoftplus max rel L2 %.3g\n", worst_lb,
+              worst_sp);
 }
 
 TEST(KdaGateTest, SoftplusIsStableAtExtremes) {
@@ -122,8 +121,8 @@ TEST(KdaGateTest, SoftplusMatchesGolden) {
     const std::vector<float> a_log = testing::ToFloat(load("A_log"));
     const std::vector<double> want = load("g");
     std::vector<float> g = testing::NaNs(want.size());
-    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), tokens, heads,
-                             head_dim, g.data());
+    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), tokens, heads, head_dim,
+                             g.data());
     // Both sides round to float32 along the way (inputs, exp(A_log), the
     // softplus): a few ulp each, well inside 1e-5.
     EXPECT_TRUE(testing::AllClose(g, want, 0.0, 1e-5)) << name;

@@ -80,8 +80,8 @@ RefResult RunReference(const Inputs& in, double scale) {
   const std::vector<double> q = testing::ToDouble(in.q), k = testing::ToDouble(in.k),
                             v = testing::ToDouble(in.v), g = testing::ToDouble(in.g),
                             beta = testing::ToDouble(in.beta);
-  kernels::ref::KdaRecurrent(s, q.data(), k.data(), v.data(), g.data(), beta.data(),
-                             scale, r.state.data(), r.o.data());
+  kernels::ref::KdaRecurrent(s, q.data(), k.data(), v.data(), g.data(), beta.data(), scale,
+                             r.state.data(), r.o.data());
   return r;
 }
 
@@ -95,9 +95,8 @@ std::string FormName(const Form& f) {
   return f.chunked ? "KdaChunk(" + std::to_string(f.chunk_size) + ")" : "KdaRecurrent";
 }
 
-void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k,
-             const float* v, const float* g, const float* beta, float scale,
-             float* state, float* o) {
+void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k, const float* v,
+             const float* g, const float* beta, float scale, float* state, float* o) {
   if (form.chunked) {
     kernels::KdaChunk(s, q, k, v, g, beta, scale, state, o, form.chunk_size);
   } else {
@@ -108,16 +107,16 @@ void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k
 // Runs the fast form over the tokens cut into pieces of the given lengths
 // (the last piece takes what is left), carrying the state across.
 void RunPieces(const Form& form, const KdaShape& s, const std::vector<int64_t>& cuts,
-               const float* q, const float* k, const float* v, const float* g,
-               const float* beta, float scale, float* state, float* o) {
+               const float* q, const float* k, const float* v, const float* g, const float* beta,
+               float scale, float* state, float* o) {
   int64_t t0 = 0;
   for (size_t p = 0; t0 < s.t; ++p) {
     const int64_t len = p < cuts.size() ? std::min(cuts[p], s.t - t0) : s.t - t0;
     KdaShape piece = s;
     piece.t = len;
     RunFast(form, piece, q + t0 * s.heads * s.k_dim, k + t0 * s.heads * s.k_dim,
-            v + t0 * s.v_heads * s.v_dim, g + t0 * s.v_heads * s.k_dim,
-            beta + t0 * s.v_heads, scale, state, o + t0 * s.v_heads * s.v_dim);
+            v + t0 * s.v_heads * s.v_dim, g + t0 * s.v_heads * s.k_dim, beta + t0 * s.v_heads,
+            scale, state, o + t0 * s.v_heads * s.v_dim);
     t0 += len;
   }
 }
@@ -141,9 +140,9 @@ double KdaTolerance(const KdaShape& s) {
 const std::vector<KdaShape>& SweepShapes() {
   static const std::vector<KdaShape> shapes = [] {
     // {t, heads, v_heads, k_dim, v_dim}; t is overwritten by the sweep.
-    const std::vector<KdaShape> heads = {
-        {0, 1, 1, 1, 1},   {0, 1, 1, 5, 3},   {0, 2, 2, 16, 16}, {0, 1, 3, 8, 24},
-        {0, 2, 4, 32, 17}, {0, 1, 2, 64, 64}, {0, 3, 3, 13, 40}, {0, 1, 1, 128, 128}};
+    const std::vector<KdaShape> heads = {{0, 1, 1, 1, 1},   {0, 1, 1, 5, 3},    {0, 2, 2, 16, 16},
+                                         {0, 1, 3, 8, 24},  {0, 2, 4, 32, 17},  {0, 1, 2, 64, 64},
+                                         {0, 3, 3, 13, 40}, {0, 1, 1, 128, 128}};
     std::vector<KdaShape> out;
     for (int64_t t : {1, 2, 3, 63, 64, 65, 130, 200}) {
       for (size_t h = 0; h < heads.size(); ++h) {
@@ -170,8 +169,8 @@ void SweepAgainstReference(const Form& form, Decay decay, uint64_t seed_base) {
     const RefResult want = RunReference(in, scale);
     std::vector<float> state = in.state;
     std::vector<float> o = testing::NaNs(want.o.size());
-    RunFast(form, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
-            scale, state.data(), o.data());
+    RunFast(form, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), scale,
+            state.data(), o.data());
     const double tol = KdaTolerance(s);
     const double err_o = testing::RelL2(o, want.o);
     const double err_s = testing::RelL2(state, want.state);
@@ -193,9 +192,7 @@ TEST(KdaRecurrentTest, MatchesReferenceStrongDecay) {
   SweepAgainstReference({false, 0}, Decay::kMixed, 300);
 }
 
-TEST(KdaChunkTest, MatchesReference) {
-  SweepAgainstReference({true, 64}, Decay::kRealistic, 400);
-}
+TEST(KdaChunkTest, MatchesReference) { SweepAgainstReference({true, 64}, Decay::kRealistic, 400); }
 
 TEST(KdaChunkTest, MatchesReferenceStrongDecay) {
   SweepAgainstReference({true, 64}, Decay::kStrong, 500);
@@ -214,8 +211,7 @@ TEST(KdaChunkTest, ZeroTokensIsANoOp) {
   std::vector<float> state = testing::RandomFloats(4 * 8 * 8, 1);
   const std::vector<float> before = state;
   for (const Form& form : {Form{false, 0}, Form{true, 64}}) {
-    RunFast(form, s, nullptr, nullptr, nullptr, nullptr, nullptr, 0.5f, state.data(),
-            nullptr);
+    RunFast(form, s, nullptr, nullptr, nullptr, nullptr, nullptr, 0.5f, state.data(), nullptr);
     EXPECT_EQ(state, before) << FormName(form);
   }
 }
@@ -235,8 +231,7 @@ struct Golden {
 
 std::vector<Golden> LoadGoldens() {
   std::vector<std::string> paths;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(testing::GoldenPath("kda"))) {
+  for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenPath("kda"))) {
     if (entry.path().extension() == ".safetensors") paths.push_back(entry.path().string());
   }
   std::sort(paths.begin(), paths.end());
@@ -296,9 +291,9 @@ double CheckGolden(const Golden& gold, const Form& form, const std::vector<int64
   std::vector<float> o = testing::NaNs(gold.o.size());
   std::vector<float> state = gold.initial_state;
   for (int64_t b = 0; b < gold.batch; ++b) {
-    RunPieces(form, s, cuts, gold.q.data() + b * qk, gold.k.data() + b * qk,
-              gold.v.data() + b * vv, gold.g.data() + b * gg, gold.beta.data() + b * bb,
-              gold.scale, state.data() + b * ss, o.data() + b * vv);
+    RunPieces(form, s, cuts, gold.q.data() + b * qk, gold.k.data() + b * qk, gold.v.data() + b * vv,
+              gold.g.data() + b * gg, gold.beta.data() + b * bb, gold.scale, state.data() + b * ss,
+              o.data() + b * vv);
   }
   const double err_o = testing::RelL2(o, gold.o);
   const double err_s = testing::RelL2(state, gold.final_state);
@@ -339,8 +334,8 @@ TEST(KdaGoldenTest, ChunkOneShot) {
 }
 
 TEST(KdaGoldenTest, ChunkInPieces) {
-  const std::vector<std::vector<int64_t>> cut_sets = {
-      {1}, {7, 57}, {64}, {100}, {33, 65, 1}, {63, 2, 130}, {128, 5}};
+  const std::vector<std::vector<int64_t>> cut_sets = {{1},         {7, 57},      {64},    {100},
+                                                      {33, 65, 1}, {63, 2, 130}, {128, 5}};
   for (const Golden& gold : Goldens()) {
     double worst = 0.0;
     for (const auto& cuts : cut_sets) {
@@ -348,11 +343,9 @@ TEST(KdaGoldenTest, ChunkInPieces) {
     }
     if (gold.shape.t <= 256) {
       // Every token its own prefill call.
-      worst = std::max(worst, CheckGolden(gold, {true, 64},
-                                          std::vector<int64_t>(gold.shape.t, 1)));
+      worst = std::max(worst, CheckGolden(gold, {true, 64}, std::vector<int64_t>(gold.shape.t, 1)));
     }
-    std::printf("golden %-22s KdaChunk in pieces max rel L2 %.3g\n", gold.name.c_str(),
-                worst);
+    std::printf("golden %-22s KdaChunk in pieces max rel L2 %.3g\n", gold.name.c_str(), worst);
   }
 }
 

@@ -21,8 +21,7 @@ using ::deltaserve::testing::ToDouble;
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i)
-    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
   return m;
 }
 
@@ -64,8 +63,7 @@ std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
 }
 
 std::vector<double> RefPrefill(const PrefillCase& c, const PrefillInputs& in) {
-  const std::vector<double> q = ToDouble(in.q), kv = ToDouble(in.kv),
-                            k_rope = ToDouble(in.k_rope);
+  const std::vector<double> q = ToDouble(in.q), kv = ToDouble(in.kv), k_rope = ToDouble(in.k_rope);
   std::vector<double> o(c.t * c.heads * c.v);
   ref::MlaPrefillArgs args;
   args.t = c.t;
@@ -92,24 +90,22 @@ double PrefillTolerance(const PrefillCase& c) {
 }
 
 TEST(MlaPrefillAttention, MatchesReferenceOverShapes) {
-  const int64_t dims[][3] = {
-      {3, 5, 12}, {16, 8, 16}, {12, 3, 5}, {5, 0, 3}, {0, 4, 7}};
+  const int64_t dims[][3] = {{3, 5, 12}, {16, 8, 16}, {12, 3, 5}, {5, 0, 3}, {0, 4, 7}};
   uint64_t seed = 1;
   double worst = 0.0;
   for (int64_t t : {0, 1, 2, 7, 64, 65, 130}) {
     for (int64_t prefix : {0, 1, 5, 100}) {
       for (int64_t heads = 1; heads <= 4; ++heads) {
         for (const auto& d : dims) {
-          const float scale =
-              1.0f / std::sqrt(static_cast<float>(d[0] + d[1] + 1));
+          const float scale = 1.0f / std::sqrt(static_cast<float>(d[0] + d[1] + 1));
           const PrefillCase c{t, prefix, heads, d[0], d[1], d[2], scale};
           const PrefillInputs in(c, seed += 3);
           const std::vector<float> o = RunPrefill(c, in);
           const std::vector<double> want = RefPrefill(c, in);
           const double tol = PrefillTolerance(c);
           ASSERT_TRUE(AllClose(o, want, tol, tol))
-              << "T=" << t << " prefix=" << prefix << " heads=" << heads
-              << " P,R,Vd=" << d[0] << "," << d[1] << "," << d[2];
+              << "T=" << t << " prefix=" << prefix << " heads=" << heads << " P,R,Vd=" << d[0]
+              << "," << d[1] << "," << d[2];
           worst = std::max(worst, MaxAbsDiff(o, want));
         }
       }
@@ -121,21 +117,18 @@ TEST(MlaPrefillAttention, MatchesReferenceOverShapes) {
 // Sharp softmax (large scale): the running max changes often between key
 // blocks, so the online rescaling is exercised; the real model's dims.
 TEST(MlaPrefillAttention, SharpSoftmaxAndModelDims) {
-  for (const PrefillCase& c : {PrefillCase{70, 40, 2, 128, 64, 128, 0.5f},
-                               PrefillCase{130, 200, 3, 7, 5, 9, 4.0f},
-                               PrefillCase{1, 3000, 2, 16, 8, 16, 2.0f},
-                               PrefillCase{3, 2000, 1, 12, 4, 20, 1.0f}}) {
+  for (const PrefillCase& c :
+       {PrefillCase{70, 40, 2, 128, 64, 128, 0.5f}, PrefillCase{130, 200, 3, 7, 5, 9, 4.0f},
+        PrefillCase{1, 3000, 2, 16, 8, 16, 2.0f}, PrefillCase{3, 2000, 1, 12, 4, 20, 1.0f}}) {
     const PrefillInputs in(c, 77);
     const std::vector<float> o = RunPrefill(c, in);
     const std::vector<double> want = RefPrefill(c, in);
     // Scores reach |scale| * (P+R) / 3; their float32 rounding grows with
     // them, so the tolerance does too.
     const double tol = PrefillTolerance(c) * std::max(1.0f, c.scale * 4);
-    EXPECT_TRUE(AllClose(o, want, tol, tol))
-        << "T=" << c.t << " prefix=" << c.prefix;
-    std::printf("T=%ld prefix=%ld: max abs error %.3g\n",
-                static_cast<long>(c.t), static_cast<long>(c.prefix),
-                MaxAbsDiff(o, want));
+    EXPECT_TRUE(AllClose(o, want, tol, tol)) << "T=" << c.t << " prefix=" << c.prefix;
+    std::printf("T=%ld prefix=%ld: max abs error %.3g\n", static_cast<long>(c.t),
+                static_cast<long>(c.prefix), MaxAbsDiff(o, want));
   }
 }
 
@@ -195,8 +188,7 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
   uint64_t seed = 1000;
   double worst = 0.0;
   const int saved = NumThreads();
-  for (int threads :
-       {saved, 5}) {  // 5 threads split decode keys even on small hosts
+  for (int threads : {saved, 5}) {  // 5 threads split decode keys even on small hosts
     SetNumThreads(threads);
     for (int64_t t : {0, 1, 2, 7, 64, 65, 130}) {
       for (int64_t prefix : {0, 1, 5, 100, 1500}) {
@@ -205,10 +197,8 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
           for (const auto& d : dims) {
             const AbsorbedCase c{t, prefix, heads, d[0], d[1]};
             const int64_t s = prefix + t, w = c.latent + c.rope;
-            const std::vector<float> ql =
-                RandomFloats(t * heads * c.latent, seed += 3);
-            const std::vector<float> qr =
-                RandomFloats(t * heads * c.rope, seed + 1);
+            const std::vector<float> ql = RandomFloats(t * heads * c.latent, seed += 3);
+            const std::vector<float> qr = RandomFloats(t * heads * c.rope, seed + 1);
             const std::vector<float> cache = RandomFloats(s * w, seed + 2);
             const float scale = 1.0f / std::sqrt(static_cast<float>(w));
             std::vector<float> o = NaNs(t * heads * c.latent);
@@ -242,8 +232,8 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
             ref::MlaAbsorbedAttention(ra);
             const double tol = ReductionTolerance(s + w);
             ASSERT_TRUE(AllClose(o, want, tol, tol))
-                << threads << " threads, T=" << t << " prefix=" << prefix
-                << " heads=" << heads << " C,R=" << d[0] << "," << d[1];
+                << threads << " threads, T=" << t << " prefix=" << prefix << " heads=" << heads
+                << " C,R=" << d[0] << "," << d[1];
             worst = std::max(worst, MaxAbsDiff(o, want));
           }
         }
@@ -266,15 +256,13 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   for (float& x : w) x *= 1.7f / std::sqrt(static_cast<float>(C));
   const std::vector<float> c = RandomFloats(S * C, 12);
   const std::vector<float> kr = RandomFloats(S * R, 13);
-  const std::vector<float> q =
-      RandomFloats(T * n * (P + R), 14);  // [T, n, P+R]
+  const std::vector<float> q = RandomFloats(T * n * (P + R), 14);  // [T, n, P+R]
 
   // Materialised kv [S, n, P + Vd] = c·Wᵀ, in float64.
   std::vector<double> kv(S * n * kvw, 0.0);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t r = 0; r < n * kvw; ++r)
-      for (int64_t j = 0; j < C; ++j)
-        kv[s * n * kvw + r] += double{c[s * C + j]} * w[r * C + j];
+      for (int64_t j = 0; j < C; ++j) kv[s * n * kvw + r] += double{c[s * C + j]} * w[r * C + j];
   // Absorbed queries and the [c | kr] cache.
   std::vector<double> q_latent(T * n * C, 0.0), q_rope(T * n * R);
   for (int64_t t = 0; t < T; ++t)
@@ -282,8 +270,7 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
       const float* qh = q.data() + (t * n + h) * (P + R);
       for (int64_t j = 0; j < C; ++j)
         for (int64_t p = 0; p < P; ++p)
-          q_latent[(t * n + h) * C + j] +=
-              double{w[(h * kvw + p) * C + j]} * qh[p];
+          q_latent[(t * n + h) * C + j] += double{w[(h * kvw + p) * C + j]} * qh[p];
       for (int64_t r = 0; r < R; ++r) q_rope[(t * n + h) * R + r] = qh[P + r];
     }
   std::vector<double> cache(S * (C + R));
@@ -298,8 +285,8 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
       for (int64_t h = 0; h < n; ++h)
         for (int64_t v = 0; v < Vd; ++v)
           for (int64_t j = 0; j < C; ++j)
-            o[(t * n + h) * Vd + v] += double{w[(h * kvw + P + v) * C + j]} *
-                                       o_latent[(t * n + h) * C + j];
+            o[(t * n + h) * Vd + v] +=
+                double{w[(h * kvw + P + v) * C + j]} * o_latent[(t * n + h) * C + j];
     return o;
   };
 
@@ -307,34 +294,23 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   // the test's algebra.
   std::vector<double> ref_prefill(T * n * Vd), ref_latent(T * n * C);
   const std::vector<double> qd = ToDouble(q), krd = ToDouble(kr);
-  ref::MlaPrefillArgs rp{T,          L,  n,         P,
-                         R,          Vd, qd.data(), kv.data(),
-                         krd.data(), R,  scale,     ref_prefill.data()};
+  ref::MlaPrefillArgs rp{T,         L,         n,          P, R,     Vd,
+                         qd.data(), kv.data(), krd.data(), R, scale, ref_prefill.data()};
   ref::MlaPrefillAttention(rp);
-  ref::MlaAbsorbedArgs ra{T,
-                          L,
-                          n,
-                          C,
-                          R,
-                          q_latent.data(),
-                          q_rope.data(),
-                          cache.data(),
-                          scale,
-                          ref_latent.data()};
+  ref::MlaAbsorbedArgs ra{
+      T, L, n, C, R, q_latent.data(), q_rope.data(), cache.data(), scale, ref_latent.data()};
   ref::MlaAbsorbedAttention(ra);
   const std::vector<double> ref_absorbed = up_project(ref_latent);
   ASSERT_LT(testing::RelL2(ref_absorbed, ref_prefill), 1e-12);
 
   // The two fast kernels on float32 inputs.
-  const std::vector<float> kv_f = testing::ToFloat(kv),
-                           cache_f = testing::ToFloat(cache),
-                           ql_f = testing::ToFloat(q_latent),
-                           qr_f = testing::ToFloat(q_rope);
+  const std::vector<float> kv_f = testing::ToFloat(kv), cache_f = testing::ToFloat(cache),
+                           ql_f = testing::ToFloat(q_latent), qr_f = testing::ToFloat(q_rope);
   std::vector<float> o_prefill = NaNs(T * n * Vd), o_latent = NaNs(T * n * C);
-  MlaPrefillAttention({T, L, n, P, R, Vd, q.data(), kv_f.data(), kr.data(), R,
-                       scale, o_prefill.data()});
-  MlaAbsorbedAttention({T, L, n, C, R, ql_f.data(), qr_f.data(), cache_f.data(),
-                        scale, o_latent.data()});
+  MlaPrefillAttention(
+      {T, L, n, P, R, Vd, q.data(), kv_f.data(), kr.data(), R, scale, o_prefill.data()});
+  MlaAbsorbedAttention(
+      {T, L, n, C, R, ql_f.data(), qr_f.data(), cache_f.data(), scale, o_latent.data()});
   const std::vector<double> o_absorbed = up_project(o_latent);
   // Both paths round their inputs (kv, q_latent) to float32 and reduce over
   // S keys and C latent channels.
@@ -342,8 +318,7 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   EXPECT_TRUE(AllClose(o_prefill, o_absorbed, tol, tol));
   EXPECT_TRUE(AllClose(o_prefill, ref_prefill, tol, tol));
   std::printf("prefill vs absorbed: max abs diff %.3g (prefill vs ref %.3g)\n",
-              MaxAbsDiff(o_prefill, o_absorbed),
-              MaxAbsDiff(o_prefill, ref_prefill));
+              MaxAbsDiff(o_prefill, o_absorbed), MaxAbsDiff(o_prefill, ref_prefill));
 }
 
 }  // namespace

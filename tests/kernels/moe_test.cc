@@ -33,11 +33,11 @@ struct Routed {
   std::vector<float> weights;
 };
 
-Routed Route(const std::vector<float>& logits, const std::vector<float>* bias,
-             int64_t t, int64_t e, int64_t k, bool renormalize, float scaling) {
+Routed Route(const std::vector<float>& logits, const std::vector<float>* bias, int64_t t, int64_t e,
+             int64_t k, bool renormalize, float scaling) {
   Routed r{std::vector<int32_t>(t * k, -1), NaNs(t * k)};
-  MoeRoute(logits.data(), bias != nullptr ? bias->data() : nullptr, t, e, k,
-           renormalize, scaling, r.idx.data(), r.weights.data());
+  MoeRoute(logits.data(), bias != nullptr ? bias->data() : nullptr, t, e, k, renormalize, scaling,
+           r.idx.data(), r.weights.data());
   return r;
 }
 
@@ -49,18 +49,16 @@ TEST(MoeRouteTest, MatchesReference) {
         if (k > e) continue;
         for (bool with_bias : {false, true}) {
           for (bool renormalize : {false, true}) {
-            SCOPED_TRACE(::testing::Message()
-                         << "t " << t << " e " << e << " k " << k << " bias "
-                         << with_bias << " renormalize " << renormalize);
+            SCOPED_TRACE(::testing::Message() << "t " << t << " e " << e << " k " << k << " bias "
+                                              << with_bias << " renormalize " << renormalize);
             const auto logits = RandomFloats(t * e, ++seed, -4.0f, 4.0f);
             const auto bias = RandomFloats(e, ++seed, -0.5f, 0.5f);
-            const Routed got = Route(logits, with_bias ? &bias : nullptr, t, e,
-                                     k, renormalize, 2.5f);
+            const Routed got =
+                Route(logits, with_bias ? &bias : nullptr, t, e, k, renormalize, 2.5f);
             std::vector<int32_t> want_idx(t * k, -1);
             std::vector<double> want_w(t * k);
             const auto bias_d = ToDouble(bias);
-            ref::MoeRoute(ToDouble(logits).data(),
-                          with_bias ? bias_d.data() : nullptr, t, e, k,
+            ref::MoeRoute(ToDouble(logits).data(), with_bias ? bias_d.data() : nullptr, t, e, k,
                           renormalize, 2.5, want_idx.data(), want_w.data());
             EXPECT_EQ(got.idx, want_idx);
             // Computed in double, rounded once to float.
@@ -120,8 +118,7 @@ struct ExpertSet {
   std::vector<std::vector<float>> w13, w2;  // per expert
   std::vector<std::vector<double>> w13_d, w2_d;
 
-  ExpertSet(int64_t n_, int64_t din_, int64_t inter_, int64_t dout_,
-            uint64_t seed)
+  ExpertSet(int64_t n_, int64_t din_, int64_t inter_, int64_t dout_, uint64_t seed)
       : n(n_), din(din_), inter(inter_), dout(dout_) {
     const float a13 = 2.0f / std::sqrt(static_cast<float>(din));
     const float a2 = 2.0f / std::sqrt(static_cast<float>(inter));
@@ -144,11 +141,9 @@ struct ExpertSet {
   }
 };
 
-std::vector<float> RunFast(const ExpertSet& set,
-                           const std::vector<MoeExpert>& experts,
+std::vector<float> RunFast(const ExpertSet& set, const std::vector<MoeExpert>& experts,
                            const std::vector<float>& z, int64_t t, int64_t k,
-                           const std::vector<int32_t>& idx,
-                           const std::vector<float>& weights,
+                           const std::vector<int32_t>& idx, const std::vector<float>& weights,
                            const ActivationParams& act) {
   auto out = NaNs(t * set.dout);
   MoeExpertsArgs a;
@@ -168,10 +163,8 @@ std::vector<float> RunFast(const ExpertSet& set,
   return out;
 }
 
-std::vector<double> RunRef(const ExpertSet& set, const std::vector<float>& z,
-                           int64_t t, int64_t k,
-                           const std::vector<int32_t>& idx,
-                           const std::vector<float>& weights,
+std::vector<double> RunRef(const ExpertSet& set, const std::vector<float>& z, int64_t t, int64_t k,
+                           const std::vector<int32_t>& idx, const std::vector<float>& weights,
                            const ActivationParams& act) {
   std::vector<double> out(t * set.dout);
   const auto experts = set.Ref();
@@ -197,11 +190,9 @@ std::vector<double> RunRef(const ExpertSet& set, const std::vector<float>& z,
 // Two GEMM reductions (din, then inter) with the activation between them, and
 // the sum over top_k: their tolerances add. Relative to the output's RMS for
 // the absolute part, since cancellation makes single elements small.
-::testing::AssertionResult MoeClose(const std::vector<float>& got,
-                                    const std::vector<double>& want,
+::testing::AssertionResult MoeClose(const std::vector<float>& got, const std::vector<double>& want,
                                     int64_t din, int64_t inter, int64_t k) {
-  const double tol = ReductionTolerance(din) + ReductionTolerance(inter) +
-                     ReductionTolerance(k);
+  const double tol = ReductionTolerance(din) + ReductionTolerance(inter) + ReductionTolerance(k);
   double sq = 0.0;
   for (double v : want) sq += v * v;
   const double rms = want.empty() ? 0.0 : std::sqrt(sq / want.size());
@@ -221,30 +212,25 @@ struct Case {
 TEST(MoeExpertsTest, MatchesPerTokenReference) {
   // T = 1; more experts than routed pairs; every expert chosen by every
   // token; a single expert.
-  const Case cases[] = {
-      {1, 8, 2}, {3, 16, 2}, {17, 4, 4}, {64, 8, 3}, {5, 1, 1}};
+  const Case cases[] = {{1, 8, 2}, {3, 16, 2}, {17, 4, 4}, {64, 8, 3}, {5, 1, 1}};
   const int64_t dims[][3] = {{1, 1, 1}, {7, 5, 9}, {64, 32, 48}, {129, 17, 3}};
   uint64_t seed = 10;
   for (const Case& c : cases) {
     for (const auto& d : dims) {
       for (const ActivationParams& act : {ActivationParams{}, Situ()}) {
         SCOPED_TRACE(::testing::Message()
-                     << "t " << c.t << " experts " << c.n_experts << " top_k "
-                     << c.top_k << " din " << d[0] << " inter " << d[1]
-                     << " dout " << d[2] << " act "
+                     << "t " << c.t << " experts " << c.n_experts << " top_k " << c.top_k << " din "
+                     << d[0] << " inter " << d[1] << " dout " << d[2] << " act "
                      << static_cast<int>(act.kind));
         const ExpertSet set(c.n_experts, d[0], d[1], d[2], seed += 100);
         const auto z = RandomFloats(c.t * set.din, ++seed);
         // Route for realistic idx/weights; the bias keeps the last expert out
         // whenever it can, so some expert always gets no tokens.
-        const auto logits =
-            RandomFloats(c.t * c.n_experts, ++seed, -3.0f, 3.0f);
+        const auto logits = RandomFloats(c.t * c.n_experts, ++seed, -3.0f, 3.0f);
         std::vector<float> bias(c.n_experts, 0.0f);
         if (c.n_experts > c.top_k) bias.back() = -10.0f;
-        const Routed r =
-            Route(logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
-        const auto got =
-            RunFast(set, set.Fast(), z, c.t, c.top_k, r.idx, r.weights, act);
+        const Routed r = Route(logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
+        const auto got = RunFast(set, set.Fast(), z, c.t, c.top_k, r.idx, r.weights, act);
         const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, act);
         EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
       }
@@ -287,8 +273,7 @@ TEST(MoeExpertsTest, SkipsExpertsWithoutTokens) {
   }
   const auto z = RandomFloats(t * set.din, 502);
   const auto got = RunFast(set, experts, z, t, k, idx, weights, Situ());
-  EXPECT_TRUE(MoeClose(got, RunRef(set, z, t, k, idx, weights, Situ()), set.din,
-                       set.inter, k));
+  EXPECT_TRUE(MoeClose(got, RunRef(set, z, t, k, idx, weights, Situ()), set.din, set.inter, k));
 }
 
 // The same expert twice for one token counts twice.
@@ -298,11 +283,9 @@ TEST(MoeExpertsTest, RepeatedExpertAddsTwice) {
   const std::vector<int32_t> idx = {3, 3, 0, 1};
   const std::vector<float> weights = {0.25f, 0.75f, 0.5f, 0.5f};
   const auto z = RandomFloats(t * set.din, 601);
-  const auto got =
-      RunFast(set, set.Fast(), z, t, k, idx, weights, ActivationParams{});
-  EXPECT_TRUE(MoeClose(got,
-                       RunRef(set, z, t, k, idx, weights, ActivationParams{}),
-                       set.din, set.inter, k));
+  const auto got = RunFast(set, set.Fast(), z, t, k, idx, weights, ActivationParams{});
+  EXPECT_TRUE(
+      MoeClose(got, RunRef(set, z, t, k, idx, weights, ActivationParams{}), set.din, set.inter, k));
 }
 
 // Each token's sum over its experts runs in a fixed order: repeating the call
@@ -313,29 +296,22 @@ TEST(MoeExpertsTest, DeterministicAcrossSlotOrder) {
   const auto z = RandomFloats(t * set.din, 701);
   const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
   const Routed r = Route(logits, nullptr, t, set.n, k, true, 1.0f);
-  const auto first =
-      RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
-  const auto again =
-      RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
-  EXPECT_EQ(
-      0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)));
+  const auto first = RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
+  const auto again = RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
+  EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)));
 
   Routed rev = r;
   for (int64_t i = 0; i < t; ++i) {
     std::reverse(rev.idx.begin() + i * k, rev.idx.begin() + (i + 1) * k);
-    std::reverse(rev.weights.begin() + i * k,
-                 rev.weights.begin() + (i + 1) * k);
+    std::reverse(rev.weights.begin() + i * k, rev.weights.begin() + (i + 1) * k);
   }
-  const auto permuted =
-      RunFast(set, set.Fast(), z, t, k, rev.idx, rev.weights, Situ());
-  EXPECT_EQ(0, std::memcmp(first.data(), permuted.data(),
-                           first.size() * sizeof(float)));
+  const auto permuted = RunFast(set, set.Fast(), z, t, k, rev.idx, rev.weights, Situ());
+  EXPECT_EQ(0, std::memcmp(first.data(), permuted.data(), first.size() * sizeof(float)));
 }
 
 TEST(MoeExpertsTest, NoTokensIsNoOp) {
   const ExpertSet set(2, 4, 4, 4, 800);
-  const auto out =
-      RunFast(set, set.Fast(), {}, 0, 1, {}, {}, ActivationParams{});
+  const auto out = RunFast(set, set.Fast(), {}, 0, 1, {}, {}, ActivationParams{});
   EXPECT_TRUE(out.empty());
 }
 

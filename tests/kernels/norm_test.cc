@@ -29,8 +29,7 @@ TEST(RmsNormTest, MatchesReference) {
   for (int64_t rows : kRows) {
     for (int64_t dim : kDims) {
       for (bool gain : {false, true}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "rows " << rows << " dim " << dim << " gain " << gain);
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " dim " << dim << " gain " << gain);
         const auto x = RandomFloats(rows * dim, ++seed, -2.0f, 2.0f);
         const auto w = RandomFloats(dim, ++seed, 0.5f, 1.5f);
         const float eps = 1e-6f;
@@ -38,8 +37,7 @@ TEST(RmsNormTest, MatchesReference) {
         RmsNorm(x.data(), gain ? w.data() : nullptr, rows, dim, eps, y.data());
         std::vector<double> want(rows * dim);
         const auto wd = ToDouble(w);
-        ref::RmsNorm(ToDouble(x).data(), gain ? wd.data() : nullptr, rows, dim,
-                     eps, want.data());
+        ref::RmsNorm(ToDouble(x).data(), gain ? wd.data() : nullptr, rows, dim, eps, want.data());
         const double tol = ReductionTolerance(dim);
         EXPECT_TRUE(AllClose(y, want, tol, tol));
       }
@@ -48,14 +46,12 @@ TEST(RmsNormTest, MatchesReference) {
 }
 
 TEST(RmsNormTest, InPlaceAndThreaded) {
-  for (auto [rows, dim] :
-       {std::pair<int64_t, int64_t>{4100, 17}, {300, 4096}}) {
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{4100, 17}, {300, 4096}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << " dim " << dim);
     auto x = RandomFloats(rows * dim, 7 + rows);
     const auto w = RandomFloats(dim, 8 + dim, 0.5f, 1.5f);
     std::vector<double> want(rows * dim);
-    ref::RmsNorm(ToDouble(x).data(), ToDouble(w).data(), rows, dim, 1e-5f,
-                 want.data());
+    ref::RmsNorm(ToDouble(x).data(), ToDouble(w).data(), rows, dim, 1e-5f, want.data());
     RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, x.data());
     const double tol = ReductionTolerance(dim);
     EXPECT_TRUE(AllClose(x, want, tol, tol));
@@ -90,14 +86,13 @@ TEST(L2NormTest, MatchesReference) {
   for (int64_t rows : kRows) {
     for (int64_t dim : kDims) {
       for (float scale : {1.0f, 0.125f}) {
-        SCOPED_TRACE(::testing::Message() << "rows " << rows << " dim " << dim
-                                          << " scale " << scale);
+        SCOPED_TRACE(::testing::Message()
+                     << "rows " << rows << " dim " << dim << " scale " << scale);
         const auto x = RandomFloats(rows * dim, ++seed);
         auto y = NaNs(rows * dim);
         L2Norm(x.data(), rows, dim, 1e-6f, scale, y.data());
         std::vector<double> want(rows * dim);
-        ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f),
-                    scale, want.data());
+        ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), scale, want.data());
         // Outputs are O(scale / sqrt(dim)): the absolute part scales too.
         const double tol = ReductionTolerance(dim);
         EXPECT_TRUE(AllClose(y, want, tol * scale, tol));
@@ -111,8 +106,8 @@ TEST(L2NormTest, InPlaceAndThreaded) {
   auto x = RandomFloats(rows * dim, 11);
   std::vector<double> want(rows * dim);
   const double scale = 1.0 / std::sqrt(128.0);
-  ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f),
-              static_cast<float>(scale), want.data());
+  ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), static_cast<float>(scale),
+              want.data());
   L2Norm(x.data(), rows, dim, 1e-6f, static_cast<float>(scale), x.data());
   const double tol = ReductionTolerance(dim);
   EXPECT_TRUE(AllClose(x, want, tol, tol));

@@ -21,8 +21,7 @@ using testing::ToDouble;
 // the sums differs.
 constexpr double kProbTol = 1e-12;
 
-SamplingParams Params(float temperature, int64_t top_k = 0,
-                      float top_p = 1.0f) {
+SamplingParams Params(float temperature, int64_t top_k = 0, float top_p = 1.0f) {
   SamplingParams p;
   p.temperature = temperature;
   p.top_k = top_k;
@@ -30,19 +29,15 @@ SamplingParams Params(float temperature, int64_t top_k = 0,
   return p;
 }
 
-std::vector<double> Dist(const std::vector<float>& logits,
-                         const SamplingParams& p) {
+std::vector<double> Dist(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<double> probs(logits.size(), NAN);
-  SamplingDistribution(logits.data(), static_cast<int64_t>(logits.size()), p,
-                       probs.data());
+  SamplingDistribution(logits.data(), static_cast<int64_t>(logits.size()), p, probs.data());
   return probs;
 }
 
-std::vector<double> RefDist(const std::vector<float>& logits,
-                            const SamplingParams& p) {
+std::vector<double> RefDist(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<double> probs(logits.size(), NAN);
-  ref::SamplingDistribution(ToDouble(logits).data(),
-                            static_cast<int64_t>(logits.size()), p,
+  ref::SamplingDistribution(ToDouble(logits).data(), static_cast<int64_t>(logits.size()), p,
                             probs.data());
   return probs;
 }
@@ -58,8 +53,7 @@ std::vector<double> OneHot(size_t n, size_t at) {
                                             const std::vector<double>& want) {
   if (got.size() != want.size()) return ::testing::AssertionFailure() << "size";
   for (size_t i = 0; i < got.size(); ++i) {
-    if (!(std::abs(got[i] - want[i]) <= kProbTol) ||
-        (got[i] > 0) != (want[i] > 0)) {
+    if (!(std::abs(got[i] - want[i]) <= kProbTol) || (got[i] > 0) != (want[i] > 0)) {
       return ::testing::AssertionFailure()
              << "token " << i << ": got " << got[i] << " want " << want[i];
     }
@@ -139,12 +133,10 @@ TEST(SamplingDistributionTest, MatchesReference) {
   uint64_t seed = 1;
   for (int64_t vocab : {2, 5, 1000, 50000}) {
     for (float temperature : {0.3f, 1.0f, 2.5f}) {
-      for (int64_t top_k :
-           {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{50}, vocab + 5}) {
+      for (int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{50}, vocab + 5}) {
         for (float top_p : {1.0f, 0.9f, 0.5f, 1e-3f}) {
-          SCOPED_TRACE(::testing::Message()
-                       << "vocab " << vocab << " temperature " << temperature
-                       << " top_k " << top_k << " top_p " << top_p);
+          SCOPED_TRACE(::testing::Message() << "vocab " << vocab << " temperature " << temperature
+                                            << " top_k " << top_k << " top_p " << top_p);
           const auto logits = RandomFloats(vocab, ++seed, -5.0f, 5.0f);
           const SamplingParams p = Params(temperature, top_k, top_p);
           const auto got = Dist(logits, p);
@@ -163,15 +155,12 @@ TEST(SamplingDistributionTest, LargeVocabulary) {
   const int64_t vocab = 163840;
   const auto logits = RandomFloats(vocab, 2024, -12.0f, 12.0f);
   for (const SamplingParams& p :
-       {Params(1.0f), Params(0.7f, 0, 0.9f), Params(1.0f, 40, 0.95f),
-        Params(1.3f, 1000, 1.0f)}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "top_k " << p.top_k << " top_p " << p.top_p);
+       {Params(1.0f), Params(0.7f, 0, 0.9f), Params(1.0f, 40, 0.95f), Params(1.3f, 1000, 1.0f)}) {
+    SCOPED_TRACE(::testing::Message() << "top_k " << p.top_k << " top_p " << p.top_p);
     const auto start = std::chrono::steady_clock::now();
     const auto got = Dist(logits, p);
-    const double ms = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     EXPECT_TRUE(SameDistribution(got, RefDist(logits, p)));
     EXPECT_LT(ms, 500.0);  // ~a few ms; far above it only with an O(V²) bug
   }
@@ -193,8 +182,7 @@ TEST(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
     Rng rng(seed);
     for (int draw = 0; draw < 20; ++draw) {
       EXPECT_EQ(Sample(logits.data(), vocab, Params(1.0f, 1), rng), argmax);
-      EXPECT_EQ(Sample(logits.data(), vocab, Params(1.0f, 0, 1e-6f), rng),
-                argmax);
+      EXPECT_EQ(Sample(logits.data(), vocab, Params(1.0f, 0, 1e-6f), rng), argmax);
     }
   }
 }
@@ -202,30 +190,24 @@ TEST(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
 // Ties at the top_k boundary keep the lower ids; exact probabilities.
 TEST(SamplingDistributionTest, TopKTiesKeepLowerIds) {
   const std::vector<float> logits = {1.0f, 2.0f, 2.0f, 2.0f, 0.0f};
-  EXPECT_EQ(Dist(logits, Params(1.0f, 2)),
-            (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
-  EXPECT_EQ(RefDist(logits, Params(1.0f, 2)),
-            (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
+  EXPECT_EQ(Dist(logits, Params(1.0f, 2)), (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
+  EXPECT_EQ(RefDist(logits, Params(1.0f, 2)), (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
   // top_p over equal probabilities: 0.3 of {1/3, 1/3, 1/3} keeps the lowest id.
   EXPECT_EQ(Dist(logits, Params(1.0f, 3, 0.3f)), OneHot(5, 1));
 }
 
 // Probabilities 0.5, 0.3, 0.2: top_p picks the smallest prefix reaching it.
 TEST(SamplingDistributionTest, TopPPrefix) {
-  const std::vector<float> logits = {std::log(0.3f), std::log(0.5f),
-                                     std::log(0.2f)};
-  auto near = [](const std::vector<double>& got,
-                 const std::vector<double>& want) {
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.5f), std::log(0.2f)};
+  auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
     return SameDistribution(got, want);
   };
   // The prefix rounds differently only within ~1e-7 of 0.5 / 0.8: stay away.
   EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.45f)), {0.0, 1.0, 0.0}));
   const double p3 = std::exp(static_cast<double>(std::log(0.3f)));
   const double p5 = std::exp(static_cast<double>(std::log(0.5f)));
-  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.7f)),
-                   {p3 / (p3 + p5), p5 / (p3 + p5), 0.0}));
-  EXPECT_TRUE(
-      near(Dist(logits, Params(1.0f, 0, 0.9f)), Dist(logits, Params(1.0f))));
+  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.7f)), {p3 / (p3 + p5), p5 / (p3 + p5), 0.0}));
+  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.9f)), Dist(logits, Params(1.0f))));
   // top_p applies to the top_k-renormalised distribution: with top_k = 2 the
   // kept probabilities are 0.375 / 0.625, so 0.6 keeps one token.
   EXPECT_TRUE(near(Dist(logits, Params(1.0f, 2, 0.6f)), {0.0, 1.0, 0.0}));
@@ -237,12 +219,10 @@ TEST(SampleTest, MatchesReferenceDrawForDraw) {
   const auto logits = RandomFloats(1000, 77, -3.0f, 3.0f);
   const auto logits_d = ToDouble(logits);
   for (const SamplingParams& p :
-       {Params(1.0f), Params(0.5f, 20), Params(1.5f, 0, 0.8f),
-        Params(1.0f, 100, 0.95f)}) {
+       {Params(1.0f), Params(0.5f, 20), Params(1.5f, 0, 0.8f), Params(1.0f, 100, 0.95f)}) {
     Rng a(2024), b(2024);
     for (int draw = 0; draw < 300; ++draw) {
-      ASSERT_EQ(Sample(logits.data(), 1000, p, a),
-                ref::Sample(logits_d.data(), 1000, p, b))
+      ASSERT_EQ(Sample(logits.data(), 1000, p, a), ref::Sample(logits_d.data(), 1000, p, b))
           << "draw " << draw << " top_k " << p.top_k << " top_p " << p.top_p;
     }
     EXPECT_EQ(a.Next(), b.Next());  // one Uniform per draw on both sides
@@ -254,8 +234,7 @@ TEST(SampleTest, SameSeedSameTokens) {
   const SamplingParams p = Params(0.9f, 64, 0.9f);
   Rng a(31337), b(31337);
   for (int draw = 0; draw < 200; ++draw) {
-    ASSERT_EQ(Sample(logits.data(), 5000, p, a),
-              Sample(logits.data(), 5000, p, b));
+    ASSERT_EQ(Sample(logits.data(), 5000, p, a), Sample(logits.data(), 5000, p, b));
   }
 }
 
@@ -263,17 +242,14 @@ TEST(SampleTest, SameSeedSameTokens) {
 // N·p (deterministic for this seed; a wrong CDF walk is off by hundreds).
 TEST(SampleTest, EmpiricalFrequencies) {
   const std::vector<float> logits = {0.0f, 1.0f, -1.0f, 0.5f, 2.0f};
-  for (const SamplingParams& p :
-       {Params(1.0f), Params(0.7f, 3), Params(1.0f, 0, 0.8f)}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "temperature " << p.temperature << " top_k " << p.top_k
-                 << " top_p " << p.top_p);
+  for (const SamplingParams& p : {Params(1.0f), Params(0.7f, 3), Params(1.0f, 0, 0.8f)}) {
+    SCOPED_TRACE(::testing::Message() << "temperature " << p.temperature << " top_k " << p.top_k
+                                      << " top_p " << p.top_p);
     const auto probs = Dist(logits, p);
     const int n = 20000;
     std::vector<int> count(5, 0);
     Rng rng(8675309);
-    for (int draw = 0; draw < n; ++draw)
-      ++count[Sample(logits.data(), 5, p, rng)];
+    for (int draw = 0; draw < n; ++draw) ++count[Sample(logits.data(), 5, p, rng)];
     for (int i = 0; i < 5; ++i) {
       const double expected = n * probs[i];
       const double se = std::sqrt(n * probs[i] * (1.0 - probs[i]));

@@ -32,16 +32,13 @@ TEST(ShortConvTest, MatchesReference) {
           SCOPED_TRACE(Name(c));
           const std::vector<float> x = testing::RandomFloats(t * channels, ++seed, -3, 3);
           const std::vector<float> w = testing::RandomFloats(channels * width, ++seed);
-          std::vector<float> state =
-              testing::RandomFloats((width - 1) * channels, ++seed, -3, 3);
+          std::vector<float> state = testing::RandomFloats((width - 1) * channels, ++seed, -3, 3);
           std::vector<double> want_state = testing::ToDouble(state);
           std::vector<double> want_y(t * channels);
-          kernels::ref::ShortConv(testing::ToDouble(x).data(), testing::ToDouble(w).data(),
-                                  t, channels, width, silu, want_state.data(),
-                                  want_y.data());
+          kernels::ref::ShortConv(testing::ToDouble(x).data(), testing::ToDouble(w).data(), t,
+                                  channels, width, silu, want_state.data(), want_y.data());
           std::vector<float> y = testing::NaNs(t * channels);
-          kernels::ShortConv(x.data(), w.data(), t, channels, width, silu, state.data(),
-                             y.data());
+          kernels::ShortConv(x.data(), w.data(), t, channels, width, silu, state.data(), y.data());
           // A sum of `width` products, then SiLU's exp and division.
           const double tol = testing::ReductionTolerance(width);
           EXPECT_TRUE(testing::AllClose(y, want_y, tol, tol));
@@ -58,19 +55,18 @@ TEST(ShortConvTest, MatchesReference) {
 // Prefill in one call, prefill in pieces and decode token by token must give
 // bitwise the same outputs and final state.
 TEST(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
-  for (const ConvCase& c : {ConvCase{70, 130, 4, true}, ConvCase{40, 3000, 4, true},
-                            ConvCase{9, 7, 4, false}, ConvCase{12, 33, 2, true},
-                            ConvCase{5, 16, 1, false}}) {
+  for (const ConvCase& c :
+       {ConvCase{70, 130, 4, true}, ConvCase{40, 3000, 4, true}, ConvCase{9, 7, 4, false},
+        ConvCase{12, 33, 2, true}, ConvCase{5, 16, 1, false}}) {
     SCOPED_TRACE(Name(c));
     const std::vector<float> x = testing::RandomFloats(c.t * c.channels, 11, -3, 3);
     const std::vector<float> w = testing::RandomFloats(c.channels * c.width, 12);
-    const std::vector<float> state0 =
-        testing::RandomFloats((c.width - 1) * c.channels, 13, -3, 3);
+    const std::vector<float> state0 = testing::RandomFloats((c.width - 1) * c.channels, 13, -3, 3);
 
     std::vector<float> state_one = state0;
     std::vector<float> y_one = testing::NaNs(c.t * c.channels);
-    kernels::ShortConv(x.data(), w.data(), c.t, c.channels, c.width, c.silu,
-                       state_one.data(), y_one.data());
+    kernels::ShortConv(x.data(), w.data(), c.t, c.channels, c.width, c.silu, state_one.data(),
+                       y_one.data());
 
     const std::vector<std::vector<int64_t>> cut_sets = {
         {1}, {2, 1, 3}, {c.t / 2}, std::vector<int64_t>(c.t, 1), {0, 3, 0, 4}};
@@ -80,8 +76,8 @@ TEST(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
       int64_t t0 = 0;
       for (size_t p = 0; t0 < c.t; ++p) {
         const int64_t len = p < cuts.size() ? std::min(cuts[p], c.t - t0) : c.t - t0;
-        kernels::ShortConv(x.data() + t0 * c.channels, w.data(), len, c.channels, c.width,
-                           c.silu, state.data(), y.data() + t0 * c.channels);
+        kernels::ShortConv(x.data() + t0 * c.channels, w.data(), len, c.channels, c.width, c.silu,
+                           state.data(), y.data() + t0 * c.channels);
         t0 += len;
       }
       EXPECT_EQ(y, y_one) << "pieces: " << cuts.size();

@@ -24,9 +24,8 @@ TEST_P(CliGoldenTest, ScoreWritesGoldenLogits) {
     const std::string out = dir + "/logits_" + chunk + ".safetensors";
     std::string output;
     const int rc = testing::RunCommand(
-        absl::StrCat(Deltaserve(), " score --model ",
-                     testing::GoldenPath("model/" + GetParam()), " --tokens ",
-                     absl::StrJoin(golden.tokens, ","), " --prefill-chunk ", chunk,
+        absl::StrCat(Deltaserve(), " score --model ", testing::GoldenPath("model/" + GetParam()),
+                     " --tokens ", absl::StrJoin(golden.tokens, ","), " --prefill-chunk ", chunk,
                      " --logits-out ", out),
         &output);
     ASSERT_EQ(rc, 0) << output;
@@ -51,17 +50,20 @@ TEST_P(CliGoldenTest, GreedyGenerateFollowsGoldenArgmax) {
     const double* row = golden.logits.data() + t * V;
     int64_t best = 0, second = -1;
     for (int64_t i = 1; i < V; ++i) {
-      if (row[i] > row[best]) { second = best; best = i; }
-      else if (second < 0 || row[i] > row[second]) second = i;
+      if (row[i] > row[best]) {
+        second = best;
+        best = i;
+      } else if (second < 0 || row[i] > row[second])
+        second = i;
     }
     if (row[best] - row[second] <= 1e-3) continue;
     std::vector<int64_t> prefix(golden.tokens.begin(), golden.tokens.begin() + t + 1);
     std::string output;
-    const int rc = testing::RunCommand(
-        absl::StrCat(Deltaserve(), " generate --ids --max-tokens 3 --model ",
-                     testing::GoldenPath("model/" + GetParam()), " --tokens ",
-                     absl::StrJoin(prefix, ","), " 2>/dev/null"),
-        &output);
+    const int rc =
+        testing::RunCommand(absl::StrCat(Deltaserve(), " generate --ids --max-tokens 3 --model ",
+                                         testing::GoldenPath("model/" + GetParam()), " --tokens ",
+                                         absl::StrJoin(prefix, ","), " 2>/dev/null"),
+                            &output);
     ASSERT_EQ(rc, 0) << output;
     EXPECT_EQ(output.substr(0, output.find(' ')), std::to_string(best)) << output;
     ++checked;
@@ -69,8 +71,7 @@ TEST_P(CliGoldenTest, GreedyGenerateFollowsGoldenArgmax) {
   EXPECT_GT(checked, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CliGoldenTest,
-                         ::testing::ValuesIn(testing::kGoldenModels),
+INSTANTIATE_TEST_SUITE_P(Golden, CliGoldenTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
 
 TEST(CliTest, MakeModelThenGenerateStreamsWithTimings) {
@@ -78,21 +79,24 @@ TEST(CliTest, MakeModelThenGenerateStreamsWithTimings) {
   for (const char* preset : {"k3-tiny", "kimi-linear-tiny"}) {
     const std::string model = dir + "/" + preset;
     std::string output;
-    ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " make-model --preset ",
-                                               preset, " --out ", model, " --seed 3"),
-                                  &output), 0) << output;
-    ASSERT_EQ(testing::RunCommand(
-                  absl::StrCat(Deltaserve(), " generate --model ", model,
-                               " --prompt 'hello' --max-tokens 8 --temperature 0.7 "
-                               "--top-k 40 --top-p 0.9 --seed 5"),
-                  &output), 0) << output;
+    ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " make-model --preset ", preset,
+                                               " --out ", model, " --seed 3"),
+                                  &output),
+              0)
+        << output;
+    ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " generate --model ", model,
+                                               " --prompt 'hello' --max-tokens 8 --temperature 0.7 "
+                                               "--top-k 40 --top-p 0.9 --seed 5"),
+                                  &output),
+              0)
+        << output;
     EXPECT_NE(output.find("time to first token"), std::string::npos) << output;
     EXPECT_NE(output.find("tokens/s"), std::string::npos) << output;
     // Same seed, same tokens.
     std::string a, b;
-    const std::string cmd = absl::StrCat(
-        Deltaserve(), " generate --ids --model ", model,
-        " --tokens 1,2,3 --max-tokens 6 --temperature 1.0 --seed 9 2>/dev/null");
+    const std::string cmd =
+        absl::StrCat(Deltaserve(), " generate --ids --model ", model,
+                     " --tokens 1,2,3 --max-tokens 6 --temperature 1.0 --seed 9 2>/dev/null");
     ASSERT_EQ(testing::RunCommand(cmd, &a), 0);
     ASSERT_EQ(testing::RunCommand(cmd, &b), 0);
     EXPECT_EQ(a, b);
@@ -120,12 +124,16 @@ TEST(CliTest, MakeModelFromConfigFileAndScoreFromTokensFile) {
   std::string output;
   ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " make-model --config ", dir,
                                              "/config.json --out ", dir, "/model"),
-                                &output), 0) << output;
+                                &output),
+            0)
+      << output;
   std::ofstream(dir + "/tokens.txt") << "5 6 7\n8, 9\n";
-  ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " score --model ", dir,
-                                             "/model --tokens-file ", dir,
-                                             "/tokens.txt --logits-out ", dir, "/out.safetensors"),
-                                &output), 0) << output;
+  ASSERT_EQ(testing::RunCommand(
+                absl::StrCat(Deltaserve(), " score --model ", dir, "/model --tokens-file ", dir,
+                             "/tokens.txt --logits-out ", dir, "/out.safetensors"),
+                &output),
+            0)
+      << output;
   auto file = SafetensorsFile::Open(dir + "/out.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ((**(*file)->Get("logits")).shape, (std::vector<int64_t>{5, 256}));
@@ -151,8 +159,8 @@ TEST(CliTest, BadInputGivesClearErrors) {
   const std::string golden = testing::GoldenPath("model/k3-tiny");
   const std::string dir = testing::TempDir("cli_errors");
 
-  EXPECT_NE(ExpectFailure("score --model " + golden + " --tokens 1,2,256 --logits-out " +
-                          dir + "/x.safetensors")
+  EXPECT_NE(ExpectFailure("score --model " + golden + " --tokens 1,2,256 --logits-out " + dir +
+                          "/x.safetensors")
                 .find("token id 256 at position 2"),
             std::string::npos);
   EXPECT_NE(ExpectFailure("generate --model " + golden + " --tokens 1,-3").find("token id -3"),
@@ -164,8 +172,7 @@ TEST(CliTest, BadInputGivesClearErrors) {
             std::string::npos);
   EXPECT_NE(ExpectFailure("generate --model " + dir + "/nowhere --prompt hi").find("nowhere"),
             std::string::npos);
-  EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --top-p 0")
-                .find("--top-p"),
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --top-p 0").find("--top-p"),
             std::string::npos);
 
   // A truncated checkpoint names the file.
@@ -194,9 +201,9 @@ TEST(CliTest, BadInputGivesClearErrors) {
     text.replace(at, std::string("\"attn_res_block_size\"").size(), "\"renamed_key\"");
     std::ofstream(no_key + "/config.json") << text;
   }
-  EXPECT_NE(ExpectFailure("generate --model " + no_key + " --prompt hi")
-                .find("attn_res_block_size"),
-            std::string::npos);
+  EXPECT_NE(
+      ExpectFailure("generate --model " + no_key + " --prompt hi").find("attn_res_block_size"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -56,8 +56,8 @@ std::vector<float> Score(const std::string& launcher, const std::string& model,
   const std::string out = dir + "/logits.safetensors";
   std::string log;
   const int rc = testing::RunCommand(
-      absl::StrCat(launcher, " score --threads 1 --model ", model, " --tokens-file ",
-                   tokens_file, " --logits-out ", out, " ", args),
+      absl::StrCat(launcher, " score --threads 1 --model ", model, " --tokens-file ", tokens_file,
+                   " --logits-out ", out, " ", args),
       &log);
   EXPECT_EQ(rc, 0) << log;
   if (output != nullptr) *output = log;
@@ -98,8 +98,7 @@ TEST_P(DistributedTest, EveryLayoutMatchesOneProcess) {
           Score(Mpirun(layout.np()), model, tokens, absl::StrCat(layout.Flags(), " ", mode)),
           reference);
       std::printf("%s %s %s: relative L2 %.3g (single process vs float64 %.3g)\n",
-                  GetParam().c_str(), layout.Flags().c_str(), mode.c_str(), err,
-                  float32_error);
+                  GetParam().c_str(), layout.Flags().c_str(), mode.c_str(), err, float32_error);
       if (layout.tp == 1) {
         // Stages run the very same arithmetic as one process.
         EXPECT_LE(err, 1e-5);
@@ -118,10 +117,8 @@ TEST_P(DistributedTest, LongPromptInPipelinedChunksEqualsOneShot) {
   const std::string model = testing::GoldenPath("model/" + GetParam());
   const std::string dir = testing::TempDir("dist_long");
   const std::string tokens = WriteTokens(dir, testing::RandomTokens(5000, 11));
-  const auto one_shot =
-      testing::ToDouble(Score(testing::BinPath("deltaserve"), model, tokens, ""));
-  const auto pipelined =
-      Score(Mpirun(2), model, tokens, "--pp 2 --tp 1 --prefill-chunk 512");
+  const auto one_shot = testing::ToDouble(Score(testing::BinPath("deltaserve"), model, tokens, ""));
+  const auto pipelined = Score(Mpirun(2), model, tokens, "--pp 2 --tp 1 --prefill-chunk 512");
   // Chunks (KDA chunk boundaries, MLA prefix attention) against one shot: the
   // invariance bound of tests/runtime/engine/invariance_test.cc.
   EXPECT_LE(testing::RelL2(pipelined, one_shot), 5e-5);
@@ -152,8 +149,8 @@ TEST_P(DistributedTest, BoundaryBytesAreWhatThePlannerPredicts) {
     for (int stage = 0; stage < 3; ++stage) {
       for (int tp = 0; tp < 2; ++tp) {
         // Each rank reads only its layers' slices of the checkpoint.
-        const std::regex read(absl::StrCat("rank ", stage * 2 + tp,
-                                           ": .*read (\\d+) checkpoint bytes"));
+        const std::regex read(
+            absl::StrCat("rank ", stage * 2 + tp, ": .*read (\\d+) checkpoint bytes"));
         std::smatch read_match;
         ASSERT_TRUE(std::regex_search(log, read_match, read)) << log;
         EXPECT_GT(std::stoll(read_match[1]), 0);
@@ -178,12 +175,16 @@ TEST_P(DistributedTest, GenerateStreamsTheSameTokens) {
                                         model, " --tokens 5,17,99,3,250,8,1 ");
   for (const std::string sampling : {"", "--temperature 0.9 --top-k 50 --top-p 0.95 --seed 4"}) {
     std::string single, distributed;
-    ASSERT_EQ(testing::RunCommand(
-                  absl::StrCat(testing::BinPath("deltaserve"), args, sampling, " 2>/dev/null"),
-                  &single), 0) << single;
+    ASSERT_EQ(
+        testing::RunCommand(
+            absl::StrCat(testing::BinPath("deltaserve"), args, sampling, " 2>/dev/null"), &single),
+        0)
+        << single;
     ASSERT_EQ(testing::RunCommand(absl::StrCat(Mpirun(4), args, sampling,
                                                " --pp 2 --tp 2 --prefill-chunk 3 2>/dev/null"),
-                                  &distributed), 0) << distributed;
+                                  &distributed),
+              0)
+        << distributed;
     // Printed once, by the last stage's first TP rank.
     EXPECT_EQ(distributed, single) << sampling;
     EXPECT_EQ(std::count(single.begin(), single.end(), ' '), 11) << single;
@@ -200,8 +201,8 @@ TEST(DistributedErrorsTest, LayoutNotMatchingTheWorldIsRefused) {
            {3, "--pp 2 --tp 2"}, {2, "--pp 1 --tp 1"}, {4, "--pp 3 --tp 1"}}) {
     std::string log;
     const int rc = testing::RunCommand(
-        absl::StrCat(Mpirun(np), " score --threads 1 --model ", model, " --tokens 1,2,3 ",
-                     flags, " --logits-out ", dir, "/x.safetensors"),
+        absl::StrCat(Mpirun(np), " score --threads 1 --model ", model, " --tokens 1,2,3 ", flags,
+                     " --logits-out ", dir, "/x.safetensors"),
         &log);
     EXPECT_NE(rc, 0) << log;
     EXPECT_NE(log.find(absl::StrCat("but the MPI world has ", np)), std::string::npos) << log;

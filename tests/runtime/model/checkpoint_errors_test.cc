@@ -60,8 +60,7 @@ void TouchEverything(const SafetensorsFile& file) {
   for (const auto& [name, view] : file.tensors()) {
     uint64_t sum = 0;
     for (size_t i = 0; i < view.nbytes; ++i) sum += view.data[i];
-    EXPECT_EQ(static_cast<size_t>(view.NumElements()) * DTypeSize(view.dtype),
-              view.nbytes)
+    EXPECT_EQ(static_cast<size_t>(view.NumElements()) * DTypeSize(view.dtype), view.nbytes)
         << name << " " << sum;
     if (view.dtype == DType::kI64 || view.dtype == DType::kI32) {
       EXPECT_TRUE(ToInt64(view).ok());
@@ -192,9 +191,8 @@ TEST(SafetensorsRobustnessTest, GarbledHeadersNeverCrash) {
 }
 
 // A file from header text and `data_bytes` bytes of data.
-std::string RawFile(const std::string& dir, const std::string& name,
-                    const std::string& header, size_t data_bytes,
-                    int64_t length_override = -1) {
+std::string RawFile(const std::string& dir, const std::string& name, const std::string& header,
+                    size_t data_bytes, int64_t length_override = -1) {
   const std::string path = dir + "/" + name + ".safetensors";
   const uint64_t length =
       length_override >= 0 ? static_cast<uint64_t>(length_override) : header.size();
@@ -215,48 +213,34 @@ TEST(SafetensorsRobustnessTest, HostileHeaders) {
     std::string tensor;  // named in the error, when one is involved
   };
   const std::vector<Case> cases = {
-      {"unknown_dtype", R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})",
-       4, "w"},
-      {"dtype_not_string", R"({"w":{"dtype":7,"shape":[4],"data_offsets":[0,16]}})", 16,
-       "w"},
+      {"unknown_dtype", R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4, "w"},
+      {"dtype_not_string", R"({"w":{"dtype":7,"shape":[4],"data_offsets":[0,16]}})", 16, "w"},
       {"no_dtype", R"({"w":{"shape":[4],"data_offsets":[0,16]}})", 16, "w"},
-      {"negative_dim", R"({"w":{"dtype":"F32","shape":[-1,4],"data_offsets":[0,16]}})",
-       16, "w"},
-      {"float_dim", R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,10]}})", 16,
-       "w"},
-      {"string_dim", R"({"w":{"dtype":"F32","shape":["4"],"data_offsets":[0,16]}})", 16,
-       "w"},
-      {"shape_not_array", R"({"w":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})", 16,
-       "w"},
+      {"negative_dim", R"({"w":{"dtype":"F32","shape":[-1,4],"data_offsets":[0,16]}})", 16, "w"},
+      {"float_dim", R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,10]}})", 16, "w"},
+      {"string_dim", R"({"w":{"dtype":"F32","shape":["4"],"data_offsets":[0,16]}})", 16, "w"},
+      {"shape_not_array", R"({"w":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})", 16, "w"},
       {"huge_shape",
        R"({"w":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,16]}})",
        16, "w"},
       {"overflowing_shape",
-       R"({"w":{"dtype":"F64","shape":[2305843009213693952,4],"data_offsets":[0,0]}})",
-       16, "w"},
+       R"({"w":{"dtype":"F64","shape":[2305843009213693952,4],"data_offsets":[0,0]}})", 16, "w"},
       {"u64_max_dim",
-       R"({"w":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,16]}})", 16,
-       "w"},
+       R"({"w":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,16]}})", 16, "w"},
       {"many_dims_overflow",
-       R"({"w":{"dtype":"BF16","shape":[65536,65536,65536,65536],"data_offsets":[0,16]}})",
-       16, "w"},
-      {"offsets_past_end", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,1000]}})",
-       16, "w"},
+       R"({"w":{"dtype":"BF16","shape":[65536,65536,65536,65536],"data_offsets":[0,16]}})", 16,
+       "w"},
+      {"offsets_past_end", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,1000]}})", 16, "w"},
       {"offsets_far_past_end",
        R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[18446744073709551600,18446744073709551615]}})",
        16, "w"},
-      {"offsets_reversed", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}})",
-       16, "w"},
-      {"offsets_negative", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[-16,0]}})",
-       16, "w"},
-      {"offsets_short", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", 16,
+      {"offsets_reversed", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}})", 16, "w"},
+      {"offsets_negative", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[-16,0]}})", 16, "w"},
+      {"offsets_short", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", 16, "w"},
+      {"offsets_strings", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":["0","16"]}})", 16,
        "w"},
-      {"offsets_strings",
-       R"({"w":{"dtype":"F32","shape":[4],"data_offsets":["0","16"]}})", 16, "w"},
-      {"offsets_float", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0.0,16.0]}})",
-       16, "w"},
-      {"size_mismatch", R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})",
-       24, "w"},
+      {"offsets_float", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0.0,16.0]}})", 16, "w"},
+      {"size_mismatch", R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 24, "w"},
       {"entry_not_object", R"({"w":[1,2,3]})", 0, "w"},
       {"overlap",
        R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
@@ -301,11 +285,10 @@ TEST(SafetensorsRobustnessTest, HostileHeaders) {
   WriteBytes(dir + "/empty.safetensors", "");
   ExpectOpenError(dir + "/empty.safetensors");
   // A zero-size tensor at the end of the data is valid.
-  EXPECT_TRUE(
-      SafetensorsFile::Open(
-          RawFile(dir, "zero_size",
-                  R"({"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})", 0))
-          .ok());
+  EXPECT_TRUE(SafetensorsFile::Open(
+                  RawFile(dir, "zero_size",
+                          R"({"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]}})", 0))
+                  .ok());
 }
 
 // Tensors of a file as writable data.
@@ -338,16 +321,16 @@ TEST(ShardedCheckpointTest, ReadsBackAndValidates) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const bool in_first = i < specs.size() / 2;
     (in_first ? first : second).push_back(specs[i].name);
-    weight_map[specs[i].name] = in_first ? "model-00001-of-00002.safetensors"
-                                         : "model-00002-of-00002.safetensors";
+    weight_map[specs[i].name] =
+        in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   const std::string dir = testing::TempDir("sharded");
-  ASSERT_TRUE(WriteSafetensors(dir + "/model-00001-of-00002.safetensors",
-                               CopyTensors(**source, first))
-                  .ok());
-  ASSERT_TRUE(WriteSafetensors(dir + "/model-00002-of-00002.safetensors",
-                               CopyTensors(**source, second))
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/model-00001-of-00002.safetensors", CopyTensors(**source, first))
+          .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/model-00002-of-00002.safetensors", CopyTensors(**source, second))
+          .ok());
   WriteIndex(dir, weight_map);
   std::filesystem::copy_file(single + "/config.json", dir + "/config.json");
 
@@ -370,16 +353,14 @@ TEST(ShardedCheckpointTest, ReadsBackAndValidates) {
 
 TEST(ShardedCheckpointTest, IndexErrorsNameTheShardOrTensor) {
   const std::string dir = testing::TempDir("sharded_errors");
+  ASSERT_TRUE(WriteSafetensors(dir + "/shard-1.safetensors",
+                               {MakeF32Tensor("a", {2}, {1, 2}), MakeF32Tensor("b", {1}, {3})})
+                  .ok());
   ASSERT_TRUE(
-      WriteSafetensors(dir + "/shard-1.safetensors",
-                       {MakeF32Tensor("a", {2}, {1, 2}), MakeF32Tensor("b", {1}, {3})})
-          .ok());
-  ASSERT_TRUE(
-      WriteSafetensors(dir + "/shard-2.safetensors", {MakeBF16Tensor("c", {2}, {4, 5})})
-          .ok());
-  WriteIndex(dir, {{"a", "shard-1.safetensors"},
-                   {"b", "shard-1.safetensors"},
-                   {"c", "shard-2.safetensors"}});
+      WriteSafetensors(dir + "/shard-2.safetensors", {MakeBF16Tensor("c", {2}, {4, 5})}).ok());
+  WriteIndex(
+      dir,
+      {{"a", "shard-1.safetensors"}, {"b", "shard-1.safetensors"}, {"c", "shard-2.safetensors"}});
   auto ok = Checkpoint::Open(dir);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)->tensors().size(), 3u);
@@ -408,16 +389,14 @@ TEST(ShardedCheckpointTest, IndexErrorsNameTheShardOrTensor) {
   std::ofstream(dir + "/model.safetensors.index.json") << "{\"weight_map\": ";
   auto bad = Checkpoint::Open(dir);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("model.safetensors.index.json"),
-            std::string::npos);
+  EXPECT_NE(bad.status().message().find("model.safetensors.index.json"), std::string::npos);
   // A broken shard file is reported by name.
   WriteIndex(dir, {{"a", "shard-1.safetensors"}});
   const std::string shard = ReadBytes(dir + "/shard-1.safetensors");
   WriteBytes(dir + "/shard-1.safetensors", shard.substr(0, shard.size() - 1));
   auto truncated = Checkpoint::Open(dir);
   ASSERT_FALSE(truncated.ok());
-  EXPECT_NE(truncated.status().message().find(dir + "/shard-1.safetensors"),
-            std::string::npos)
+  EXPECT_NE(truncated.status().message().find(dir + "/shard-1.safetensors"), std::string::npos)
       << truncated.status();
 }
 

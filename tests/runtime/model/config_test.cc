@@ -17,7 +17,6 @@ namespace {
 
 using json = nlohmann::json;
 
-
 constexpr LayerKind K = LayerKind::kKda;
 constexpr LayerKind M = LayerKind::kMla;
 
@@ -212,9 +211,8 @@ TEST(ConfigTest, EachRequiredKeyMissingIsAnErrorNamingIt) {
       auto config = Parse(j);
       ASSERT_FALSE(config.ok());
       EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(
-          config.status().message().find("missing required key '" + prefix + key + "'"),
-          std::string::npos)
+      EXPECT_NE(config.status().message().find("missing required key '" + prefix + key + "'"),
+                std::string::npos)
           << config.status();
       EXPECT_NE(config.status().message().find("test/config.json"), std::string::npos)
           << config.status();
@@ -226,8 +224,7 @@ TEST(ConfigTest, EachRequiredKeyMissingIsAnErrorNamingIt) {
     j.erase(key);
     auto config = Parse(j);
     ASSERT_FALSE(config.ok()) << key;
-    EXPECT_NE(config.status().message().find(std::string("'") + key + "'"),
-              std::string::npos)
+    EXPECT_NE(config.status().message().find(std::string("'") + key + "'"), std::string::npos)
         << config.status();
   }
 }
@@ -237,8 +234,7 @@ TEST(ConfigTest, NullRequiredKeyIsMissing) {
   j["text_config"]["attn_res_block_size"] = nullptr;
   auto config = Parse(j);
   ASSERT_FALSE(config.ok());
-  EXPECT_NE(config.status().message().find("text_config.attn_res_block_size"),
-            std::string::npos)
+  EXPECT_NE(config.status().message().find("text_config.attn_res_block_size"), std::string::npos)
       << config.status();
 }
 
@@ -255,9 +251,8 @@ TEST(ConfigTest, KimiLinearOptionalKeysHaveDefaults) {
 
 TEST(ConfigTest, DenseModelNeedsNoMoeKeys) {
   json j = GoldenJson("kimi-linear-tiny");
-  for (const char* key :
-       {"num_experts_per_token", "moe_intermediate_size", "num_shared_experts",
-        "moe_renormalize", "routed_scaling_factor"}) {
+  for (const char* key : {"num_experts_per_token", "moe_intermediate_size", "num_shared_experts",
+                          "moe_renormalize", "routed_scaling_factor"}) {
     j.erase(key);
   }
   j["num_experts"] = 0;
@@ -341,8 +336,7 @@ TEST(ConfigTest, WrongValuesAreErrorsNamingTheKey) {
     auto config = Parse(j);
     ASSERT_FALSE(config.ok());
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-    const std::string named =
-        bad.key == "num_expert_group" ? "text_config.topk_group" : path;
+    const std::string named = bad.key == "num_expert_group" ? "text_config.topk_group" : path;
     EXPECT_NE(config.status().message().find("'" + named + "'"), std::string::npos)
         << config.status();
   }
@@ -362,8 +356,7 @@ TEST(ConfigTest, UnknownModelTypeIsAnError) {
     j["model_type"] = type;
     auto config = Parse(j);
     ASSERT_FALSE(config.ok()) << type;
-    EXPECT_NE(config.status().message().find(std::string("'") + type + "'"),
-              std::string::npos)
+    EXPECT_NE(config.status().message().find(std::string("'") + type + "'"), std::string::npos)
         << config.status();
   }
   json j = GoldenJson("kimi-linear-tiny");
@@ -407,27 +400,21 @@ TEST(ConfigTest, LayerListErrors) {
     // The 0-indexing trap: the same pattern written 0-indexed.
     auto zero = WithLayerLists(k3, {0, 1, 2, 4, 5, 6}, {3, 7, 8});
     ASSERT_FALSE(zero.ok());
-    EXPECT_NE(zero.status().message().find("layer 0"), std::string::npos)
-        << zero.status();
-    EXPECT_NE(zero.status().message().find("1-indexed"), std::string::npos)
-        << zero.status();
-    EXPECT_NE(zero.status().message().find("kda_layers"), std::string::npos)
-        << zero.status();
+    EXPECT_NE(zero.status().message().find("layer 0"), std::string::npos) << zero.status();
+    EXPECT_NE(zero.status().message().find("1-indexed"), std::string::npos) << zero.status();
+    EXPECT_NE(zero.status().message().find("kda_layers"), std::string::npos) << zero.status();
     // Past the end.
     auto past = WithLayerLists(k3, {1, 2, 3, 5, 6, 7}, {4, 8, 9, 10});
     ASSERT_FALSE(past.ok());
-    EXPECT_NE(past.status().message().find("layer 10"), std::string::npos)
-        << past.status();
-    EXPECT_NE(past.status().message().find("full_attn_layers"), std::string::npos)
-        << past.status();
+    EXPECT_NE(past.status().message().find("layer 10"), std::string::npos) << past.status();
+    EXPECT_NE(past.status().message().find("full_attn_layers"), std::string::npos) << past.status();
     auto negative = WithLayerLists(k3, {-1, 1, 2, 3, 5, 6, 7}, {4, 8, 9});
     ASSERT_FALSE(negative.ok());
     EXPECT_NE(negative.status().message().find("layer -1"), std::string::npos);
     // Twice in one list.
     auto twice = WithLayerLists(k3, {1, 2, 3, 5, 6, 7, 7}, {4, 8, 9});
     ASSERT_FALSE(twice.ok());
-    EXPECT_NE(twice.status().message().find("layer 7 twice"), std::string::npos)
-        << twice.status();
+    EXPECT_NE(twice.status().message().find("layer 7 twice"), std::string::npos) << twice.status();
     // All KDA is fine, and so is the list order.
     auto all_kda = WithLayerLists(k3, {9, 8, 7, 6, 5, 4, 3, 2, 1}, json::array());
     ASSERT_TRUE(all_kda.ok()) << all_kda.status();
@@ -477,8 +464,8 @@ TEST(ConfigTest, GarbledConfigsNeverCrash) {
       std::string mutated = text;
       for (int e = 0; e < 2; ++e) {
         const size_t pos = next() % mutated.size();
-        mutated[pos] = (next() & 1) ? static_cast<char>('0' + next() % 10)
-                                    : static_cast<char>(next());
+        mutated[pos] =
+            (next() & 1) ? static_cast<char>('0' + next() % 10) : static_cast<char>(next());
       }
       auto config = ParseModelConfig(mutated, "garbled/config.json");
       if (config.ok()) {
@@ -486,8 +473,7 @@ TEST(ConfigTest, GarbledConfigsNeverCrash) {
         // Whatever passed must be self-consistent enough to serialise.
         EXPECT_TRUE(ParseModelConfig(ModelConfigToJson(*config), "again").ok());
       } else {
-        EXPECT_NE(config.status().message().find("garbled/config.json"),
-                  std::string::npos)
+        EXPECT_NE(config.status().message().find("garbled/config.json"), std::string::npos)
             << config.status();
       }
     }
@@ -505,10 +491,8 @@ TEST(ConfigTest, LoadModelConfigErrorsNameTheFile) {
   std::ofstream(dir + "/config.json") << "{\"model_type\": \"kimi_k3\"}";
   auto bad = LoadModelConfig(dir);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find(dir + "/config.json"), std::string::npos)
-      << bad.status();
-  EXPECT_NE(bad.status().message().find("'text_config'"), std::string::npos)
-      << bad.status();
+  EXPECT_NE(bad.status().message().find(dir + "/config.json"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("'text_config'"), std::string::npos) << bad.status();
 }
 
 TEST(ConfigTest, JsonRoundTrip) {

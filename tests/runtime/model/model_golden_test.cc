@@ -43,8 +43,7 @@ TEST_P(ModelGoldenTest, LogitsMatchFloat64Reference) {
   EXPECT_GT(compared, T / 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest,
-                         ::testing::ValuesIn(testing::kGoldenModels),
+INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
 
 }  // namespace

@@ -10,8 +10,6 @@
 namespace deltaserve {
 namespace {
 
-
-
 TEST(SafetensorsTest, ReadsGoldenModel) {
   auto file = SafetensorsFile::Open(testing::GoldenPath("model/k3-tiny/model.safetensors"));
   ASSERT_TRUE(file.ok()) << file.status();
@@ -50,9 +48,8 @@ TEST(SafetensorsTest, WrongKindConversionsNameTheTensor) {
   const std::string dir = testing::TempDir("safetensors_kinds");
   const std::string path = dir + "/t.safetensors";
   ASSERT_TRUE(
-      WriteSafetensors(path,
-                       {MakeF32Tensor("floats", {2}, {1, 2}),
-                        TensorData{"ints", DType::kI32, {2}, std::vector<uint8_t>(8, 0)}})
+      WriteSafetensors(path, {MakeF32Tensor("floats", {2}, {1, 2}),
+                              TensorData{"ints", DType::kI32, {2}, std::vector<uint8_t>(8, 0)}})
           .ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
@@ -70,8 +67,7 @@ TEST(SafetensorsTest, WrongKindConversionsNameTheTensor) {
 TEST(SafetensorsTest, WriterRejectsInconsistentTensors) {
   const std::string dir = testing::TempDir("safetensors_writer");
   const std::string path = dir + "/bad.safetensors";
-  auto dup = WriteSafetensors(
-      path, {MakeF32Tensor("x", {1}, {1}), MakeF32Tensor("x", {1}, {2})});
+  auto dup = WriteSafetensors(path, {MakeF32Tensor("x", {1}, {1}), MakeF32Tensor("x", {1}, {2})});
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.message().find("'x'"), std::string::npos);
   auto size = WriteSafetensors(path, {MakeF32Tensor("y", {3}, {1, 2})});

@@ -22,7 +22,6 @@
 namespace deltaserve {
 namespace {
 
-
 ModelConfig Preset(const std::string& name) {
   auto config = PresetConfig(name);
   EXPECT_TRUE(config.ok()) << config.status();
@@ -60,9 +59,8 @@ TEST(WeightSpecTest, MatchesGoldenCheckpoints) {
         continue;
       }
       EXPECT_EQ(it->second->shape, view.shape) << name;
-      EXPECT_EQ(it->second->dtype, view.dtype)
-          << name << ": spec " << DTypeName(it->second->dtype) << ", golden "
-          << DTypeName(view.dtype);
+      EXPECT_EQ(it->second->dtype, view.dtype) << name << ": spec " << DTypeName(it->second->dtype)
+                                               << ", golden " << DTypeName(view.dtype);
     }
     for (const TensorSpec& spec : specs) {
       EXPECT_TRUE(tensors.count(spec.name)) << "spec tensor not in golden: " << spec.name;
@@ -109,8 +107,7 @@ TEST(WeightSpecTest, VariantsChangeTheLayout) {
   };
   ModelConfig c = Preset("kimi-linear-tiny");
   c.num_shared_experts = 0;
-  EXPECT_FALSE(
-      names(c).count("model.layers.1.block_sparse_moe.shared_experts.up_proj.weight"));
+  EXPECT_FALSE(names(c).count("model.layers.1.block_sparse_moe.shared_experts.up_proj.weight"));
   c.kda.full_rank_gate = true;
   c.mla_output_gate = true;
   c.q_lora_rank = 16;
@@ -118,8 +115,7 @@ TEST(WeightSpecTest, VariantsChangeTheLayout) {
   EXPECT_EQ(n["model.layers.0.self_attn.g_proj.weight"], (std::vector<int64_t>{32, 64}));
   EXPECT_FALSE(n.count("model.layers.0.self_attn.g_a_proj.weight"));
   EXPECT_EQ(n["model.layers.3.self_attn.g_proj.weight"], (std::vector<int64_t>{32, 64}));
-  EXPECT_EQ(n["model.layers.3.self_attn.q_b_proj.weight"],
-            (std::vector<int64_t>{48, 16}));
+  EXPECT_EQ(n["model.layers.3.self_attn.q_b_proj.weight"], (std::vector<int64_t>{48, 16}));
   EXPECT_FALSE(n.count("model.layers.3.self_attn.q_proj.weight"));
   c.num_experts = 0;  // dense everywhere
   n = names(c);
@@ -138,8 +134,7 @@ TEST(WeightSpecTest, VariantsChangeTheLayout) {
 // A checkpoint of `config` with zero values, written through `edit`, which
 // may drop (return false) or change entries.
 template <typename Edit>
-std::string WriteEditedCheckpoint(const ModelConfig& config, const std::string& tag,
-                                  Edit edit) {
+std::string WriteEditedCheckpoint(const ModelConfig& config, const std::string& tag, Edit edit) {
   std::vector<TensorData> tensors;
   for (TensorSpec spec : ExpectedTensors(config)) {
     if (!edit(spec)) continue;
@@ -149,9 +144,8 @@ std::string WriteEditedCheckpoint(const ModelConfig& config, const std::string& 
     } else if (spec.dtype == DType::kBF16) {
       tensors.push_back(MakeBF16Tensor(spec.name, spec.shape, zeros));
     } else {
-      tensors.push_back(
-          TensorData{spec.name, spec.dtype, spec.shape,
-                     std::vector<uint8_t>(zeros.size() * DTypeSize(spec.dtype))});
+      tensors.push_back(TensorData{spec.name, spec.dtype, spec.shape,
+                                   std::vector<uint8_t>(zeros.size() * DTypeSize(spec.dtype))});
     }
   }
   const std::string dir = testing::TempDir(tag);
@@ -186,8 +180,8 @@ TEST(ValidateCheckpointTest, AcceptsExactAndUnknownTensors) {
 TEST(ValidateCheckpointTest, MissingTensor) {
   const ModelConfig config = Preset("k3-tiny");
   const std::string missing = "language_model.model.layers.5.self_attn.dt_bias";
-  const std::string dir = WriteEditedCheckpoint(
-      config, "validate_missing", [&](TensorSpec& s) { return s.name != missing; });
+  const std::string dir = WriteEditedCheckpoint(config, "validate_missing",
+                                                [&](TensorSpec& s) { return s.name != missing; });
   const absl::Status status = ValidateDir(config, dir);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   ExpectMentions(status, {missing, dir});
@@ -196,11 +190,10 @@ TEST(ValidateCheckpointTest, MissingTensor) {
 TEST(ValidateCheckpointTest, MisshapedTensor) {
   const ModelConfig config = Preset("kimi-linear-tiny");
   const std::string name = "model.layers.3.self_attn.kv_b_proj.weight";
-  const std::string dir =
-      WriteEditedCheckpoint(config, "validate_shape", [&](TensorSpec& s) {
-        if (s.name == name) s.shape = {16, 64};  // transposed
-        return true;
-      });
+  const std::string dir = WriteEditedCheckpoint(config, "validate_shape", [&](TensorSpec& s) {
+    if (s.name == name) s.shape = {16, 64};  // transposed
+    return true;
+  });
   const absl::Status status = ValidateDir(config, dir);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   ExpectMentions(status, {name, dir, "[16, 64]", "[64, 16]"});
@@ -208,23 +201,20 @@ TEST(ValidateCheckpointTest, MisshapedTensor) {
 
 TEST(ValidateCheckpointTest, IntegerDtype) {
   const ModelConfig config = Preset("k3-tiny");
-  const std::string name =
-      "language_model.model.layers.2.block_sparse_moe.experts.3.w2.weight";
+  const std::string name = "language_model.model.layers.2.block_sparse_moe.experts.3.w2.weight";
   for (DType dtype : {DType::kI32, DType::kI64, DType::kU8}) {
-    const std::string dir =
-        WriteEditedCheckpoint(config, "validate_dtype", [&](TensorSpec& s) {
-          if (s.name == name) s.dtype = dtype;
-          return true;
-        });
+    const std::string dir = WriteEditedCheckpoint(config, "validate_dtype", [&](TensorSpec& s) {
+      if (s.name == name) s.dtype = dtype;
+      return true;
+    });
     ExpectMentions(ValidateDir(config, dir), {name, DTypeName(dtype), dir});
   }
   // Other float dtypes than the stored ones are fine: loading converts.
-  const std::string dir =
-      WriteEditedCheckpoint(config, "validate_f16", [&](TensorSpec& s) {
-        if (s.name == name) s.dtype = DType::kF16;
-        if (absl::EndsWith(s.name, "dt_bias")) s.dtype = DType::kBF16;
-        return true;
-      });
+  const std::string dir = WriteEditedCheckpoint(config, "validate_f16", [&](TensorSpec& s) {
+    if (s.name == name) s.dtype = DType::kF16;
+    if (absl::EndsWith(s.name, "dt_bias")) s.dtype = DType::kBF16;
+    return true;
+  });
   EXPECT_TRUE(ValidateDir(config, dir).ok()) << ValidateDir(config, dir);
 }
 
@@ -233,26 +223,24 @@ TEST(ValidateCheckpointTest, ALogAnyShapeWithEnoughValues) {
   const std::string name = "model.layers.0.self_attn.A_log";
   for (const std::vector<int64_t>& shape :
        std::vector<std::vector<int64_t>>{{4}, {128}, {1, 4}, {2, 2}}) {
-    const std::string dir =
-        WriteEditedCheckpoint(config, "validate_alog", [&](TensorSpec& s) {
-          if (s.name == name) s.shape = shape;
-          return true;
-        });
+    const std::string dir = WriteEditedCheckpoint(config, "validate_alog", [&](TensorSpec& s) {
+      if (s.name == name) s.shape = shape;
+      return true;
+    });
     EXPECT_TRUE(ValidateDir(config, dir).ok()) << ShapeText(shape);
   }
-  const std::string dir =
-      WriteEditedCheckpoint(config, "validate_alog_short", [&](TensorSpec& s) {
-        if (s.name == name) s.shape = {1, 1, 3, 1};
-        return true;
-      });
+  const std::string dir = WriteEditedCheckpoint(config, "validate_alog_short", [&](TensorSpec& s) {
+    if (s.name == name) s.shape = {1, 1, 3, 1};
+    return true;
+  });
   ExpectMentions(ValidateDir(config, dir), {name, "[1, 1, 3, 1]", "at least 4"});
 }
 
 TEST(ValidateCheckpointTest, ListsSeveralProblems) {
   const ModelConfig config = Preset("kimi-linear-tiny");
-  const std::string dir = WriteEditedCheckpoint(
-      config, "validate_many",
-      [](TensorSpec& s) { return s.name.find("layers.7.") == std::string::npos; });
+  const std::string dir = WriteEditedCheckpoint(config, "validate_many", [](TensorSpec& s) {
+    return s.name.find("layers.7.") == std::string::npos;
+  });
   const absl::Status status = ValidateDir(config, dir);
   ExpectMentions(status, {"model.layers.7.input_layernorm.weight", "more"});
 }
@@ -300,9 +288,9 @@ TEST(RandomCheckpointTest, EveryPresetValidates) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const ParameterCount count = CountParameters(config);
-    std::printf("%s: %lld parameters, %lld active per token; written in %.2f s\n",
-                name.c_str(), static_cast<long long>(count.total),
-                static_cast<long long>(count.active_per_token), seconds);
+    std::printf("%s: %lld parameters, %lld active per token; written in %.2f s\n", name.c_str(),
+                static_cast<long long>(count.total), static_cast<long long>(count.active_per_token),
+                seconds);
     auto loaded = LoadModelConfig(dir);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ(ModelConfigToJson(*loaded), ModelConfigToJson(config));
@@ -349,20 +337,19 @@ TEST(RandomCheckpointTest, ValuesAreSane) {
     EXPECT_NEAR(embed.std, 1.0, 0.05);
     EXPECT_NEAR(embed.mean, 0.0, 0.05);
     // Linear weights: std 1/sqrt(fan_in).
-    for (const auto& [tensor, fan_in] : std::vector<std::pair<std::string, double>>{
-             {p + "layers.0.mlp.gate_proj.weight", 64},
-             {p + "layers.0.mlp.down_proj.weight", 96},
-             {p + "layers.0.self_attn.q_proj.weight", 64},
-             {p + "layers.0.self_attn.f_b_proj.weight", 8},
-             {config.LmHeadName(), 64}}) {
+    for (const auto& [tensor, fan_in] :
+         std::vector<std::pair<std::string, double>>{{p + "layers.0.mlp.gate_proj.weight", 64},
+                                                     {p + "layers.0.mlp.down_proj.weight", 96},
+                                                     {p + "layers.0.self_attn.q_proj.weight", 64},
+                                                     {p + "layers.0.self_attn.f_b_proj.weight", 8},
+                                                     {config.LmHeadName(), 64}}) {
       const Stats s = StatsOf(ck, tensor);
       EXPECT_NEAR(s.std * std::sqrt(fan_in), 1.0, 0.1) << tensor;
       EXPECT_LE(std::abs(s.mean), 0.05 * s.std * std::sqrt(fan_in) + 0.02) << tensor;
     }
     for (const std::string& norm :
          {p + "norm.weight", p + "layers.3.input_layernorm.weight",
-          p + "layers.3.self_attn.kv_a_layernorm.weight",
-          p + "layers.0.self_attn.o_norm.weight"}) {
+          p + "layers.3.self_attn.kv_a_layernorm.weight", p + "layers.0.self_attn.o_norm.weight"}) {
       const Stats s = StatsOf(ck, norm);
       EXPECT_NEAR(s.mean, 1.0, 0.1) << norm;
       EXPECT_GT(s.min, 0.7) << norm;
@@ -371,8 +358,7 @@ TEST(RandomCheckpointTest, ValuesAreSane) {
     }
     const Stats conv = StatsOf(ck, p + "layers.1.self_attn.k_conv1d.weight");
     EXPECT_NEAR(conv.std, 0.5, 0.1);
-    const Stats bias =
-        StatsOf(ck, p + "layers.1.block_sparse_moe.gate.e_score_correction_bias");
+    const Stats bias = StatsOf(ck, p + "layers.1.block_sparse_moe.gate.e_score_correction_bias");
     EXPECT_LT(std::max(-bias.min, bias.max), 0.2);
     // A_log: log of a rate in [1, 16] per head; K3's padding is zero.
     auto a_log = ck.Get(p + "layers.0.self_attn.A_log");

@@ -69,8 +69,8 @@ TEST_P(InvarianceTest, PrefillThenDecodeEqualsOneShot) {
 TEST_P(InvarianceTest, BatchOfDifferentLengthsEqualsEachAlone) {
   // Three sequences: different prompt lengths, one already part-way through,
   // stepped together in one Forward call, then decoded together.
-  const std::vector<std::vector<int32_t>> prompts = {testing::RandomTokens(37, 3), testing::RandomTokens(1, 4),
-                                                     testing::RandomTokens(90, 5)};
+  const std::vector<std::vector<int32_t>> prompts = {
+      testing::RandomTokens(37, 3), testing::RandomTokens(1, 4), testing::RandomTokens(90, 5)};
   std::vector<std::vector<double>> alone;
   for (const auto& p : prompts) alone.push_back(testing::ToDouble(OneShot(p)));
 
@@ -87,14 +87,12 @@ TEST_P(InvarianceTest, BatchOfDifferentLengthsEqualsEachAlone) {
   auto batch = model_->Forward(inputs);
   ASSERT_TRUE(batch.ok()) << batch.status();
   // Then a decode step for 0 and 2 together, and the rest of 2 and 0.
-  std::vector<ForwardInput> step = {
-      {states[0].get(), std::span(prompts[0]).subspan(30, 1), true},
-      {states[2].get(), std::span(prompts[2]).subspan(80, 1), true}};
+  std::vector<ForwardInput> step = {{states[0].get(), std::span(prompts[0]).subspan(30, 1), true},
+                                    {states[2].get(), std::span(prompts[2]).subspan(80, 1), true}};
   auto decode = model_->Forward(step);
   ASSERT_TRUE(decode.ok()) << decode.status();
-  std::vector<ForwardInput> rest = {
-      {states[2].get(), std::span(prompts[2]).subspan(81), true},
-      {states[0].get(), std::span(prompts[0]).subspan(31), true}};
+  std::vector<ForwardInput> rest = {{states[2].get(), std::span(prompts[2]).subspan(81), true},
+                                    {states[0].get(), std::span(prompts[0]).subspan(31), true}};
   auto tail = model_->Forward(rest);
   ASSERT_TRUE(tail.ok()) << tail.status();
 
@@ -123,14 +121,12 @@ TEST_P(InvarianceTest, BadInputLeavesStateUntouched) {
   const ForwardInput input{state.get(), bad, false};
   auto result = model_->Forward(std::span(&input, 1));
   ASSERT_FALSE(result.ok());
-  EXPECT_NE(result.status().message().find("token id 256 at position 2"),
-            std::string::npos)
+  EXPECT_NE(result.status().message().find("token id 256 at position 2"), std::string::npos)
       << result.status();
   EXPECT_EQ(state->length, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, InvarianceTest,
-                         ::testing::ValuesIn(testing::kGoldenModels),
+INSTANTIATE_TEST_SUITE_P(Golden, InvarianceTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
 
 }  // namespace

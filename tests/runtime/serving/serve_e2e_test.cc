@@ -8,12 +8,12 @@
 #include <mutex>
 #include <thread>
 
-#include "tests/model_runs.h"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tests/model_runs.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
 namespace deltaserve {

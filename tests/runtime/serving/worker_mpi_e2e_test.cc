@@ -8,9 +8,9 @@
 #include <cmath>
 #include <tuple>
 
-#include "tests/model_runs.h"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
+#include "tests/model_runs.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
 namespace deltaserve {
