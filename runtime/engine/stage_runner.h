@@ -27,6 +27,8 @@ struct PipelineStats {
   int64_t tokens_sent = 0;  // tokens those packets carried
   double compute_s = 0;     // embedding, layers and logits on this rank
   double busy_wall_s = 0;   // wall time inside StepExecutor::Run
+  int64_t fork_bytes = 0;   // sequence state copied to fork new sequences
+  double fork_s = 0;        // time those copies took
 };
 
 class StageRunner {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct SequenceWork {
   bool logprobs = false;             // kSample: the sampled token's log-prob
   int32_t top_logprobs = 0;          // kSample: that many alternatives
   std::vector<int32_t> targets;      // kScore: the token after each (-1: none)
+  // With start: the new state is a copy of this sequence's state as it was
+  // before the step (a prefix computed once, forked for several requests).
+  std::optional<uint64_t> fork_from;
 };
 
 struct Step {

@@ -77,7 +77,7 @@ class Reader {
 };
 
 // Smallest encodings, for the count checks.
-constexpr size_t kMinWorkBytes = 8 + 1 + 8 + 4 + 4 + 8 + 4 + 8 + 1 + 4 + 8;
+constexpr size_t kMinWorkBytes = 8 + 1 + 8 + 4 + 4 + 8 + 4 + 8 + 1 + 4 + 8 + 1 + 8;
 constexpr size_t kMinResultBytes = 8 + 4 + 4 + 4 * 8;
 
 }  // namespace
@@ -100,6 +100,8 @@ std::string EncodeStep(const Step& step) {
     w.Put<uint8_t>(s.logprobs);
     w.Put<int32_t>(s.top_logprobs);
     w.PutVector(s.targets);
+    w.Put<uint8_t>(s.fork_from.has_value());
+    w.Put<uint64_t>(s.fork_from.value_or(0));
   }
   return w.Take();
 }
@@ -133,6 +135,10 @@ absl::StatusOr<Step> DecodeStep(std::string_view bytes) {
     s.logprobs = flag != 0;
     DELTASERVE_RETURN_IF_ERROR(r.Get(&s.top_logprobs));
     DELTASERVE_RETURN_IF_ERROR(r.GetVector(&s.targets));
+    uint64_t fork = 0;
+    DELTASERVE_RETURN_IF_ERROR(r.Get(&flag));
+    DELTASERVE_RETURN_IF_ERROR(r.Get(&fork));
+    if (flag != 0) s.fork_from = fork;
   }
   DELTASERVE_RETURN_IF_ERROR(r.Finish());
   return step;

@@ -65,6 +65,11 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
                        w.start ? " started again while it still holds state"
                                : " has no state (never started, or released)"));
     }
+    if (w.fork_from && (!w.start || !sequences_.contains(*w.fork_from))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step.id, ": sequence ", w.sequence_id, " forks from sequence ",
+                       *w.fork_from, w.start ? ", which holds no state" : " but is not starting"));
+    }
     if (w.top_logprobs < 0) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
                                                      " asks for ", w.top_logprobs,
@@ -80,7 +85,17 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   for (const SequenceWork& w : step.work) {
     if (!w.start) continue;
     Sequence seq;
-    seq.state = model.NewSequence();
+    if (w.fork_from) {
+      // A copy of the prefix's state as it is before this step's work.
+      const auto t0 = std::chrono::steady_clock::now();
+      const SequenceState& prefix = *sequences_.at(*w.fork_from).state;
+      seq.state = std::make_unique<SequenceState>(prefix);
+      PipelineStats& stats = stage_.stats();
+      stats.fork_bytes += prefix.KdaBytes() + prefix.MlaCacheBytes();
+      stats.fork_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      seq.state = model.NewSequence();
+    }
     seq.sampling = w.sampling;
     seq.rng = kernels::Rng(w.seed);
     sequences_.emplace(w.sequence_id, std::move(seq));

@@ -13,6 +13,7 @@ Scheduler::Scheduler(const ModelConfig& config, SchedulerOptions options)
 void Scheduler::Add(SequenceRequest request) {
   auto s = std::make_shared<Sequence>();
   s->request = std::move(request);
+  if (s->request.kind == SequenceKind::kPrefix) s->forks_left = s->request.forks;
   waiting_.push_back(std::move(s));
 }
 
@@ -23,18 +24,52 @@ void Scheduler::Drop(const Sequence& s) {
                list.end());
   };
   if (s.started) pending_release_.push_back(s.request.id);
+  const std::optional<uint64_t> prefix = s.started ? std::nullopt : s.request.fork_from;
   erase(waiting_);
   erase(running_);
+  if (prefix) ForkDone(*prefix);  // a fork that leaves before it starts
+}
+
+Scheduler::SequencePtr Scheduler::Find(uint64_t id) const {
+  for (const SequencePtr& s : running_) {
+    if (s->request.id == id) return s;
+  }
+  for (const SequencePtr& s : waiting_) {
+    if (s->request.id == id) return s;
+  }
+  return nullptr;
+}
+
+int64_t Scheduler::Occupied() const {
+  return std::count_if(running_.begin(), running_.end(),
+                       [](const SequencePtr& s) { return !s->held_prefix(); });
+}
+
+void Scheduler::ForkDone(uint64_t prefix) {
+  const SequencePtr p = Find(prefix);
+  if (p == nullptr || p->request.kind != SequenceKind::kPrefix) return;
+  if (--p->forks_left <= 0 && !p->prompt_left()) Drop(*p);
+}
+
+bool Scheduler::ForkReady(const SequencePtr& s, uint64_t step_id,
+                          std::vector<SchedulerEvent>* events) {
+  const SequencePtr p = Find(*s->request.fork_from);
+  if (p == nullptr || p->request.kind != SequenceKind::kPrefix) {
+    SchedulerEvent e;
+    e.id = s->request.id;
+    e.kind = SchedulerEvent::Kind::kFailed;
+    e.status = absl::FailedPreconditionError(
+        absl::StrCat("the prefix it forks from (sequence ", *s->request.fork_from, ") is gone"));
+    events->push_back(std::move(e));
+    Drop(*s);
+    return false;
+  }
+  // Its state is whole once the step with its last chunk has gone out.
+  return !p->prompt_left() && p->prefilled_step < step_id;
 }
 
 bool Scheduler::Finish(uint64_t id) {
-  SequencePtr found;
-  for (const SequencePtr& s : running_) {
-    if (s->request.id == id) found = s;
-  }
-  for (const SequencePtr& s : waiting_) {
-    if (s->request.id == id) found = s;
-  }
+  const SequencePtr found = Find(id);
   if (found == nullptr) return false;
   Drop(*found);
   return true;
@@ -42,7 +77,7 @@ bool Scheduler::Finish(uint64_t id) {
 
 bool Scheduler::HasWork() const {
   return !pending_release_.empty() || !running_.empty() ||
-         (!waiting_.empty() && running() < options_.max_running);
+         (!waiting_.empty() && Occupied() < options_.max_running);
 }
 
 bool Scheduler::Idle() const {
@@ -55,7 +90,7 @@ bool Scheduler::CanSchedule() const {
 }
 
 bool Scheduler::PromptLeft() const {
-  if (!waiting_.empty() && running() < options_.max_running) return true;
+  if (!waiting_.empty() && Occupied() < options_.max_running) return true;
   return std::any_of(running_.begin(), running_.end(),
                      [](const SequencePtr& s) { return s->prompt_left(); });
 }
@@ -88,7 +123,7 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
       Drop(*s);
     }
   }
-  while (!waiting_.empty() && running() < options_.max_running) {
+  while (!waiting_.empty() && Occupied() < options_.max_running) {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -107,6 +142,11 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
     SequenceWork w;
     w.sequence_id = r.id;
     w.start = !s->started;
+    if (!s->started && r.fork_from) {
+      w.fork_from = r.fork_from;
+      s->base = Find(*r.fork_from)->length();
+      ForkDone(*r.fork_from);
+    }
     w.tokens.assign(tokens.begin(), tokens.end());
     w.output = output;
     w.sampling = r.sampling;
@@ -156,8 +196,11 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
   // Prefill: the oldest prompt keeps a quarter of the budget; the rest goes
   // shortest remaining prompt first; what is left returns to the oldest.
   std::vector<SequencePtr> prefills;
-  for (const SequencePtr& s : running_) {
-    if (s->prompt_left()) prefills.push_back(s);
+  const std::vector<SequencePtr> candidates = running_;  // ForkReady may drop some
+  for (const SequencePtr& s : candidates) {
+    if (!s->prompt_left()) continue;
+    if (!s->started && s->request.fork_from && !ForkReady(s, step.id, events)) continue;
+    prefills.push_back(s);
   }
   auto prefill = [&](const SequencePtr& s, int64_t max_tokens, double max_s) {
     const SequenceRequest& r = s->request;
@@ -171,10 +214,15 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
                           : cost_.ChunkFor(s->length(), std::max(max_s, 0.0), cap);
     const WorkOutput output = r.kind == SequenceKind::kScore    ? WorkOutput::kScore
                               : r.kind == SequenceKind::kLogits ? WorkOutput::kLogits
+                              : r.kind == SequenceKind::kPrefix ? WorkOutput::kNone
                               : n == remaining                  ? WorkOutput::kSample
                                                                 : WorkOutput::kNone;
     add(s, std::span(r.prompt).subspan(s->fed, n), output);
     s->fed += n;
+    if (!s->prompt_left()) {
+      flight.items.back().last_piece = true;
+      s->prefilled_step = step.id;
+    }
   };
   if (!prefills.empty()) {
     const SequencePtr oldest = prefills.front();
@@ -282,6 +330,14 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
   for (const Item& item : items) {
     const SequencePtr& s = item.sequence;
     if (gone(*s)) continue;  // finished or cancelled while the step ran
+    if (item.last_piece && s->request.kind == SequenceKind::kPrefix) {
+      SchedulerEvent e;
+      e.id = s->request.id;
+      e.kind = SchedulerEvent::Kind::kPrefilled;
+      e.finished = s->forks_left <= 0;
+      if (e.finished) Drop(*s);
+      update->events.push_back(std::move(e));
+    }
     if (item.output == WorkOutput::kNone) continue;
     auto it = outputs.find(s->request.id);
     if (it == outputs.end()) {

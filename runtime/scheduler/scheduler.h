@@ -52,6 +52,7 @@ enum class SequenceKind {
   kGenerate,  // prefill the prompt, then sample up to max_tokens tokens
   kScore,     // the log-prob of every prompt token after the first
   kLogits,    // the logits of every prompt token
+  kPrefix,    // prefill the prompt and hold its state for `forks` sequences
 };
 
 struct SequenceRequest {
@@ -68,16 +69,25 @@ struct SequenceRequest {
   // kScore / kLogits: prompt tokens from this position on go one per step
   // (0: none), as decode steps would feed them.
   int64_t decode_from = 0;
+  // Prefix reuse. A kPrefix sequence is prefilled once and its state held
+  // until `forks` sequences have started from it (or left before starting);
+  // then it is released. A sequence with fork_from starts as a copy of that
+  // prefix's state (its prompt continues the prefix's tokens) in a step
+  // after the prefix's last chunk; when the prefix is gone, it fails. A
+  // prefilled prefix does not count towards max_running.
+  int64_t forks = 0;
+  std::optional<uint64_t> fork_from;
 };
 
 enum class FinishReason { kLength, kStop, kContext };
 
 struct SchedulerEvent {
   enum class Kind {
-    kStarted,  // the sequence's first work went out
-    kToken,    // a sampled token (output)
-    kPiece,    // a scored piece: target log-probs or logits (output)
-    kFailed,   // status says why; the sequence is gone
+    kStarted,    // the sequence's first work went out
+    kToken,      // a sampled token (output)
+    kPiece,      // a scored piece: target log-probs or logits (output)
+    kPrefilled,  // a kPrefix sequence's prompt is in (finished: released too)
+    kFailed,     // status says why; the sequence is gone
   };
   uint64_t id = 0;
   Kind kind = Kind::kToken;
@@ -149,8 +159,12 @@ class Scheduler {
     bool awaiting = false;   // a step that samples its next token is in flight
     uint64_t last_step = 0;  // the last step that carried work for it
     std::vector<int32_t> generated;
-    size_t scored = 0;  // kScore / kLogits: prompt tokens whose output came back
-    int64_t length() const { return static_cast<int64_t>(fed + generated.size()); }
+    size_t scored = 0;            // kScore / kLogits: prompt tokens whose output came back
+    int64_t base = 0;             // tokens of the prefix it forked from
+    uint64_t prefilled_step = 0;  // kPrefix: the step that carried its last chunk
+    int64_t forks_left = 0;       // kPrefix: forks yet to start (or leave)
+    int64_t length() const { return base + static_cast<int64_t>(fed + generated.size()); }
+    bool held_prefix() const { return request.kind == SequenceKind::kPrefix && !prompt_left(); }
     bool prompt_left() const { return fed < request.prompt.size(); }
     bool decoding() const { return !prompt_left() && !generated.empty(); }
   };
@@ -159,6 +173,7 @@ class Scheduler {
     SequencePtr sequence;
     StepPiece piece;
     WorkOutput output;
+    bool last_piece = false;  // the prompt's last chunk
   };
   struct InFlight {
     uint64_t step_id = 0;
@@ -169,6 +184,13 @@ class Scheduler {
   bool PromptLeft() const;
   bool DecodersOutside(const std::vector<Item>& items) const;
   void Drop(const Sequence& s);  // out of waiting / running; release if started
+  SequencePtr Find(uint64_t id) const;
+  int64_t Occupied() const;  // running sequences that count towards max_running
+  // A fork of `prefix` started or left; releases the prefix after the last.
+  void ForkDone(uint64_t prefix);
+  // Whether the fork `s` may start in step `step_id`; fails it (an event)
+  // when its prefix is gone.
+  bool ForkReady(const SequencePtr& s, uint64_t step_id, std::vector<SchedulerEvent>* events);
   void Process(const StepResult& result, const std::vector<Item>& items, Update* update);
   std::optional<FinishReason> Ends(const Sequence& s, int32_t token, std::string* stop) const;
 

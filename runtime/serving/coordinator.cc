@@ -415,6 +415,8 @@ void Coordinator::HandleEventsLocked(const std::vector<SchedulerEvent>& events) 
       case SchedulerEvent::Kind::kFailed:
         FailLocked(*r, e.status);
         break;
+      case SchedulerEvent::Kind::kPrefilled:  // no prefix requests over the API yet
+        break;
       case SchedulerEvent::Kind::kToken:
         OnTokenLocked(*r, e);
         break;

@@ -26,6 +26,7 @@ void StepToProto(const Step& step, v1::StepPlan* plan) {
     p->set_logprobs(w.logprobs);
     p->set_top_logprobs(w.top_logprobs);
     p->mutable_targets()->Add(w.targets.begin(), w.targets.end());
+    if (w.fork_from) p->set_fork_from(*w.fork_from);
   }
 }
 
@@ -61,6 +62,7 @@ absl::StatusOr<Step> StepFromProto(const v1::StepPlan& plan) {
     w.logprobs = p.logprobs();
     w.top_logprobs = p.top_logprobs();
     w.targets.assign(p.targets().begin(), p.targets().end());
+    if (p.has_fork_from()) w.fork_from = p.fork_from();
     step.work.push_back(std::move(w));
   }
   return step;

@@ -28,6 +28,8 @@ Step SampleStep() {
   b.tokens = {5, 6};
   b.output = WorkOutput::kScore;
   b.targets = {6, -1};
+  b.start = true;
+  b.fork_from = 3;
   step.work = {a, b};
   return step;
 }
@@ -52,6 +54,8 @@ TEST(StepCodecTest, StepRoundTrips) {
   EXPECT_TRUE(a.logprobs);
   EXPECT_EQ(a.top_logprobs, 5);
   EXPECT_EQ(decoded->work[1].targets, step.work[1].targets);
+  EXPECT_FALSE(a.fork_from.has_value());
+  EXPECT_EQ(decoded->work[1].fork_from, std::optional<uint64_t>(3));
   EXPECT_EQ(decoded->work[1].output, WorkOutput::kScore);
 }
 

@@ -178,6 +178,44 @@ TEST_P(StepExecutorTest, BadWorkChangesNothing) {
   EXPECT_EQ(after.mla_bytes, before.mla_bytes);
 }
 
+TEST_P(StepExecutorTest, AForkStartsAsACopyOfItsPrefix) {
+  const auto prefix = testing::RandomTokens(60, 8);
+  const auto next = testing::RandomTokens(5, 9);
+  Step first;
+  first.work.push_back(Work(1, true, prefix));
+  ASSERT_TRUE(executor_->Run(first).ok());
+  // Sequence 2 forks from 1 and both take the same tokens in one step: the
+  // same logits, and 1's state was copied as it was before the step.
+  Step step;
+  step.work.push_back(Work(1, false, next, WorkOutput::kLogits));
+  SequenceWork fork = Work(2, true, next, WorkOutput::kLogits);
+  fork.fork_from = 1;
+  step.work.push_back(fork);
+  auto results = executor_->Run(step);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 2u);
+  EXPECT_LE(testing::RelL2((*results)[1].logits, testing::ToDouble((*results)[0].logits)), 1e-6);
+  std::vector<int32_t> whole = prefix;
+  whole.insert(whole.end(), next.begin(), next.end());
+  const std::vector<float> reference = testing::OneShotLogits(*model_, whole);
+  const int64_t V = model_->config().vocab_size;
+  const std::vector<float> tail(reference.end() - 5 * V, reference.end());
+  EXPECT_LE(testing::RelL2((*results)[1].logits, testing::ToDouble(tail)), 5e-5);
+  EXPECT_EQ(executor_->Held().tokens, 130);
+
+  // A fork of a sequence with no state, or one that is not starting, is refused.
+  Step bad;
+  SequenceWork orphan = Work(3, true, {1});
+  orphan.fork_from = 42;
+  bad.work.push_back(orphan);
+  EXPECT_EQ(executor_->Run(bad).status().code(), absl::StatusCode::kFailedPrecondition);
+  Step not_starting;
+  SequenceWork again = Work(2, false, {1});
+  again.fork_from = 1;
+  not_starting.work.push_back(again);
+  EXPECT_EQ(executor_->Run(not_starting).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, StepExecutorTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
 

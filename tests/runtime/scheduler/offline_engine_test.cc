@@ -57,6 +57,53 @@ TEST_P(OfflineEngineTest, BadTokensFailTheSequenceWithTheIdNamed) {
       << events.back().status;
 }
 
+// A document prefilled once and forked for each question gives every answer
+// what document + question gives run fresh: the same greedy tokens, and the
+// same logits to rounding.
+TEST_P(OfflineEngineTest, ForkedQuestionsEqualFreshRuns) {
+  const auto document = testing::RandomTokens(300, 21);
+  const std::vector<std::vector<int32_t>> questions = {
+      testing::RandomTokens(5, 22), testing::RandomTokens(9, 23), testing::RandomTokens(1, 24)};
+  for (SequenceKind kind : {SequenceKind::kGenerate, SequenceKind::kLogits}) {
+    std::vector<SequenceRequest> requests;
+    SequenceRequest prefix;
+    prefix.id = 1;
+    prefix.kind = SequenceKind::kPrefix;
+    prefix.prompt = document;
+    prefix.forks = static_cast<int64_t>(questions.size());
+    requests.push_back(prefix);
+    for (size_t q = 0; q < questions.size(); ++q) {
+      SequenceRequest r;
+      r.id = 10 + q;
+      r.kind = kind;
+      r.prompt = questions[q];
+      r.max_tokens = 6;
+      r.fork_from = 1;
+      requests.push_back(r);
+    }
+    const auto events = testing::RunEngine(*model_, requests, /*chunk=*/64);
+    const int64_t V = model_->config().vocab_size;
+    for (size_t q = 0; q < questions.size(); ++q) {
+      std::vector<int32_t> whole = document;
+      whole.insert(whole.end(), questions[q].begin(), questions[q].end());
+      std::vector<int32_t> tokens;
+      std::vector<float> logits;
+      for (const auto& e : events) {
+        if (e.id != 10 + q) continue;
+        if (e.kind == SchedulerEvent::Kind::kToken) tokens.push_back(e.output.token);
+        logits.insert(logits.end(), e.output.logits.begin(), e.output.logits.end());
+      }
+      if (kind == SequenceKind::kGenerate) {
+        EXPECT_EQ(tokens, testing::ReferenceGenerate(*model_, whole, 6)) << "question " << q;
+      } else {
+        const std::vector<float> fresh = testing::OneShotLogits(*model_, whole);
+        const std::vector<float> tail(fresh.end() - questions[q].size() * V, fresh.end());
+        EXPECT_LE(testing::RelL2(logits, testing::ToDouble(tail)), 5e-5) << "question " << q;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, OfflineEngineTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
 

@@ -58,6 +58,7 @@ class FakeReplica {
     std::vector<StepPiece> pieces;
     for (uint64_t id : step.release) lengths_.erase(id);
     for (const SequenceWork& w : step.work) {
+      if (w.fork_from) lengths_[w.sequence_id] = lengths_.at(*w.fork_from);
       const int64_t n = static_cast<int64_t>(w.tokens.size());
       pieces.push_back({n, lengths_[w.sequence_id]});
       lengths_[w.sequence_id] += n;
@@ -411,6 +412,114 @@ TEST(SchedulerTest, AbandonReturnsUnseenRequestsInOrder) {
   EXPECT_EQ(abandoned.unseen[0].id, 2u);
   EXPECT_EQ(abandoned.unseen[1].id, 3u);
   EXPECT_TRUE(h.scheduler.Idle());
+}
+
+SequenceRequest Prefix(uint64_t id, int64_t tokens, int64_t forks) {
+  SequenceRequest r;
+  r.id = id;
+  r.kind = SequenceKind::kPrefix;
+  r.prompt.assign(static_cast<size_t>(tokens), 5);
+  r.forks = forks;
+  return r;
+}
+
+SequenceRequest Fork(uint64_t id, uint64_t prefix, int64_t prompt_tokens, int64_t max_tokens) {
+  SequenceRequest r = Generate(id, prompt_tokens, max_tokens);
+  r.fork_from = prefix;
+  return r;
+}
+
+// The index of the first step with work for `id` (steps.size() when none).
+size_t FirstStepOf(const Harness& h, uint64_t id) {
+  size_t i = 0;
+  while (i < h.steps.size() && TokensOf(h.steps[i], id) == 0) ++i;
+  return i;
+}
+
+// The index of the step that releases `id` (steps.size() when none).
+size_t ReleaseOf(const Harness& h, uint64_t id) {
+  for (size_t i = 0; i < h.steps.size(); ++i) {
+    const auto& r = h.steps[i].release;
+    if (std::find(r.begin(), r.end(), id) != r.end()) return i;
+  }
+  return h.steps.size();
+}
+
+TEST(SchedulerTest, ForksStartFromAPrefilledPrefixWhichIsThenReleased) {
+  Harness h(Options(64, 1, /*fixed_chunk=*/64));
+  h.scheduler.Add(Prefix(1, 150, 2));
+  h.scheduler.Add(Fork(2, 1, 4, 3));
+  h.scheduler.Add(Fork(3, 1, 6, 3));
+  h.RunToEnd();
+  // The prefix goes in 64 + 64 + 22 tokens and nothing of it is sampled.
+  EXPECT_EQ(NonZero(h.Chunks(1)), (std::vector<int64_t>{64, 64, 22}));
+  const size_t prefilled = 2;
+  EXPECT_EQ(TokensOf(h.steps[prefilled], 1), 22);
+  for (uint64_t id : {2, 3}) {
+    const size_t first = FirstStepOf(h, id);
+    ASSERT_LT(first, h.steps.size());
+    EXPECT_GT(first, prefilled) << "a fork started before its prefix was whole";
+    // Only its first piece forks; it continues after the prefix's 150 tokens.
+    for (size_t i = 0; i < h.steps.size(); ++i) {
+      for (const SequenceWork& w : h.steps[i].work) {
+        if (w.sequence_id != id) continue;
+        EXPECT_EQ(w.fork_from.has_value(), i == first) << "sequence " << id << ", step " << i;
+        if (i == first) {
+          EXPECT_EQ(*w.fork_from, 1u);
+        }
+      }
+    }
+    EXPECT_EQ(h.TokensFor(id).size(), 3u);
+    // The prefix is released after the last fork has started, never before.
+    EXPECT_GT(ReleaseOf(h, 1), first);
+  }
+  EXPECT_LT(ReleaseOf(h, 1), h.steps.size());
+  bool prefilled_event = false;
+  for (const auto& e : h.events) {
+    prefilled_event |= e.id == 1 && e.kind == SchedulerEvent::Kind::kPrefilled;
+  }
+  EXPECT_TRUE(prefilled_event);
+  EXPECT_TRUE(h.scheduler.Idle());
+  EXPECT_EQ(h.replica.held(), 0);
+}
+
+TEST(SchedulerTest, AForkCountsItsPrefixInItsContext) {
+  ModelConfig config = Config();
+  config.max_position_embeddings = 110;
+  Harness h(SchedulerOptions{}, config);
+  h.scheduler.Add(Prefix(1, 100, 1));
+  h.scheduler.Add(Fork(2, 1, 5, 50));
+  h.RunToEnd();
+  EXPECT_EQ(h.LastOf(2)->reason, FinishReason::kContext);
+  EXPECT_EQ(h.TokensFor(2).size(), 5u);  // 100 + 5 + 5 = the context of 110
+}
+
+TEST(SchedulerTest, APrefilledPrefixDoesNotTakeARunningPlace) {
+  // One place: the prefix, then its forks one at a time; nothing waits forever.
+  Harness h(Options(512, 1, 0, /*max_running=*/1));
+  h.scheduler.Add(Prefix(1, 20, 3));
+  for (uint64_t id = 2; id <= 4; ++id) h.scheduler.Add(Fork(id, 1, 3, 2));
+  h.RunToEnd();
+  for (uint64_t id = 2; id <= 4; ++id) EXPECT_EQ(h.TokensFor(id).size(), 2u) << id;
+  EXPECT_TRUE(h.scheduler.Idle());
+  EXPECT_EQ(h.replica.held(), 0);
+}
+
+TEST(SchedulerTest, ForksOfAGonePrefixFailAndAPrefixNoForkNeedsIsReleased) {
+  Harness h;
+  h.scheduler.Add(Fork(7, 99, 3, 2));  // no such prefix
+  h.scheduler.Add(Prefix(1, 30, 1));
+  h.scheduler.Add(Fork(2, 1, 3, 2));
+  EXPECT_TRUE(h.scheduler.Finish(2));  // its only fork leaves before starting
+  h.RunToEnd();
+  const SchedulerEvent* failed = h.LastOf(7);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->kind, SchedulerEvent::Kind::kFailed);
+  EXPECT_NE(failed->status.message().find("sequence 99"), std::string::npos) << failed->status;
+  EXPECT_EQ(h.LastOf(1)->kind, SchedulerEvent::Kind::kPrefilled);
+  EXPECT_TRUE(h.LastOf(1)->finished);
+  EXPECT_TRUE(h.scheduler.Idle());
+  EXPECT_EQ(h.replica.held(), 0);
 }
 
 }  // namespace
