@@ -50,9 +50,13 @@ void Renormalise(std::vector<Entry>& kept) {
 
 // Exponent and top two mantissa bits of a probability in [0, 1]: monotone in
 // p, at most 4093 values, a bucket never spans more than a factor 1.25.
+// Clamped, so that even a NaN from non-finite logits (outside the contract,
+// which callers check) never indexes past the histogram.
 constexpr int kBucketShift = 50;
 constexpr size_t kBuckets = (size_t{0x3ff} << 2) + 1;
-size_t Bucket(double p) { return std::bit_cast<uint64_t>(p) >> kBucketShift; }
+size_t Bucket(double p) {
+  return std::min<size_t>(std::bit_cast<uint64_t>(p) >> kBucketShift, kBuckets - 1);
+}
 
 // Keeps the smallest prefix of `kept` in Before order whose probabilities sum
 // to top_p, in that order. A histogram of probability mass by Bucket finds the

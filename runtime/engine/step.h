@@ -54,6 +54,9 @@ struct SequenceResult {
   std::vector<float> top_logprobs;
   std::vector<float> target_logprobs;  // kScore, one per target (0 for -1)
   std::vector<float> logits;           // kLogits, [tokens, vocab]
+  // The sequence failed (the model's logits were not finite); it advanced
+  // like the rest of the step and its outputs are empty.
+  std::string error;
 };
 
 struct StepResult {

@@ -78,7 +78,7 @@ class Reader {
 
 // Smallest encodings, for the count checks.
 constexpr size_t kMinWorkBytes = 8 + 1 + 8 + 4 + 4 + 8 + 4 + 8 + 1 + 4 + 8 + 1 + 8;
-constexpr size_t kMinResultBytes = 8 + 4 + 4 + 4 * 8;
+constexpr size_t kMinResultBytes = 8 + 4 + 4 + 5 * 8;
 
 }  // namespace
 
@@ -155,6 +155,7 @@ std::string EncodeResults(const std::vector<SequenceResult>& results) {
     w.PutVector(s.top_logprobs);
     w.PutVector(s.target_logprobs);
     w.PutVector(s.logits);
+    w.PutVector(std::vector<char>(s.error.begin(), s.error.end()));
   }
   return w.Take();
 }
@@ -171,6 +172,9 @@ absl::StatusOr<std::vector<SequenceResult>> DecodeResults(std::string_view bytes
     DELTASERVE_RETURN_IF_ERROR(r.GetVector(&s.top_logprobs));
     DELTASERVE_RETURN_IF_ERROR(r.GetVector(&s.target_logprobs));
     DELTASERVE_RETURN_IF_ERROR(r.GetVector(&s.logits));
+    std::vector<char> error;
+    DELTASERVE_RETURN_IF_ERROR(r.GetVector(&error));
+    s.error.assign(error.begin(), error.end());
   }
   DELTASERVE_RETURN_IF_ERROR(r.Finish());
   return results;

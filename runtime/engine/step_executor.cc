@@ -134,7 +134,15 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
     }
     SequenceResult r;
     r.sequence_id = w.sequence_id;
-    if (w.output == WorkOutput::kSample) {
+    // Non-finite logits (a corrupt checkpoint, an overflow) end the sequence
+    // with the position named, before anything samples or scores them.
+    if (const float* bad =
+            std::find_if_not(row, row + rows * vocab, [](float x) { return std::isfinite(x); });
+        bad != row + rows * vocab) {
+      const int64_t position = seq.state->length - rows + (bad - row) / vocab;
+      r.error = absl::StrCat("the model's logits are not finite at position ", position, " (", *bad,
+                             " for token id ", (bad - row) % vocab, ")");
+    } else if (w.output == WorkOutput::kSample) {
       r.token = kernels::Sample(row, vocab, seq.sampling, seq.rng);
       if (w.logprobs || w.top_logprobs > 0) {
         const std::vector<double> lp = LogSoftmax(row, vocab);

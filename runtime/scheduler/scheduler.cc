@@ -344,6 +344,10 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
       fail(s, absl::InternalError("the worker's step result lacks this sequence"));
       continue;
     }
+    if (!it->second->error.empty()) {
+      fail(s, absl::InternalError(it->second->error));
+      continue;
+    }
     SchedulerEvent e;
     e.id = s->request.id;
     e.output = *it->second;

@@ -85,6 +85,7 @@ void ResultToProto(const StepResult& result, v1::StepResult* proto) {
     out->mutable_top_ids()->Add(r.top_ids.begin(), r.top_ids.end());
     out->mutable_top_logprobs()->Add(r.top_logprobs.begin(), r.top_logprobs.end());
     out->mutable_target_logprobs()->Add(r.target_logprobs.begin(), r.target_logprobs.end());
+    out->set_error(r.error);
   }
 }
 
@@ -105,6 +106,7 @@ StepResult ResultFromProto(const v1::StepResult& proto) {
     r.top_ids.assign(out.top_ids().begin(), out.top_ids().end());
     r.top_logprobs.assign(out.top_logprobs().begin(), out.top_logprobs().end());
     r.target_logprobs.assign(out.target_logprobs().begin(), out.target_logprobs().end());
+    r.error = out.error();
     result.outputs.push_back(std::move(r));
   }
   return result;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -258,6 +259,25 @@ TEST(SampleTest, EmpiricalFrequencies) {
       } else {
         EXPECT_NEAR(count[i], expected, 4.5 * se) << "token " << i;
       }
+    }
+  }
+}
+
+// Outside the contract (callers check for non-finite logits first), NaN and
+// infinite logits still give an id in range at every setting, never an
+// access past the top-p histogram.
+TEST(SamplingTest, NonFiniteLogitsStayInRange) {
+  const int64_t vocab = 1000;
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> logits(vocab, bad);
+    logits[7] = 1.0f;
+    for (const SamplingParams& params :
+         {SamplingParams{}, SamplingParams{1.0f, 0, 0.9f}, SamplingParams{0.7f, 50, 0.5f}}) {
+      Rng rng(3);
+      const int32_t id = Sample(logits.data(), vocab, params, rng);
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, vocab);
     }
   }
 }
