@@ -12,9 +12,8 @@
 namespace deltaserve {
 namespace {
 
-// MODEL.md fixes these: l2norm's epsilon and o_norm's.
+// MODEL.md fixes l2norm's epsilon; o_norm takes rms_norm_eps from the config.
 constexpr float kL2NormEps = 1e-6f;
-constexpr float kOutputNormEps = 1e-5f;
 
 }  // namespace
 
@@ -77,7 +76,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   }
 
   // Output: per-head RMSNorm, times sigmoid(gate), then o_proj.
-  RmsNorm(o.data(), w.o_norm.data(), rows * H, d, kOutputNormEps, o.data());
+  RmsNorm(o.data(), w.o_norm.data(), rows * H, d, config.rms_norm_eps, o.data());
   std::vector<float>& gate = q;  // q is dead: reuse its storage
   if (config.kda.full_rank_gate) {
     Linear(x, w.g_proj.data(), rows, HD, D, gate.data());

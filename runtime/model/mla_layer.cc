@@ -13,6 +13,11 @@
 namespace deltaserve {
 namespace {
 
+// The latent norms q_a_layernorm and kv_a_layernorm use a fixed epsilon, not
+// rms_norm_eps (MODEL.md, "Gated MLA layer"): RMSNorm's default, which the
+// upstream modeling code keeps for these two.
+constexpr float kLatentNormEps = 1e-6f;
+
 struct MlaDims {
   int64_t n, P, R, Vd, C;
   int64_t QkDim() const { return P + R; }
@@ -97,7 +102,6 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim,
                   config.v_head_dim, config.kv_lora_rank};
   const int64_t rows = batch.rows(), D = config.hidden_size;
-  const float eps = config.rms_norm_eps;
 
   // Queries [rows, n, P + R].
   std::vector<float> q(rows * m.n * m.QkDim());
@@ -105,7 +109,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
     const int64_t ql = config.q_lora_rank;
     std::vector<float> qa(rows * ql);
     Linear(x, w.q_a.data(), rows, ql, D, qa.data());
-    RmsNorm(qa.data(), w.q_a_norm.data(), rows, ql, eps, qa.data());
+    RmsNorm(qa.data(), w.q_a_norm.data(), rows, ql, kLatentNormEps, qa.data());
     Linear(qa.data(), w.q_b.data(), rows, m.n * m.QkDim(), ql, q.data());
   } else {
     Linear(x, w.q_proj.data(), rows, m.n * m.QkDim(), D, q.data());
@@ -115,7 +119,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   Linear(x, w.kv_a.data(), rows, m.CacheWidth(), D, ckr.data());
   for (int64_t r = 0; r < rows; ++r) {
     float* row = ckr.data() + r * m.CacheWidth();
-    RmsNorm(row, w.kv_a_norm.data(), 1, m.C, eps, row);
+    RmsNorm(row, w.kv_a_norm.data(), 1, m.C, kLatentNormEps, row);
   }
 
   std::vector<float> o(rows * m.n * m.Vd);

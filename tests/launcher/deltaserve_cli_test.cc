@@ -73,6 +73,8 @@ TEST_P(CliGoldenTest, GreedyGenerateFollowsGoldenArgmax) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, CliGoldenTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(GoldenEps, CliGoldenTest, ::testing::ValuesIn(testing::kEpsGoldenModels),
+                         testing::GoldenTestName);
 
 TEST(CliTest, MakeModelThenGenerateStreamsWithTimings) {
   const std::string dir = testing::TempDir("make_model");

@@ -45,6 +45,8 @@ TEST_P(ModelGoldenTest, LogitsMatchFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(GoldenEps, ModelGoldenTest, ::testing::ValuesIn(testing::kEpsGoldenModels),
+                         testing::GoldenTestName);
 
 }  // namespace
 }  // namespace deltaserve
