@@ -20,6 +20,8 @@ const CommandSpec& GenerateSpec();
 absl::Status RunGenerate(const Args& args);
 const CommandSpec& ScoreSpec();
 absl::Status RunScore(const Args& args);
+const CommandSpec& BatchSpec();
+absl::Status RunBatch(const Args& args);
 const CommandSpec& PlanSpec();
 absl::Status RunPlan(const Args& args);
 const CommandSpec& ServeSpec();

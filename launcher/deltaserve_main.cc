@@ -48,11 +48,17 @@ absl::Status RunVersion(const Args& args) {
 
 // In the order `deltaserve --help` lists them.
 const Command kCommands[] = {
-    {MakeModelSpec, RunMakeModel},   {GenerateSpec, RunGenerate},
-    {ScoreSpec, RunScore},           {PlanSpec, RunPlan},
-    {ServeSpec, RunServe},           {CoordinatorSpec, RunCoordinator},
-    {WorkerSpec, RunWorkerCommand},  {ClientSpec, RunClient},
-    {BenchServeSpec, RunBenchServe}, {VersionSpec, RunVersion},
+    {MakeModelSpec, RunMakeModel},
+    {GenerateSpec, RunGenerate},
+    {ScoreSpec, RunScore},
+    {BatchSpec, RunBatch},
+    {PlanSpec, RunPlan},
+    {ServeSpec, RunServe},
+    {CoordinatorSpec, RunCoordinator},
+    {WorkerSpec, RunWorkerCommand},
+    {ClientSpec, RunClient},
+    {BenchServeSpec, RunBenchServe},
+    {VersionSpec, RunVersion},
 };
 
 std::string Usage() {
@@ -68,7 +74,7 @@ std::string Usage() {
   out +=
       "\n"
       "`deltaserve COMMAND --help` shows a command's flags, defaults and an example.\n"
-      "generate, score and worker run as MPI jobs under mpirun/srun (--pp N --tp M).\n";
+      "generate, score, batch and worker run as MPI jobs under mpirun/srun (--pp N --tp M).\n";
   return out;
 }
 

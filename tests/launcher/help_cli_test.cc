@@ -38,8 +38,8 @@ TEST(HelpTest, TopLevelHelpListsEveryCommand) {
   const std::string help = Shell(testing::BinPath("deltaserve") + " --help", &rc);
   EXPECT_EQ(rc, 0) << help;
   const std::vector<std::string> names = ListedCommands(help);
-  for (const char* expected : {"make-model", "generate", "score", "plan", "serve", "coordinator",
-                               "worker", "client", "bench-serve", "version"}) {
+  for (const char* expected : {"make-model", "generate", "score", "batch", "plan", "serve",
+                               "coordinator", "worker", "client", "bench-serve", "version"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end())
         << expected << " missing from\n"
         << help;
