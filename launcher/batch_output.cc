@@ -44,11 +44,13 @@ json Head(const std::string& id_json, int question) {
   return record;
 }
 
+// Seconds to the microsecond.
 json Timings(const BatchTimings& t, bool generate) {
+  auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
   json out = json::object();
-  out["queue_s"] = t.queue_s;
-  if (generate) out["time_to_first_token_s"] = t.time_to_first_token_s;
-  out["total_s"] = t.total_s;
+  out["queue_s"] = us(t.queue_s);
+  if (generate) out["time_to_first_token_s"] = us(t.time_to_first_token_s);
+  out["total_s"] = us(t.total_s);
   return out;
 }
 
