@@ -12,6 +12,7 @@
 #include "launcher/batch_source.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
+#include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -124,6 +125,11 @@ absl::Status RunBatch(const Args& args) {
   };
 
   if (flags.Has("server")) {
+    if (LaunchedUnderMpi()) {
+      return absl::InvalidArgumentError(
+          "--server runs as one process, not under mpirun/srun: the server's workers are the MPI "
+          "job");
+    }
     for (const char* local : {"pp", "tp", "stage-layers", "threads"}) {
       if (flags.Has(local)) {
         return absl::InvalidArgumentError(

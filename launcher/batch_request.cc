@@ -1,5 +1,6 @@
 #include "launcher/batch_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>

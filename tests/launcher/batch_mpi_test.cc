@@ -34,7 +34,7 @@ TEST(BatchMpiTest, TwoStagesGiveTheSingleProcessRecords) {
 
 TEST(BatchMpiTest, KilledAndResumedEqualsAnUninterruptedRun) {
   const std::string dir = testing::TempDir("batch_mpi_kill");
-  testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/3, /*max_tokens=*/24));
+  testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/8, /*max_tokens=*/24));
   std::string log;
   ASSERT_EQ(testing::Run(MpiBatch(dir, dir + "/ref.jsonl"), &log), 0) << log;
   const auto reference = testing::ReadRecords(dir + "/ref.jsonl");

@@ -149,7 +149,7 @@ TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
 
 TEST(BatchServeTest, KilledClientResumesAndAServerThatIsGoneStopsTheJob) {
   const std::string dir = testing::TempDir("batch_server_kill");
-  testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/6, /*max_tokens=*/32));
+  testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/8, /*max_tokens=*/32));
   Server server = StartServe("");
   const std::string batch =
       absl::StrCat(testing::Deltaserve(), " batch --server ", server.address, " --model ",

@@ -305,7 +305,7 @@ inline int KillAndResume(const std::string& command, const std::string& output, 
     }
     const int64_t target = before + records(random);
     std::optional<int> code;
-    while (!(code = job->Wait(std::chrono::milliseconds(2))) && CountLines(output) < target) {
+    while (!(code = job->Wait(std::chrono::milliseconds(1))) && CountLines(output) < target) {
     }
     const int ms = extra_ms(random);
     if (!code) code = job->Wait(std::chrono::milliseconds(ms));
