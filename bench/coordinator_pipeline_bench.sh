@@ -6,6 +6,8 @@
 #
 #   bash bench/coordinator_pipeline_bench.sh [prompt tokens] [step tokens]   (default 16384 2048)
 set -euo pipefail
+# --help: the comment above.
+if [[ ${1:-} == --help || ${1:-} == -h ]]; then sed -n '2,/^set /{s/^# \{0,1\}//p}' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 T=${1:-16384}
 step=${2:-2048}

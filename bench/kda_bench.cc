@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/kda.h"
@@ -53,6 +54,24 @@ double BestMs(int reps, const std::vector<float>& state0, std::vector<float>& st
 }  // namespace
 
 int main(int argc, char** argv) {
+  constexpr char kUsage[] =
+      "usage: kda_bench [THREADS] [TOKENS]\n"
+      "\n"
+      "Times KdaChunk (prefill) against KdaRecurrent (token by token) at the k3-small shape\n"
+      "(H = 8, K = V = 128): ms per call, speed-up, tokens/s, and how far the outputs differ.\n"
+      "\n"
+      "  THREADS   compute threads (default: 0, OpenMP's default)\n"
+      "  TOKENS    prompt tokens (default: 8192)\n";
+  for (int i = 1; i < argc; ++i) {
+    char* end = nullptr;
+    std::strtoll(argv[i], &end, 10);
+    const bool number = *argv[i] != '\0' && *end == '\0';
+    if (!number || i > 2) {
+      const bool help = std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
+      std::fputs(kUsage, help ? stdout : stderr);
+      return help ? 0 : 2;
+    }
+  }
   const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 8192;
   deltaserve::kernels::SetNumThreads(threads);

@@ -102,8 +102,34 @@ double PrefillFlops(const ModelConfig& c, double T) {
 }  // namespace
 }  // namespace deltaserve
 
+namespace {
+
+constexpr char kUsage[] =
+    "usage: model_bench [--model DIR] [--prompts 4096,32768] [--decode 32] [--threads N]\n"
+    "\n"
+    "Prefill and decode speed of one process next to the sgemm rate and the memory bandwidth\n"
+    "measured in the same run; prints markdown for docs/performance.md.\n"
+    "\n"
+    "  --model DIR       the model (default: a k3-small made once in the temp directory)\n"
+    "  --prompts LIST    prompt lengths to prefill (default: 4096,32768)\n"
+    "  --decode N        tokens decoded after each prompt (default: 32)\n"
+    "  --threads N       compute threads (default: 0, OpenMP's default)\n"
+    "  --help            this text\n";
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace deltaserve;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "model_bench: flag %s needs a value\n%s", argv[argc - 1], kUsage);
+    return 2;
+  }
   std::string model_dir;
   std::vector<int64_t> prompts = {4096, 32768};
   int64_t decode_tokens = 32;
@@ -125,7 +151,7 @@ int main(int argc, char** argv) {
     } else if (flag == "--threads") {
       threads = std::stoi(value);
     } else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      std::fprintf(stderr, "model_bench: unknown flag %s\n%s", flag.c_str(), kUsage);
       return 2;
     }
   }

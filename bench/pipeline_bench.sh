@@ -6,6 +6,8 @@
 #
 #   bash bench/pipeline_bench.sh [T] [chunk sizes...]     (default 32768 2048)
 set -euo pipefail
+# --help: the comment above.
+if [[ ${1:-} == --help || ${1:-} == -h ]]; then sed -n '2,/^set /{s/^# \{0,1\}//p}' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 T=${1:-32768}
 shift || true

@@ -7,6 +7,8 @@
 #
 #   bash bench/serve_bench.sh [prompt tokens] [output tokens]   (default 128 64)
 set -euo pipefail
+# --help: the comment above.
+if [[ ${1:-} == --help || ${1:-} == -h ]]; then sed -n '2,/^set /{s/^# \{0,1\}//p}' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 prompt=${1:-128}
 output=${2:-64}

@@ -110,11 +110,30 @@ absl::StatusOr<std::pair<double, double>> CompareWithGenerate(v1::Generation::St
 
 }  // namespace
 
+const CommandSpec& BenchServeSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "bench-serve",
+      .summary = "load a running server with N streaming clients; prints a markdown table",
+      .usage = "--server HOST:PORT [flags]",
+      .flags =
+          {
+              {"server", "HOST:PORT", "the server", "127.0.0.1:50051"},
+              {"concurrency", "1,8,32", "client counts, one table row each", "1,8,32"},
+              {"prompt-tokens", "N", "prompt tokens per request", "128"},
+              {"max-tokens", "N", "output tokens per request", "64"},
+              {"requests", "N", "requests per row (0: 2 per client, at least 4)", "0"},
+              {"compare-model", "DIR",
+               "also time one request through `generate`'s path in this process (the serving "
+               "overhead)"},
+              {"threads", "N", "compute threads for --compare-model", "0"},
+          },
+      .examples = {"deltaserve bench-serve --server 127.0.0.1:50051 --concurrency 1,8,32"},
+  };
+  return *spec;
+}
+
 absl::Status RunBenchServe(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags, Flags::Parse("bench-serve", args,
-                                {"server", "concurrency", "prompt-tokens", "max-tokens", "requests",
-                                 "compare-model", "threads"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(BenchServeSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(
       std::vector<int32_t> levels,
       ParseTokenList(flags.GetString("concurrency", "1,8,32"), "--concurrency"));

@@ -63,13 +63,79 @@ const char* FinishName(v1::FinishReason reason) {
   }
 }
 
+const FlagSpec kServerFlag = {"server", "HOST:PORT", "the server", "127.0.0.1:50051"};
+const FlagSpec kTimeoutFlag = {"timeout", "S", "the request's deadline in seconds (0: none)", "0"};
+
+const CommandSpec& ClientGenerateSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "client generate",
+      .summary = "stream a generation from a server",
+      .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS) [flags]",
+      .flags =
+          {
+              kServerFlag,
+              {"prompt", "TEXT", "the prompt, encoded by the server's tokenizer"},
+              {"tokens", "IDS", "the prompt as token ids: 1,2,3"},
+              {"max-tokens", "N", "tokens to generate at most", "32"},
+              {"temperature", "T", "0 is greedy", "0"},
+              {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
+              {"top-p", "P", "sample within probability mass P, in (0, 1]", "1"},
+              {"seed", "S", "the same seed gives the same tokens", "0"},
+              {"stop", "STR", "a stop string (not part of the output)"},
+              {"stop-token-ids", "IDS", "token ids that end generation (part of the output)"},
+              {"request-id", "ID", "the request's id for Abort and logs"},
+              kTimeoutFlag,
+              {"top-logprobs", "N", "print N alternatives per token to stderr (0..20)", "0"},
+              {"ids", "", "print token ids instead of text"},
+              {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
+          },
+      .examples =
+          {"deltaserve client generate --server 127.0.0.1:50051 --prompt hello --max-tokens 32"},
+  };
+  return *spec;
+}
+
+const CommandSpec& ClientScoreSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "client score",
+      .summary = "per-token log-probs of a text or token sequence, one line per token",
+      .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS) [--timeout S]",
+      .flags =
+          {
+              kServerFlag,
+              {"prompt", "TEXT", "the text to score"},
+              {"tokens", "IDS", "the token ids to score: 1,2,3"},
+              kTimeoutFlag,
+          },
+      .examples = {"deltaserve client score --server 127.0.0.1:50051 --tokens 1,2,3,4"},
+  };
+  return *spec;
+}
+
+const CommandSpec& ClientInfoSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "client info",
+      .summary = "the served model (GetModelInfo)",
+      .usage = "[--server HOST:PORT]",
+      .flags = {kServerFlag},
+      .examples = {"deltaserve client info --server 127.0.0.1:50051"},
+  };
+  return *spec;
+}
+
+const CommandSpec& ClientStatusSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "client status",
+      .summary = "what the server holds: queue, sequences, state bytes (GetServerStatus)",
+      .usage = "[--server HOST:PORT]",
+      .flags = {kServerFlag},
+      .examples = {"deltaserve client status --server 127.0.0.1:50051"},
+  };
+  return *spec;
+}
+
 absl::Status ClientGenerate(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags,
-      Flags::Parse("client generate", args,
-                   {"server", "prompt", "tokens", "max-tokens", "temperature", "top-k", "top-p",
-                    "seed", "stop", "stop-token-ids", "request-id", "timeout", "top-logprobs"},
-                   {"ids", "ignore-eos"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ClientGenerateSpec(), args));
   v1::GenerateRequest req;
   DELTASERVE_RETURN_IF_ERROR(SetInput(flags, &req));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t max_tokens, flags.GetInt("max-tokens", 32));
@@ -137,8 +203,7 @@ absl::Status ClientGenerate(const Args& args) {
 }
 
 absl::Status ClientScore(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags, Flags::Parse("client score", args, {"server", "prompt", "tokens", "timeout"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ClientScoreSpec(), args));
   v1::ScoreRequest req;
   DELTASERVE_RETURN_IF_ERROR(SetInput(flags, &req));
   auto stub = Connect(flags);
@@ -156,8 +221,8 @@ absl::Status ClientScore(const Args& args) {
 }
 
 absl::Status ClientInfo(const Args& args, bool status) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags, Flags::Parse(status ? "client status" : "client info", args, {"server"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags,
+                              Flags::Parse(status ? ClientStatusSpec() : ClientInfoSpec(), args));
   auto stub = Connect(flags);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -176,6 +241,20 @@ absl::Status ClientInfo(const Args& args, bool status) {
 }
 
 }  // namespace
+
+const CommandSpec& ClientSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "client",
+      .summary = "a gRPC client of a running server: generate, score, info, status",
+      .usage = "COMMAND [--server HOST:PORT] [flags]",
+      .examples = {"deltaserve client generate --server 127.0.0.1:50051 --prompt hello",
+                   "deltaserve client status --server 127.0.0.1:50051"},
+      .details = "Errors carry the gRPC code's name (INVALID_ARGUMENT: ...).",
+      .subcommands = {&ClientGenerateSpec(), &ClientScoreSpec(), &ClientInfoSpec(),
+                      &ClientStatusSpec()},
+  };
+  return *spec;
+}
 
 namespace {
 

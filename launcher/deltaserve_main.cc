@@ -1,92 +1,142 @@
 // build/bin/deltaserve: one binary, several subcommands.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "runtime/common/build_config.h"
+#include "runtime/common/status_macros.h"
 #if DELTASERVE_HAVE_CUDA
 #include "kernels/cuda/device_info.h"
 #endif
 
+namespace deltaserve {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: deltaserve COMMAND [flags]\n"
-    "commands:\n"
-    "  make-model --preset NAME|--config FILE --out DIR [--seed N]\n"
-    "  generate   --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N]\n"
-    "             [--temperature T --top-k K --top-p P --seed S]\n"
-    "             [--prefill-chunk N --threads N --ids --stats --ignore-eos]\n"
-    "  score      --model DIR (--tokens 1,2,3 | --tokens-file F)\n"
-    "             --logits-out OUT.safetensors [--prefill-chunk N --decode-from K]\n"
-    "             [--threads N --stats]\n"
-    "  (generate and score run distributed under mpirun/srun:\n"
-    "   --pp N --tp M [--stage-layers 2,3,4]; world size = N * M)\n"
-    "  plan       (--model DIR | --config FILE) --pp N --tp M [--context T]\n"
-    "             [--stage-layers 2,3,4] [--weight-bytes 4 --cache-bytes 4]\n"
-    "             [--state-bytes 4 --activation-bytes 4]\n"
-    "  serve      --model DIR [--port 50051 --host 127.0.0.1 --metrics-port N]\n"
-    "             [--threads N] [coordinator limits below]: API and worker in one process\n"
-    "  coordinator --model DIR [--port 50051 --host 0.0.0.0 --metrics-port N]\n"
-    "             [--max-running 64 --max-waiting 1024 --max-waiting-tokens N]\n"
-    "             [--step-tokens 512 --max-request-bytes N --port-file F]\n"
-    "  worker     --coordinator HOST:PORT --model DIR [--pp N --tp M --threads N]\n"
-    "             (one rank per process: mpirun -np N*M deltaserve worker ...)\n"
-    "  client     generate|score|info|status [--server HOST:PORT] ...\n"
-    "  bench-serve --server HOST:PORT [--concurrency 1,8,32 --prompt-tokens N]\n"
-    "             [--max-tokens N --requests N --compare-model DIR --threads N]\n"
-    "  version\n";
+struct Command {
+  const CommandSpec& (*spec)();
+  absl::Status (*run)(const Args& args);
+};
 
-}  // namespace
+const CommandSpec& VersionSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "version",
+      .summary = "the version, the features built in (CUDA, MPI) and the CUDA devices",
+      .examples = {"deltaserve version"},
+  };
+  return *spec;
+}
 
-int main(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string command = argv[1];
-  const deltaserve::Args args(argv + 2, argv + argc);
-  absl::Status status;
-  if (command == "make-model") {
-    status = deltaserve::RunMakeModel(args);
-  } else if (command == "generate") {
-    status = deltaserve::RunGenerate(args);
-  } else if (command == "score") {
-    status = deltaserve::RunScore(args);
-  } else if (command == "plan") {
-    status = deltaserve::RunPlan(args);
-  } else if (command == "serve") {
-    status = deltaserve::RunServe(args);
-  } else if (command == "coordinator") {
-    status = deltaserve::RunCoordinator(args);
-  } else if (command == "worker") {
-    status = deltaserve::RunWorkerCommand(args);
-  } else if (command == "client") {
-    status = deltaserve::RunClient(args);
-  } else if (command == "bench-serve") {
-    status = deltaserve::RunBenchServe(args);
-  } else if (command == "version") {
-    std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION, DELTASERVE_HAVE_CUDA,
-                DELTASERVE_HAVE_MPI);
+absl::Status RunVersion(const Args& args) {
+  DELTASERVE_RETURN_IF_ERROR(Flags::Parse(VersionSpec(), args).status());
+  std::printf("deltaserve %s (cuda=%d mpi=%d)\n", DELTASERVE_VERSION, DELTASERVE_HAVE_CUDA,
+              DELTASERVE_HAVE_MPI);
 #if DELTASERVE_HAVE_CUDA
-    std::string error;
-    const auto devices = deltaserve::kernels::ListCudaDevices(&error);
-    if (!error.empty()) std::printf("cuda: no usable device (%s)\n", error.c_str());
-    for (const auto& d : devices) {
-      std::printf("cuda device %d: %s, compute %d.%d, %.1f GiB\n", d.index, d.name.c_str(),
-                  d.compute_major, d.compute_minor, d.memory_bytes / 1073741824.0);
-    }
+  std::string error;
+  const auto devices = kernels::ListCudaDevices(&error);
+  if (!error.empty()) std::printf("cuda: no usable device (%s)\n", error.c_str());
+  for (const auto& d : devices) {
+    std::printf("cuda device %d: %s, compute %d.%d, %.1f GiB\n", d.index, d.name.c_str(),
+                d.compute_major, d.compute_minor, d.memory_bytes / 1073741824.0);
+  }
 #endif
-  } else {
-    std::fprintf(stderr, "deltaserve: unknown command '%s'\n%s", command.c_str(), kUsage);
+  return absl::OkStatus();
+}
+
+// In the order `deltaserve --help` lists them.
+const Command kCommands[] = {
+    {MakeModelSpec, RunMakeModel},
+    {GenerateSpec, RunGenerate},
+    {ScoreSpec, RunScore},
+    {BatchSpec, RunBatch},
+    {PlanSpec, RunPlan},
+    {ServeSpec, RunServe},
+    {CoordinatorSpec, RunCoordinator},
+    {WorkerSpec, RunWorkerCommand},
+    {ClientSpec, RunClient},
+    {BenchServeSpec, RunBenchServe},
+    {VersionSpec, RunVersion},
+};
+
+std::string Usage() {
+  std::string out =
+      "usage: deltaserve COMMAND [flags]\n"
+      "\n"
+      "commands:\n";
+  for (const Command& c : kCommands) {
+    std::string name = c.spec().name;
+    name.resize(std::max<size_t>(name.size() + 1, 13), ' ');
+    absl::StrAppend(&out, "  ", name, c.spec().summary, "\n");
+  }
+  out +=
+      "\n"
+      "`deltaserve COMMAND --help` shows a command's flags, defaults and an example.\n"
+      "generate, score, batch and worker run as MPI jobs under mpirun/srun (--pp N --tp M).\n";
+  return out;
+}
+
+const Command* Find(const std::string& name) {
+  for (const Command& c : kCommands) {
+    if (c.spec().name == name) return &c;
+  }
+  return nullptr;
+}
+
+// The spec that answers `args`' --help: a subcommand's when args name one.
+const CommandSpec& HelpSpec(const CommandSpec& spec, Args* args) {
+  if (args->empty()) return spec;
+  for (const CommandSpec* sub : spec.subcommands) {
+    if (sub->name == absl::StrCat(spec.name, " ", (*args)[0])) {
+      args->erase(args->begin());
+      return *sub;
+    }
+  }
+  return spec;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(Usage().c_str(), stderr);
     return 2;
   }
+  const std::string command = argv[1];
+  if (command == "--help" || command == "-h" || command == "help") {
+    // `deltaserve help CMD` is `deltaserve CMD --help`.
+    if (argc > 2 && command == "help") {
+      if (const Command* c = Find(argv[2])) {
+        Args rest(argv + 3, argv + argc);
+        std::fputs(HelpText(HelpSpec(c->spec(), &rest)).c_str(), stdout);
+        return 0;
+      }
+    }
+    std::fputs(Usage().c_str(), stdout);
+    return 0;
+  }
+  const Command* c = Find(command);
+  if (c == nullptr) {
+    std::fprintf(stderr, "deltaserve: unknown command '%s'\n%s", command.c_str(), Usage().c_str());
+    return 2;
+  }
+  const Args args(argv + 2, argv + argc);
+  Args rest = args;
+  const CommandSpec& help = HelpSpec(c->spec(), &rest);
+  if (WantsHelp(help, rest)) {
+    std::fputs(HelpText(help).c_str(), stdout);
+    return 0;
+  }
+  const absl::Status status = c->run(args);
   if (!status.ok()) {
     std::fprintf(stderr, "deltaserve %s: error: %s\n", command.c_str(),
                  std::string(status.message()).c_str());
   }
-  deltaserve::EndDeployment(status.ok());
+  EndDeployment(status.ok());
   return status.ok() ? 0 : 1;
 }
+
+}  // namespace
+}  // namespace deltaserve
+
+int main(int argc, char** argv) { return deltaserve::Main(argc, argv); }

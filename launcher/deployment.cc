@@ -16,6 +16,19 @@ bool mpi_started = false;
 
 }  // namespace
 
+const std::vector<FlagSpec>& DeploymentFlags() {
+  static const auto* flags = new std::vector<FlagSpec>{
+      {"model", "DIR", "the model: config.json, model.safetensors (or shards), tokenizer files"},
+      {"threads", "N", "compute threads of this process (0: OpenMP's default)", "0"},
+      {"pp", "N", "pipeline stages; with --tp, runs as an MPI job of pp x tp ranks (mpirun/srun)",
+       "1"},
+      {"tp", "M", "tensor-parallel ranks per stage", "1"},
+      {"stage-layers", "2,3,4",
+       "layers per pipeline stage, one count per stage (default: balanced by the cost model)"},
+  };
+  return *flags;
+}
+
 absl::StatusOr<ModelConfig> DeploymentConfig(const Flags& flags) {
   DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
   return LoadModelConfig(dir);

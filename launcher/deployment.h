@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -22,9 +21,9 @@
 
 namespace deltaserve {
 
-// The flags every model command takes for this.
-inline const std::set<std::string> kDeploymentFlags = {"model", "threads", "pp", "tp",
-                                                       "stage-layers"};
+// The flags every model command takes for this: --model, --threads, --pp,
+// --tp, --stage-layers.
+const std::vector<FlagSpec>& DeploymentFlags();
 
 struct Deployment {
   ModelConfig config;

@@ -7,8 +7,103 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace deltaserve {
+
+namespace {
+
+// Words of `text` on lines of at most `width` columns; the first line starts
+// at column `indent` (the caller has written up to there), later lines are
+// indented to it.
+std::string Wrap(const std::string& text, size_t indent, size_t width = 100) {
+  std::string out;
+  size_t column = indent;
+  bool line_empty = true;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line_empty && column + 1 + word.size() > width) {
+      out += "\n" + std::string(indent, ' ');
+      column = indent;
+      line_empty = true;
+    }
+    if (!line_empty) {
+      out += ' ';
+      ++column;
+    }
+    absl::StrAppend(&out, word);
+    column += word.size();
+    line_empty = false;
+  }
+  return out;
+}
+
+std::string PadTo(std::string text, size_t width) {
+  if (text.size() < width) text.resize(width, ' ');
+  return text;
+}
+
+}  // namespace
+
+std::string HelpText(const CommandSpec& spec) {
+  std::string out =
+      absl::StrCat("deltaserve ", spec.name, ": ", spec.summary, "\n\nusage: deltaserve ",
+                   spec.name, spec.usage.empty() ? "" : " ", spec.usage, "\n");
+  if (!spec.subcommands.empty()) {
+    out += "\ncommands:\n";
+    for (const CommandSpec* sub : spec.subcommands) {
+      out += absl::StrCat("  ", PadTo(sub->name, 22), " ", sub->summary, "\n");
+    }
+    out += absl::StrCat("\n`deltaserve ", spec.name, " COMMAND --help` shows a command's flags.\n");
+  }
+  if (!spec.flags.empty()) {
+    out += "\nflags:\n";
+    constexpr size_t kColumn = 28;
+    for (const FlagSpec& f : spec.flags) {
+      std::string left = absl::StrCat("  --", f.name, f.value.empty() ? "" : " ", f.value);
+      if (left.size() + 2 > kColumn) {
+        left += "\n" + std::string(kColumn, ' ');
+      } else {
+        left.resize(kColumn, ' ');
+      }
+      std::string help = f.help;
+      if (!f.default_value.empty()) absl::StrAppend(&help, " (default: ", f.default_value, ")");
+      out += left + Wrap(help, kColumn) + "\n";
+    }
+    out += absl::StrCat("  --help", std::string(kColumn - 8, ' '), "this text\n");
+  }
+  if (!spec.details.empty()) out += "\n" + spec.details + (spec.details.back() == '\n' ? "" : "\n");
+  if (!spec.examples.empty()) {
+    out += spec.examples.size() == 1 ? "\nexample:\n" : "\nexamples:\n";
+    for (const std::string& e : spec.examples) out += "  " + e + "\n";
+  }
+  return out;
+}
+
+bool WantsHelp(const CommandSpec& spec, const std::vector<std::string>& args) {
+  std::set<std::string> valued;
+  for (const FlagSpec& f : spec.flags) {
+    if (!f.value.empty()) valued.insert(f.name);
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") return true;
+    if (args[i].rfind("--", 0) == 0 && args[i].find('=') == std::string::npos &&
+        valued.count(args[i].substr(2))) {
+      ++i;  // its value
+    }
+  }
+  return false;
+}
+
+std::vector<FlagSpec> Concat(std::vector<FlagSpec> base, const std::vector<FlagSpec>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+absl::StatusOr<Flags> Flags::Parse(const CommandSpec& spec, const std::vector<std::string>& args) {
+  std::set<std::string> valued, switches;
+  for (const FlagSpec& f : spec.flags) (f.value.empty() ? switches : valued).insert(f.name);
+  return Parse(spec.name, args, valued, switches);
+}
 
 absl::StatusOr<Flags> Flags::Parse(const std::string& command, const std::vector<std::string>& args,
                                    const std::set<std::string>& valued,

@@ -1,6 +1,12 @@
-// A small command-line flag parser for the subcommands: `--name value` or
-// `--name=value`, switches without a value, and a clear error for unknown or
-// malformed flags.
+// The command-line flags of the subcommands: `--name value` or
+// `--name=value`, switches without a value, a clear error for unknown or
+// malformed flags, and `--help` text made from the same table the parser
+// reads, so that the help cannot list a flag the command does not take.
+//
+// Hand-written rather than CLI11: the commands need flat flags and one level
+// of subcommands (`client`), and the error messages that scripts and the
+// tests look for ("unknown flag --bogus", "missing required flag --model")
+// stay as they are.
 #pragma once
 
 #include <cstdint>
@@ -13,13 +19,42 @@
 
 namespace deltaserve {
 
+// One flag: `--name VALUE` (value non-empty: what to write there, "N",
+// "DIR") or a switch (value empty).
+struct FlagSpec {
+  std::string name = "";   // without "--"
+  std::string value = "";  // e.g. "N"; empty for a switch
+  std::string help = "";   // what it does, one sentence
+  // Shown as "(default: ...)"; the code's fallback is the one that applies.
+  std::string default_value = "";
+};
+
+// A command: what `deltaserve --help` lists and `deltaserve CMD --help`
+// prints. Subcommands (client generate, ...) are commands of their own.
+struct CommandSpec {
+  std::string name = "";     // "generate", "client generate"
+  std::string summary = "";  // one line
+  std::string usage = "";    // after the name: "--model DIR (--prompt TEXT | --tokens IDS) [flags]"
+  std::vector<FlagSpec> flags = {};
+  std::vector<std::string> examples = {};  // whole command lines
+  std::string details = "";                // paragraphs after the flags; may be empty
+  std::vector<const CommandSpec*> subcommands = {};
+};
+
+// The whole --help text of a command.
+std::string HelpText(const CommandSpec& spec);
+
+// Whether `args` ask for help: `--help` or `-h` where a flag may stand (not
+// as the value of a flag that takes one).
+bool WantsHelp(const CommandSpec& spec, const std::vector<std::string>& args);
+
+// Flags of `base` followed by `more`.
+std::vector<FlagSpec> Concat(std::vector<FlagSpec> base, const std::vector<FlagSpec>& more);
+
 class Flags {
  public:
-  // `valued` flags take a value; `switches` take none. Names without "--".
-  static absl::StatusOr<Flags> Parse(const std::string& command,
-                                     const std::vector<std::string>& args,
-                                     const std::set<std::string>& valued,
-                                     const std::set<std::string>& switches = {});
+  // Parses by the spec's flags (its name leads every error).
+  static absl::StatusOr<Flags> Parse(const CommandSpec& spec, const std::vector<std::string>& args);
 
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::string GetString(const std::string& name, const std::string& fallback = "") const;
@@ -28,6 +63,12 @@ class Flags {
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
 
  private:
+  // `valued` flags take a value; `switches` take none. Names without "--".
+  static absl::StatusOr<Flags> Parse(const std::string& command,
+                                     const std::vector<std::string>& args,
+                                     const std::set<std::string>& valued,
+                                     const std::set<std::string>& switches);
+
   std::string command_;
   std::map<std::string, std::string> values_;
 };

@@ -53,9 +53,25 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const Mode
 
 }  // namespace
 
+const CommandSpec& MakeModelSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "make-model",
+      .summary = "write a random checkpoint in the real layouts (bf16, the f32 exceptions)",
+      .usage = "(--preset NAME | --config FILE) --out DIR [--seed N]",
+      .flags =
+          {
+              {"preset", "NAME", "k3-tiny, kimi-linear-tiny or k3-small (~100M parameters)"},
+              {"config", "FILE", "any shape: a config.json of either architecture"},
+              {"out", "DIR", "where config.json and model.safetensors go"},
+              {"seed", "N", "random seed of the weights", "0"},
+          },
+      .examples = {"deltaserve make-model --preset k3-tiny --out /tmp/k3-tiny"},
+  };
+  return *spec;
+}
+
 absl::Status RunMakeModel(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags, Flags::Parse("make-model", args, {"preset", "config", "out", "seed"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(MakeModelSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("out"));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
   ModelConfig config;
@@ -81,19 +97,45 @@ absl::Status RunMakeModel(const Args& args) {
 
 namespace {
 
-std::set<std::string> With(std::set<std::string> flags) {
-  flags.insert(kDeploymentFlags.begin(), kDeploymentFlags.end());
-  return flags;
-}
+constexpr char kDistributedNote[] =
+    "Under mpirun or srun (or with --pp/--tp) this runs as an MPI job of pp x tp ranks: rank 0\n"
+    "drives the steps and prints, the others follow (docs/deployment.md).";
 
 }  // namespace
 
+const CommandSpec& GenerateSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "generate",
+      .summary = "stream a generation to stdout; timings to stderr",
+      .usage = "--model DIR (--prompt TEXT | --tokens IDS | --tokens-file F) [flags]",
+      .flags =
+          Concat(DeploymentFlags(),
+                 {
+                     {"prompt", "TEXT", "the prompt, encoded by the model's tokenizer"},
+                     {"tokens", "IDS", "the prompt as token ids: 1,2,3 (commas and/or spaces)"},
+                     {"tokens-file", "F", "the prompt's token ids from a file"},
+                     {"max-tokens", "N", "tokens to generate at most", "32"},
+                     {"temperature", "T", "0 is greedy", "0"},
+                     {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
+                     {"top-p", "P", "sample within probability mass P, in (0, 1]", "1"},
+                     {"seed", "S", "the same seed gives the same tokens on any machine", "0"},
+                     {"prefill-chunk", "N",
+                      "feed the prompt in pieces of N tokens (0: in one piece)", "0"},
+                     {"ids", "", "print token ids instead of text"},
+                     {"stats", "", "print each rank's checkpoint bytes and pipeline traffic"},
+                     {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
+                 }),
+      .examples = {"deltaserve generate --model /tmp/k3-tiny --prompt hello --max-tokens 32",
+                   "deltaserve generate --model /tmp/k3-tiny --tokens 1,2,3 --temperature 0.8 "
+                   "--seed 5 --ids",
+                   "mpirun -np 4 deltaserve generate --pp 2 --tp 2 --model DIR --prompt hello"},
+      .details = kDistributedNote,
+  };
+  return *spec;
+}
+
 absl::Status RunGenerate(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags, Flags::Parse("generate", args,
-                                With({"prompt", "tokens", "tokens-file", "max-tokens",
-                                      "temperature", "top-k", "top-p", "seed", "prefill-chunk"}),
-                                {"ids", "stats", "ignore-eos"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(GenerateSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   SequenceRequest request;
   request.kind = SequenceKind::kGenerate;
@@ -176,12 +218,30 @@ absl::Status RunGenerate(const Args& args) {
   return absl::OkStatus();
 }
 
+const CommandSpec& ScoreSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "score",
+      .summary = "the logits of every prompt position, to a safetensors file",
+      .usage = "--model DIR (--tokens IDS | --tokens-file F) --logits-out OUT.safetensors [flags]",
+      .flags =
+          Concat(DeploymentFlags(),
+                 {
+                     {"tokens", "IDS", "the tokens to score: 1,2,3 (commas and/or spaces)"},
+                     {"tokens-file", "F", "the tokens from a file"},
+                     {"logits-out", "FILE", "writes `logits` [T, vocab] F32, `tokens` [T] I64"},
+                     {"prefill-chunk", "N", "prefill in pieces of N tokens (0: one piece)", "0"},
+                     {"decode-from", "K", "prefill the first K tokens, then one per step", "0"},
+                     {"stats", "", "print each rank's traffic and the tokens/s"},
+                 }),
+      .examples =
+          {"deltaserve score --model /tmp/k3-tiny --tokens 1,2,3 --logits-out out.safetensors"},
+      .details = kDistributedNote,
+  };
+  return *spec;
+}
+
 absl::Status RunScore(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags,
-      Flags::Parse("score", args,
-                   With({"tokens", "tokens-file", "logits-out", "prefill-chunk", "decode-from"}),
-                   {"stats"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ScoreSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("logits-out"));
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   SequenceRequest request;

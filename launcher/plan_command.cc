@@ -215,12 +215,31 @@ void PrintPlan(const ModelConfig& c, const std::vector<StageReport>& reports, in
 
 }  // namespace
 
+const CommandSpec& PlanSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "plan",
+      .summary = "the stages of a deployment and the memory and traffic of each rank",
+      .usage = "(--model DIR | --config FILE) --pp N --tp M [flags]",
+      .flags =
+          {
+              {"model", "DIR", "a model directory (only its config.json is read)"},
+              {"config", "FILE", "a config.json"},
+              {"pp", "N", "pipeline stages"},
+              {"tp", "M", "tensor-parallel ranks per stage"},
+              {"context", "T", "tokens of context to plan for", absl::StrCat(kDefaultContext)},
+              {"stage-layers", "2,3,4", "layers per stage instead of the planner's split"},
+              {"weight-bytes", "B", "bytes per weight element", "4"},
+              {"cache-bytes", "B", "bytes per MLA cache element", "4"},
+              {"state-bytes", "B", "bytes per KDA state element", "4"},
+              {"activation-bytes", "B", "bytes per activation element sent between stages", "4"},
+          },
+      .examples = {"deltaserve plan --model DIR --pp 4 --tp 8 --context 1048576"},
+  };
+  return *spec;
+}
+
 absl::Status RunPlan(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(
-      Flags flags,
-      Flags::Parse("plan", args,
-                   {"model", "config", "pp", "tp", "context", "stage-layers", "weight-bytes",
-                    "cache-bytes", "state-bytes", "activation-bytes"}));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(PlanSpec(), args));
   std::string source;
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromFlags(flags, &source));
   DELTASERVE_RETURN_IF_ERROR(flags.Required("pp").status());

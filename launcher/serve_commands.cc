@@ -18,9 +18,25 @@
 namespace deltaserve {
 namespace {
 
-const std::set<std::string> kServerFlags = {
-    "model",       "host",        "port",        "metrics-port",       "port-file",
-    "max-running", "max-waiting", "step-tokens", "max-waiting-tokens", "max-request-bytes"};
+// The flags of serve and coordinator; `host` is their different default.
+std::vector<FlagSpec> ServerFlags(const std::string& host) {
+  const ServerOptions o;
+  const CoordinatorOptions& c = o.coordinator;
+  return {
+      {"model", "DIR", "the model directory (config.json, tokenizer files)"},
+      {"host", "ADDR", "the address to listen on", host},
+      {"port", "N", "the gRPC port (0: any free one, see --port-file)", absl::StrCat(o.port)},
+      {"metrics-port", "N", "serve Prometheus /metrics on this port (-1: none; 0: any free)", "-1"},
+      {"port-file", "F", "write the gRPC port, then the metrics port, to F once listening"},
+      {"max-running", "N", "sequences holding state per worker", absl::StrCat(c.max_running)},
+      {"max-waiting", "N", "requests queued behind them (then RESOURCE_EXHAUSTED)",
+       absl::StrCat(c.max_waiting)},
+      {"max-waiting-tokens", "N", "prompt tokens queued", absl::StrCat(c.max_waiting_tokens)},
+      {"step-tokens", "N", "token budget of one step", absl::StrCat(c.step_tokens)},
+      {"max-request-bytes", "N", "a request's text or token ids at most",
+       absl::StrCat(o.max_request_bytes)},
+  };
+}
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after
 // it, so that WaitForSignal (sigwait) is where they arrive.
@@ -86,10 +102,55 @@ absl::Status Announce(const Flags& flags, const Server& server, const std::strin
 
 }  // namespace
 
+const CommandSpec& ServeSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "serve",
+      .summary = "the gRPC API and a one-process worker (Ctrl-C stops it)",
+      .usage = "--model DIR [flags]",
+      .flags = Concat(ServerFlags("127.0.0.1"),
+                      {{"threads", "N", "compute threads (0: OpenMP's default)", "0"}}),
+      .examples = {"deltaserve serve --model /tmp/k3-tiny --port 50051 --metrics-port 9090"},
+      .details = "For --pp/--tp or mpirun, run `deltaserve coordinator` and `deltaserve worker`.",
+  };
+  return *spec;
+}
+
+const CommandSpec& CoordinatorSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "coordinator",
+      .summary = "the gRPC API; MPI `deltaserve worker` jobs attach to it and run the model",
+      .usage = "--model DIR [flags]",
+      .flags = ServerFlags("0.0.0.0"),
+      .examples = {"deltaserve coordinator --model DIR --port 50051 --metrics-port 9090",
+                   "mpirun -np 4 deltaserve worker --coordinator HOST:50051 --model DIR "
+                   "--pp 2 --tp 2"},
+  };
+  return *spec;
+}
+
+const CommandSpec& WorkerSpec() {
+  static const auto* spec = new CommandSpec{
+      .name = "worker",
+      .summary = "one replica of the model as an MPI job, attached to a coordinator",
+      .usage = "--coordinator HOST:PORT --model DIR [--pp N --tp M] [flags]",
+      .flags = Concat(DeploymentFlags(),
+                      {
+                          {"coordinator", "HOST:PORT", "the coordinator to attach to"},
+                          {"connect-timeout", "S", "seconds to wait for the coordinator", "60"},
+                          {"plan-context", "T", "context the stage split is balanced for", "32768"},
+                      }),
+      .examples =
+          {"deltaserve worker --coordinator HOST:50051 --model DIR",
+           "mpirun -np 4 deltaserve worker --coordinator HOST:50051 --model DIR --pp 2 --tp 2"},
+      .details =
+          "One rank per process: mpirun -np pp*tp deltaserve worker ...; rank 0 holds the "
+          "link to the coordinator.",
+  };
+  return *spec;
+}
+
 absl::Status RunServe(const Args& args) {
-  std::set<std::string> valued = kServerFlags;
-  valued.insert("threads");
-  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("serve", args, valued));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ServeSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, "127.0.0.1"));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
   const sigset_t signals = BlockStopSignals();
@@ -117,7 +178,7 @@ absl::Status RunServe(const Args& args) {
 }
 
 absl::Status RunCoordinator(const Args& args) {
-  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("coordinator", args, kServerFlags));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(CoordinatorSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, "0.0.0.0"));
   const sigset_t signals = BlockStopSignals();
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
@@ -129,9 +190,7 @@ absl::Status RunCoordinator(const Args& args) {
 }
 
 absl::Status RunWorkerCommand(const Args& args) {
-  std::set<std::string> valued = kDeploymentFlags;
-  valued.insert({"coordinator", "connect-timeout", "plan-context"});
-  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse("worker", args, valued));
+  DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(WorkerSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(std::string coordinator, flags.Required("coordinator"));
   DELTASERVE_ASSIGN_OR_RETURN(double connect_timeout, flags.GetDouble("connect-timeout", 60));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t plan_context, flags.GetInt("plan-context", 32768));

@@ -9,7 +9,10 @@ OfflineEngine::OfflineEngine(Replica& replica, const ModelConfig& config, Schedu
 
 void OfflineEngine::Add(SequenceRequest request) { scheduler_.Add(std::move(request)); }
 
-absl::Status OfflineEngine::Run(const std::function<void(const SchedulerEvent&)>& on_event) {
+bool OfflineEngine::Finish(uint64_t id) { return scheduler_.Finish(id); }
+
+absl::Status OfflineEngine::Run(const std::function<void(const SchedulerEvent&)>& on_event,
+                                const std::function<void(const Step&)>& on_step) {
   auto deliver = [&](const std::vector<SchedulerEvent>& events) {
     for (const SchedulerEvent& e : events) on_event(e);
   };
@@ -25,6 +28,7 @@ absl::Status OfflineEngine::Run(const std::function<void(const SchedulerEvent&)>
       std::optional<Step> step = scheduler_.Schedule(Scheduler::Clock::now(), &events);
       deliver(events);
       if (step) {
+        if (on_step) on_step(*step);
         DELTASERVE_RETURN_IF_ERROR(replica_.Start(*step));
         // With more to come, only the older steps are collected: the later
         // stages are still working on them while this rank starts the next.

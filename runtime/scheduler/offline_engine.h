@@ -21,11 +21,18 @@ class OfflineEngine {
   OfflineEngine(Replica& replica, const ModelConfig& config, SchedulerOptions options);
 
   void Add(SequenceRequest request);
+  // Ends a sequence before the scheduler would (a stop string matched, in
+  // the caller's text); its state is released with the next step and no
+  // more of its events come. False when it is not here.
+  bool Finish(uint64_t id);
   // Runs steps until every sequence has ended, handing each event (tokens,
-  // scored pieces, failures) to `on_event` as it comes. Errors are
-  // communication failures. The replica's other ranks keep following until
-  // the replica is stopped.
-  absl::Status Run(const std::function<void(const SchedulerEvent&)>& on_event);
+  // scored pieces, failures) to `on_event` as it comes; `on_step`, when
+  // given, sees each step as it goes out (for progress: the prompt tokens it
+  // carries). Both may call Add and Finish: a sequence added there runs in
+  // this same Run. Errors are communication failures. The replica's other
+  // ranks keep following until the replica is stopped.
+  absl::Status Run(const std::function<void(const SchedulerEvent&)>& on_event,
+                   const std::function<void(const Step&)>& on_step = nullptr);
 
  private:
   Replica& replica_;

@@ -169,6 +169,43 @@ TEST_P(OfflineEngineTest, NonFiniteLogitsEndTheSequenceNamingThePosition) {
         std::string::npos)
         << status;
   }
+TEST_P(OfflineEngineTest, CallbacksAddAndFinishSequencesAndSeeTheSteps) {
+  // Sequence 1 is ended by its caller after two tokens (as a stop string
+  // would) and sequence 2 added in its place; 2 gets its tokens alone.
+  SequenceRequest first;
+  first.id = 1;
+  first.prompt = testing::RandomTokens(12, 1);
+  first.max_tokens = 8;
+  SequenceRequest second;
+  second.id = 2;
+  second.prompt = testing::RandomTokens(30, 2);
+  second.max_tokens = 5;
+  testing::LocalReplica local(*model_);
+  SchedulerOptions options;
+  options.max_running = 1;
+  OfflineEngine engine(local.replica(), model_->config(), options);
+  engine.Add(first);
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, int64_t> fed;
+  const absl::Status status = engine.Run(
+      [&](const SchedulerEvent& e) {
+        if (e.kind != SchedulerEvent::Kind::kToken) return;
+        tokens[e.id].push_back(e.output.token);
+        if (e.id == 1 && tokens[1].size() == 2) {
+          EXPECT_TRUE(engine.Finish(1));
+          engine.Add(second);
+        }
+      },
+      [&](const Step& step) {
+        for (const SequenceWork& w : step.work) fed[w.sequence_id] += w.tokens.size();
+      });
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(tokens[1].size(), 2u);
+  EXPECT_EQ(tokens[2], testing::ReferenceGenerate(*model_, second.prompt, 5, second.sampling, 0));
+  // Every prompt token went out, and one token per decode step after.
+  EXPECT_EQ(fed[2], 30 + 4);
+  EXPECT_GE(fed[1], 12 + 1);
+  EXPECT_FALSE(engine.Finish(1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, OfflineEngineTest, ::testing::ValuesIn(testing::kGoldenModels),

@@ -1,0 +1,222 @@
+// `deltaserve batch --server HOST:PORT`: the units as Generate and Score
+// calls of a running server (`deltaserve serve`, or a coordinator with its
+// workers), `concurrency` at a time.
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "deltaserve/v1/generation.grpc.pb.h"
+#include "launcher/batch_runners.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/serving/grpc_status.h"
+
+namespace deltaserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <typename Req>
+void SetInput(const BatchUnit& unit, Req* req) {
+  if (unit.resolved) {
+    req->mutable_tokens()->mutable_ids()->Add(unit.prompt.begin(), unit.prompt.end());
+  } else if (unit.input.is_text) {
+    req->set_text(unit.input.text);
+  } else {
+    req->mutable_tokens()->mutable_ids()->Add(unit.input.tokens.begin(), unit.input.tokens.end());
+  }
+}
+
+v1::GenerateRequest GenerateRequestOf(const BatchUnit& unit) {
+  v1::GenerateRequest req;
+  SetInput(unit, &req);
+  const BatchGenerateOptions& o = unit.options;
+  req.mutable_sampling()->set_temperature(o.sampling.temperature);
+  req.mutable_sampling()->set_top_k(static_cast<int32_t>(o.sampling.top_k));
+  if (o.has_top_p) req.mutable_sampling()->set_top_p(o.sampling.top_p);
+  req.mutable_sampling()->set_seed(o.seed);
+  req.set_max_tokens(static_cast<int32_t>(o.max_tokens));
+  for (const std::string& stop : o.stop) req.add_stop(stop);
+  req.mutable_stop_token_ids()->Add(o.stop_token_ids.begin(), o.stop_token_ids.end());
+  req.set_logprobs(o.logprobs);
+  req.set_top_logprobs(o.top_logprobs);
+  req.set_ignore_eos(o.ignore_eos);
+  return req;
+}
+
+const char* FinishName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_CONTEXT:
+      return "context";
+    default:
+      return "length";
+  }
+}
+
+BatchTimings TimingsOf(const v1::Timings& t) {
+  return {t.queue_s(), t.time_to_first_token_s(), t.total_s()};
+}
+
+// Whether a failed call is worth another try (the server restarting, its
+// queue full), or the answer about this request.
+bool Transient(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+}
+// Whether a failure is the request's (a record) rather than the job's.
+bool RequestsFault(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INVALID_ARGUMENT ||
+         code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::OUT_OF_RANGE ||
+         code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNIMPLEMENTED;
+}
+
+struct Call {
+  grpc::Status status;
+  std::string record;  // when status is OK
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+};
+
+// `has_text`: the server has a tokenizer, so its tokens carry text.
+Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text) {
+  grpc::ClientContext context;
+  context.set_wait_for_ready(true);
+  auto reader = stub.Generate(&context, GenerateRequestOf(unit));
+  v1::GenerateResponse response;
+  GenerateOutcome o;
+  o.has_text = has_text;
+  v1::Completion completion;
+  while (reader->Read(&response)) {
+    for (const v1::GeneratedToken& t : response.tokens()) {
+      o.token_ids.push_back(t.id());
+      o.text += t.text();
+      if (unit.options.logprobs) o.logprobs.push_back(t.logprob());
+      if (unit.options.top_logprobs > 0) {
+        std::vector<std::pair<int32_t, float>> top;
+        for (const v1::TopLogprob& alt : t.top_logprobs())
+          top.emplace_back(alt.id(), alt.logprob());
+        o.top_logprobs.push_back(std::move(top));
+      }
+    }
+    if (response.has_completion()) completion = response.completion();
+  }
+  Call call;
+  call.status = reader->Finish();
+  if (!call.status.ok()) return call;
+  o.finish_reason = FinishName(completion.finish_reason());
+  o.stop = completion.stop();
+  o.prompt_tokens = completion.usage().prompt_tokens();
+  o.timings = TimingsOf(completion.timings());
+  call.record = GenerateRecord(unit, o);
+  call.prompt_tokens = o.prompt_tokens;
+  call.generated_tokens = static_cast<int64_t>(o.token_ids.size());
+  return call;
+}
+
+Call Score(v1::Generation::Stub& stub, const BatchUnit& unit) {
+  grpc::ClientContext context;
+  context.set_wait_for_ready(true);
+  v1::ScoreRequest req;
+  SetInput(unit, &req);
+  v1::ScoreResponse response;
+  Call call;
+  call.status = stub.Score(&context, req, &response);
+  if (!call.status.ok()) return call;
+  ScoreOutcome o;
+  o.token_ids.assign(response.token_ids().begin(), response.token_ids().end());
+  o.logprobs.assign(response.logprobs().begin(), response.logprobs().end());
+  o.timings = TimingsOf(response.timings());
+  call.record = ScoreRecord(unit, o);
+  call.prompt_tokens = static_cast<int64_t>(o.token_ids.size());
+  return call;
+}
+
+}  // namespace
+
+absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& source,
+                              BatchProgress& progress) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args));
+  bool has_text = false;
+  {
+    // The server answers before any work is handed out.
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(options.retry_s * 1e3)));
+    v1::ModelInfo info;
+    const grpc::Status status = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("the server at ", options.server,
+                                                 " does not answer: ", status.error_message()));
+    }
+    has_text = info.tokenizer() != "none";
+  }
+
+  std::mutex mu;
+  absl::Status failure;
+  std::atomic<bool> stop{false};
+  auto fail = [&](absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failure.ok()) failure = std::move(status);
+    stop = true;
+  };
+  auto client = [&] {
+    while (!stop) {
+      absl::StatusOr<std::optional<BatchUnit>> next = source.Next();
+      if (!next.ok()) return fail(next.status());
+      if (!next->has_value()) return;
+      const BatchUnit& unit = **next;
+      Call call;
+      auto retry_until =
+          Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.retry_s * 1e3));
+      auto backoff = std::chrono::milliseconds(100);
+      while (true) {
+        call =
+            unit.task == BatchTask::kScore ? Score(*stub, unit) : Generate(*stub, unit, has_text);
+        if (call.status.ok() || !Transient(call.status.error_code())) break;
+        if (Clock::now() > retry_until || stop) break;
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+      }
+      if (!call.status.ok() && !RequestsFault(call.status.error_code())) {
+        return fail(absl::UnavailableError(
+            absl::StrCat("the server at ", options.server, " failed a request (",
+                         FromGrpc(call.status).ToString(),
+                         "); stopping: rerun with the same --output to resume")));
+      }
+      const bool error = !call.status.ok();
+      if (error) {
+        const absl::Status s = FromGrpc(call.status);
+        call.record =
+            ErrorRecord(unit.id_json, unit.question, unit.line,
+                        absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
+      }
+      progress.AddPrompt(call.prompt_tokens);
+      progress.AddGenerated(call.generated_tokens);
+      if (absl::Status s = source.Write(unit, call.record, error); !s.ok()) return fail(s);
+    }
+  };
+  std::vector<std::thread> threads;
+  std::atomic<int> finished{0};
+  for (int i = 0; i < options.concurrency; ++i) {
+    threads.emplace_back([&] {
+      client();
+      ++finished;
+    });
+  }
+  // Progress while the clients wait on the server.
+  while (finished < options.concurrency) {
+    progress.Tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (auto& t : threads) t.join();
+  return failure;
+}
+
+}  // namespace deltaserve

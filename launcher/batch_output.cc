@@ -1,0 +1,220 @@
+#include "launcher/batch_output.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace deltaserve {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A float as the double with the fewest digits that reads back as the same
+// float ("-2.7725887", not "-2.772588729858398"); null when not finite,
+// which JSON cannot hold.
+json Number(float value) {
+  if (!std::isfinite(value)) return nullptr;
+  char buffer[32];
+  const auto end = std::to_chars(buffer, buffer + sizeof(buffer), value).ptr;
+  return std::strtod(std::string(buffer, end).c_str(), nullptr);
+}
+
+json Numbers(const std::vector<float>& values) {
+  json list = json::array();
+  for (float v : values) list.push_back(Number(v));
+  return list;
+}
+
+// The id and, for the long-document form, the question: the first fields.
+json Head(const std::string& id_json, int question) {
+  json record = json::object();
+  record["id"] = id_json.empty() ? json(nullptr) : json::parse(id_json);
+  if (question >= 0) record["question"] = question;
+  return record;
+}
+
+// Seconds to the microsecond.
+json Timings(const BatchTimings& t, bool generate) {
+  auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
+  json out = json::object();
+  out["queue_s"] = us(t.queue_s);
+  if (generate) out["time_to_first_token_s"] = us(t.time_to_first_token_s);
+  out["total_s"] = us(t.total_s);
+  return out;
+}
+
+std::string Line(const json& record) {
+  return record.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+std::string Errno(const std::string& path, const std::string& what) {
+  return absl::StrCat(path, ": ", what, ": ", std::strerror(errno));
+}
+
+// The key of a record read back.
+absl::StatusOr<std::string> KeyOf(const json& record) {
+  if (!record.is_object() || !record.contains("id")) {
+    return absl::InvalidArgumentError("not a batch record (no id)");
+  }
+  const json& id = record["id"];
+  int question = -1;
+  if (record.contains("question")) {
+    if (!record["question"].is_number_integer()) {
+      return absl::InvalidArgumentError("not a batch record (question is not an integer)");
+    }
+    question = record["question"].get<int>();
+  }
+  if (id.is_null()) {
+    if (!record.contains("line") || !record["line"].is_number_integer()) {
+      return absl::InvalidArgumentError("not a batch record (null id and no line)");
+    }
+    return RecordKey("", question, record["line"].get<int64_t>());
+  }
+  return RecordKey(id.dump(-1, ' ', false, json::error_handler_t::replace), question, 0);
+}
+
+}  // namespace
+
+std::string GenerateRecord(const BatchUnit& unit, const GenerateOutcome& o) {
+  json record = Head(unit.id_json, unit.question);
+  if (o.has_text) record["text"] = o.text;
+  record["token_ids"] = o.token_ids;
+  record["finish_reason"] = o.finish_reason;
+  if (!o.stop.empty()) record["stop"] = o.stop;
+  if (unit.options.logprobs) record["logprobs"] = Numbers(o.logprobs);
+  if (unit.options.top_logprobs > 0) {
+    json all = json::array();
+    for (const auto& alternatives : o.top_logprobs) {
+      json list = json::array();
+      for (const auto& [id, logprob] : alternatives) {
+        list.push_back(json{{"id", id}, {"logprob", Number(logprob)}});
+      }
+      all.push_back(std::move(list));
+    }
+    record["top_logprobs"] = std::move(all);
+  }
+  record["usage"] = json{{"prompt_tokens", o.prompt_tokens},
+                         {"completion_tokens", static_cast<int64_t>(o.token_ids.size())}};
+  record["timings"] = Timings(o.timings, true);
+  return Line(record);
+}
+
+std::string ScoreRecord(const BatchUnit& unit, const ScoreOutcome& o) {
+  json record = Head(unit.id_json, unit.question);
+  record["token_ids"] = o.token_ids;
+  record["logprobs"] = Numbers(o.logprobs);
+  double total = 0;
+  for (float lp : o.logprobs) total += lp;
+  record["total_logprob"] = std::isfinite(total) ? json(total) : json(nullptr);
+  record["usage"] = json{{"prompt_tokens", static_cast<int64_t>(o.token_ids.size())}};
+  record["timings"] = Timings(o.timings, false);
+  return Line(record);
+}
+
+std::string ErrorRecord(const std::string& id_json, int question, int64_t line,
+                        const std::string& message) {
+  json record = Head(id_json, question);
+  record["line"] = line;
+  record["error"] = message;
+  return Line(record);
+}
+
+absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string& path,
+                                                               bool overwrite) {
+  const bool existed = std::filesystem::exists(path);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::NotFoundError(Errno(path, "cannot open for writing"));
+  std::unique_ptr<BatchOutput> out(new BatchOutput(path, fd));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": in use by another `deltaserve batch` (locked)"));
+  }
+  if (overwrite && ::ftruncate(fd, 0) != 0) {
+    return absl::InternalError(Errno(path, "cannot empty it"));
+  }
+  // Read what is there: every complete line is a record; a last line
+  // without its newline was cut by a crash and goes.
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return absl::InternalError(Errno(path, "cannot stat"));
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  for (size_t got = 0; got < text.size();) {
+    const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError(Errno(path, "cannot read"));
+    got += static_cast<size_t>(n);
+  }
+  const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+  if (keep < text.size()) {
+    out->cut_bytes_ = static_cast<int64_t>(text.size() - keep);
+    if (::ftruncate(fd, static_cast<off_t>(keep)) != 0 || ::fdatasync(fd) != 0) {
+      return absl::InternalError(Errno(path, "cannot cut the unfinished last line"));
+    }
+    text.resize(keep);
+  }
+  int64_t line_number = 0;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find('\n', at);
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    ++line_number;
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    auto key = record.is_discarded() ? absl::InvalidArgumentError("not JSON") : KeyOf(record);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " line ", line_number, ": ", key.status().message(),
+                       "; not resuming into a file this command did not write"));
+    }
+    out->done_.insert(*key);
+    ++out->records_before_;
+    if (record.contains("error")) ++out->errors_before_;
+  }
+  if (!existed) {
+    // The new file's name must survive a crash too.
+    const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd >= 0) {
+      ::fsync(dir_fd);
+      ::close(dir_fd);
+    }
+  }
+  return out;
+}
+
+BatchOutput::~BatchOutput() { ::close(fd_); }
+
+bool BatchOutput::Done(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_.count(key) > 0;
+}
+
+absl::Status BatchOutput::Append(const std::string& key, const std::string& record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (record.empty() || record.back() != '\n' || record.find('\n') != record.size() - 1) {
+    return absl::InternalError(absl::StrCat("a record for ", key, " is not one line"));
+  }
+  if (!done_.insert(key).second) {
+    return absl::InternalError(absl::StrCat("a second record for ", key));
+  }
+  // One write of the whole line: with O_APPEND it lands whole at the end, or
+  // (a crash) as a prefix that the next Open cuts.
+  const ssize_t n = ::write(fd_, record.data(), record.size());
+  if (n != static_cast<ssize_t>(record.size())) {
+    const std::string why = n < 0 ? std::strerror(errno) : "short write (disk full?)";
+    return absl::InternalError(absl::StrCat(path_, ": cannot append a record: ", why));
+  }
+  if (::fdatasync(fd_) != 0) return absl::InternalError(Errno(path_, "cannot sync"));
+  return absl::OkStatus();
+}
+
+}  // namespace deltaserve

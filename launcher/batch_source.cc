@@ -1,0 +1,137 @@
+#include "launcher/batch_source.h"
+
+#include <variant>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace deltaserve {
+
+absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const std::string& path,
+                                                               const BatchModel* model,
+                                                               BatchOutput* output,
+                                                               BatchProgress* progress) {
+  std::unique_ptr<BatchSource> source(new BatchSource(path, model, output, progress));
+  int64_t requests = 0;
+  {
+    std::ifstream count(path);
+    if (!count) return absl::NotFoundError(absl::StrCat(path, ": cannot open (--input)"));
+    std::string line;
+    while (std::getline(count, line)) requests += !absl::StripAsciiWhitespace(line).empty();
+  }
+  progress->SetTotal(requests);
+  source->in_.open(path);
+  if (!source->in_) return absl::NotFoundError(absl::StrCat(path, ": cannot open (--input)"));
+  return source;
+}
+
+absl::StatusOr<std::optional<BatchUnit>> BatchSource::Next() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ready_.empty()) {
+    if (absl::Status s = ReadLocked(); !s.ok()) return s;
+  }
+  if (ready_.empty()) return std::optional<BatchUnit>();
+  BatchUnit unit = std::move(ready_.front());
+  ready_.pop_front();
+  return std::optional<BatchUnit>(std::move(unit));
+}
+
+absl::Status BatchSource::Write(const BatchUnit& unit, const std::string& record, bool error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return WriteLocked(unit.line, RecordKey(unit.id_json, unit.question, unit.line), record, error);
+}
+
+absl::Status BatchSource::WriteLocked(int64_t line, const std::string& key,
+                                      const std::string& record, bool error) {
+  if (absl::Status s = output_->Append(key, record); !s.ok()) return s;
+  progress_->Record(error);
+  auto it = open_.find(line);
+  if (it != open_.end() && --it->second == 0) {
+    open_.erase(it);
+    progress_->RequestDone();
+  }
+  progress_->Tick();
+  return absl::OkStatus();
+}
+
+absl::Status BatchSource::ReadLocked() {
+  std::string text;
+  while (ready_.empty() && !end_) {
+    if (!std::getline(in_, text)) {
+      if (in_.bad()) return absl::DataLossError(absl::StrCat(path_, ": read error"));
+      end_ = true;
+      break;
+    }
+    const int64_t line = ++line_number_;
+    if (absl::StripAsciiWhitespace(text).empty()) continue;
+    std::variant<BatchRequest, BatchLineError> parsed = ParseBatchLine(text, line);
+    text.clear();
+    if (auto* request = std::get_if<BatchRequest>(&parsed)) {
+      // An id seen before makes this line an error of its own, keyed by line.
+      auto [first, inserted] = first_line_.emplace(request->id_json, line);
+      if (!inserted) {
+        BatchLineError dup;
+        dup.line = line;
+        dup.message = absl::StrCat("duplicate id ", request->id_json, " (first on line ",
+                                   first->second, "); this line is not run");
+        parsed = std::move(dup);
+      }
+    } else {
+      const BatchLineError& e = std::get<BatchLineError>(parsed);
+      if (!e.id_json.empty() && !first_line_.emplace(e.id_json, line).second) {
+        BatchLineError dup;
+        dup.line = line;
+        dup.message = absl::StrCat("duplicate id ", e.id_json, " (first on line ",
+                                   first_line_[e.id_json], "); this line is not run");
+        parsed = std::move(dup);
+      }
+    }
+
+    // The records this line has: every question's for a long document.
+    std::vector<BatchUnit> units;
+    if (auto* e = std::get_if<BatchLineError>(&parsed)) {
+      const bool per_question = e->questions > 0 && !e->id_json.empty();
+      for (int i = 0; i < (per_question ? e->questions : 1); ++i) {
+        BatchUnit u;
+        u.id_json = e->id_json;
+        u.question = per_question ? i : -1;
+        u.line = line;
+        u.error = e->message;
+        units.push_back(std::move(u));
+      }
+    } else {
+      const BatchRequest& request = std::get<BatchRequest>(parsed);
+      // Resolving (encoding a long document) is skipped when every record
+      // of the request is there already.
+      bool all_done = true;
+      const int n = request.long_document ? static_cast<int>(request.questions.size()) : 1;
+      for (int i = 0; i < n; ++i) {
+        const int question = request.long_document ? i : -1;
+        all_done = all_done && output_->Done(RecordKey(request.id_json, question, line));
+      }
+      if (!all_done) units = UnitsOf(request, model_);
+    }
+    int to_write = 0;
+    for (BatchUnit& u : units) {
+      if (!output_->Done(RecordKey(u.id_json, u.question, u.line))) ++to_write;
+    }
+    if (to_write == 0) {
+      progress_->RequestSkipped();
+      continue;
+    }
+    open_[line] = to_write;
+    for (BatchUnit& u : units) {
+      const std::string key = RecordKey(u.id_json, u.question, u.line);
+      if (output_->Done(key)) continue;
+      if (!u.error.empty()) {
+        const std::string record = ErrorRecord(u.id_json, u.question, u.line, u.error);
+        if (absl::Status s = WriteLocked(line, key, record, true); !s.ok()) return s;
+      } else {
+        ready_.push_back(std::move(u));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace deltaserve

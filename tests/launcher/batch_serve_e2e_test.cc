@@ -1,0 +1,177 @@
+// `deltaserve batch --server` against a `deltaserve serve` the test starts:
+// the records are the embedded run's, with the model's tokenizer lent to the
+// client (--model) or without it (the server checks and encodes).
+#include <algorithm>
+#include <filesystem>
+
+#include "tests/launcher/batch_test_util.h"
+
+namespace deltaserve {
+namespace {
+
+using testing::Json;
+
+struct Server {
+  std::unique_ptr<testing::ChildProcess> process;
+  std::string address;
+};
+
+Server StartServe(const std::string& flags) {
+  Server s;
+  const std::string dir = testing::TempDir("batch_serve");
+  const std::string port_file = dir + "/port";
+  s.process = testing::ChildProcess::Start(
+      absl::StrCat(testing::Deltaserve(), " serve --model ", testing::K3Tiny(),
+                   " --host 127.0.0.1 --port 0 --port-file ", port_file, " ", flags),
+      dir + "/log");
+  for (int i = 0; i < 6000 && !std::filesystem::exists(port_file); ++i) {
+    if (s.process->Wait(std::chrono::milliseconds(10))) break;
+  }
+  int port = 0;
+  std::ifstream(port_file) >> port;
+  EXPECT_GT(port, 0) << s.process->Log();
+  s.address = absl::StrCat("127.0.0.1:", port);
+  return s;
+}
+
+TEST(BatchServeTest, ThroughAServerTheRecordsAreTheEmbeddedRunsOnes) {
+  const std::string dir = testing::TempDir("batch_server");
+  const std::string input = testing::MixedInput(/*scale=*/2);
+  testing::WriteFile(dir + "/in.jsonl", input);
+  std::string log;
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
+                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
+                   &log),
+      0)
+      << log;
+  const auto embedded = testing::ReadRecords(dir + "/embedded.jsonl");
+
+  const Server server = StartServe("--max-running 8");
+  // With the model's tokenizer here: encoded and checked as the embedded run
+  // does, the same records, errors included.
+  ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                      " --model ", testing::K3Tiny(), " --concurrency 6 --input ",
+                                      dir, "/in.jsonl --output ", dir, "/served.jsonl"),
+                         &log),
+            0)
+      << log;
+  std::map<std::string, int> counts;
+  const auto served = testing::ReadRecords(dir + "/served.jsonl", &counts);
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << key;
+  testing::ExpectSameRecords(served, embedded);
+  testing::ExpectMixedRecordsMatchAlone(input, served, testing::K3Tiny());
+
+  // Without it: the server encodes text and refuses the bad id itself (its
+  // message names the API's field).
+  ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                      " --input ", dir, "/in.jsonl --output ", dir, "/plain.jsonl"),
+                         &log),
+            0)
+      << log;
+  const auto plain = testing::ReadRecords(dir + "/plain.jsonl");
+  testing::ExpectSameRecords(plain, embedded, /*same_errors=*/false);
+  EXPECT_EQ(plain.at("\"oob\"")["error"],
+            "INVALID_ARGUMENT: prompt.tokens.ids[2]: 256 is outside the vocabulary [0, 256)");
+
+  // A rerun finds every record there and sends nothing.
+  ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                      " --input ", dir, "/in.jsonl --output ", dir, "/plain.jsonl"),
+                         &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("batch: wrote 0 records"), std::string::npos) << log;
+}
+
+TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
+  // A stop string that the greedy continuation of the prompt meets: the
+  // first printable byte not generated before it (the tiny models' tokens
+  // are bytes).
+  std::string output;
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " generate --model ", testing::K3Tiny(),
+                                " --prompt 'Stop here' --max-tokens 24 --ids 2>/dev/null"),
+                   &output),
+      0);
+  std::vector<int32_t> alone;
+  std::istringstream in(output);
+  for (int32_t id; in >> id;) alone.push_back(id);
+  size_t at = 3;
+  while (at < alone.size() &&
+         (alone[at] < 0x21 || alone[at] > 0x7e || alone[at] == '"' || alone[at] == '\\' ||
+          std::find(alone.begin(), alone.begin() + at, alone[at]) != alone.begin() + at)) {
+    ++at;
+  }
+  ASSERT_LT(at, alone.size()) << output;
+  const std::string stop(1, static_cast<char>(alone[at]));
+  const std::string dir = testing::TempDir("batch_stop");
+  testing::WriteFile(dir + "/in.jsonl", Json{{"id", "stop"},
+                                             {"text", "Stop here"},
+                                             {"max_tokens", 24},
+                                             {"stop", {stop}},
+                                             {"logprobs", true},
+                                             {"top_logprobs", 3}}
+                                                .dump() +
+                                            "\n");
+  std::string log;
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
+                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
+                   &log),
+      0)
+      << log;
+  const Json embedded = testing::ReadRecords(dir + "/embedded.jsonl").at("\"stop\"");
+  // The token that completes the stop string is the last; the text ends
+  // before the stop string.
+  EXPECT_EQ(embedded["token_ids"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(alone.begin(), alone.begin() + at + 1));
+  EXPECT_EQ(embedded["finish_reason"], "stop");
+  EXPECT_EQ(embedded["stop"], stop);
+  EXPECT_EQ(embedded["text"].get<std::string>().find(stop), std::string::npos);
+  ASSERT_EQ(embedded["logprobs"].size(), at + 1);
+  ASSERT_EQ(embedded["top_logprobs"].size(), at + 1);
+  for (const Json& top : embedded["top_logprobs"]) EXPECT_EQ(top.size(), 3u);
+  // Greedy: the sampled token is the most likely one.
+  EXPECT_EQ(embedded["top_logprobs"][0][0]["id"], alone[0]);
+  EXPECT_NEAR(embedded["top_logprobs"][0][0]["logprob"].get<double>(),
+              embedded["logprobs"][0].get<double>(), 1e-6);
+
+  const Server server = StartServe("");
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                " --input ", dir, "/in.jsonl --output ", dir, "/served.jsonl"),
+                   &log),
+      0)
+      << log;
+  testing::ExpectSameRecords(testing::ReadRecords(dir + "/served.jsonl"),
+                             testing::ReadRecords(dir + "/embedded.jsonl"));
+}
+
+TEST(BatchServeTest, KilledClientResumesAndAServerThatIsGoneStopsTheJob) {
+  const std::string dir = testing::TempDir("batch_server_kill");
+  testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/8, /*max_tokens=*/32));
+  Server server = StartServe("");
+  const std::string batch =
+      absl::StrCat(testing::Deltaserve(), " batch --server ", server.address, " --model ",
+                   testing::K3Tiny(), " --concurrency 4 --input ", dir, "/in.jsonl --output ");
+  std::string log;
+  ASSERT_EQ(testing::Run(batch + dir + "/ref.jsonl", &log), 0) << log;
+  const auto reference = testing::ReadRecords(dir + "/ref.jsonl");
+  const int killed = testing::KillAndResume(batch + dir + "/out.jsonl", dir + "/out.jsonl",
+                                            /*kills=*/3, /*max_records=*/3, /*seed=*/2);
+  EXPECT_GE(killed, 2);
+  std::map<std::string, int> counts;
+  testing::ExpectSameRecords(testing::ReadRecords(dir + "/out.jsonl", &counts), reference);
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << key;
+
+  // The server goes away: the job stops with an error instead of writing
+  // error records for what it could not run, and a rerun can finish it.
+  server.process->Signal(SIGTERM);
+  server.process->Wait(std::chrono::seconds(30));
+  EXPECT_EQ(testing::Run(batch + dir + "/gone.jsonl --retry-s 1", &log), 1) << log;
+  EXPECT_NE(log.find("does not answer"), std::string::npos) << log;
+  EXPECT_TRUE(testing::ReadRecords(dir + "/gone.jsonl").size() <= 2u);
+}
+
+}  // namespace
+}  // namespace deltaserve
