@@ -3,6 +3,8 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/batch_runners.h"
@@ -73,43 +75,107 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
     for (const auto& [id, r] : running) engine.Finish(id);
     running.clear();
   };
-  // Up to max_running units in the engine.
+  // A long document's questions arrive one after another: they are taken
+  // together, the document prefilled once (a kPrefix sequence) and each
+  // question forked from it. `held` is a unit read ahead of its turn.
+  std::optional<BatchUnit> held;
+  auto next_unit = [&]() -> absl::StatusOr<std::optional<BatchUnit>> {
+    if (held) {
+      std::optional<BatchUnit> unit = std::move(held);
+      held.reset();
+      return unit;
+    }
+    return source.Next();
+  };
+  struct Prefill {
+    std::string name;
+    int64_t fed = 0, total = 0;
+  };
+  std::map<uint64_t, Prefill> documents;  // prefixes being prefilled, for progress
+  auto add = [&](BatchUnit unit, std::optional<uint64_t> fork_from) {
+    Running r;
+    r.unit = std::move(unit);
+    r.added = Clock::now();
+    const BatchUnit& u = r.unit;
+    SequenceRequest s;
+    s.id = next_id++;
+    s.kind = u.task == BatchTask::kScore ? SequenceKind::kScore : SequenceKind::kGenerate;
+    s.prompt = u.prompt;
+    if (fork_from) {
+      s.fork_from = fork_from;
+      s.prompt.erase(s.prompt.begin(), s.prompt.begin() + u.document_tokens);
+      r.fed = u.document_tokens;  // already in the prefix
+    }
+    if (u.task == BatchTask::kGenerate) {
+      // As the API does (Coordinator::SubmitGenerate), and `generate`.
+      s.sampling = u.options.sampling;
+      s.seed = u.options.seed;
+      s.logprobs = u.options.logprobs;
+      s.top_logprobs = u.options.top_logprobs;
+      s.max_tokens = u.options.max_tokens;
+      s.stop_ids = u.options.stop_token_ids;
+      if (tokenizer != nullptr) {
+        r.text = std::make_unique<TextStream>(*tokenizer, u.options.stop);
+        r.generated.has_text = true;
+        if (!u.options.ignore_eos) {
+          for (int32_t id : tokenizer->end_ids()) s.stop_ids.push_back(id);
+        }
+      }
+      r.generated.prompt_tokens = static_cast<int64_t>(u.prompt.size());
+    }
+    running.emplace(s.id, std::move(r));
+    engine.Add(std::move(s));
+  };
+  // Up to max_running units in the engine (a document's questions count
+  // once they run: they wait in the engine behind the place limit).
   auto fill = [&] {
     while (failure.ok() && !input_done &&
            static_cast<int64_t>(running.size()) < options.max_running) {
-      absl::StatusOr<std::optional<BatchUnit>> next = source.Next();
+      absl::StatusOr<std::optional<BatchUnit>> next = next_unit();
       if (!next.ok()) return fail(next.status());
       if (!next->has_value()) {
         input_done = true;
         return;
       }
-      Running r;
-      r.unit = std::move(**next);
-      r.added = Clock::now();
-      const BatchUnit& u = r.unit;
-      SequenceRequest s;
-      s.id = next_id++;
-      s.kind = u.task == BatchTask::kScore ? SequenceKind::kScore : SequenceKind::kGenerate;
-      s.prompt = u.prompt;
-      if (u.task == BatchTask::kGenerate) {
-        // As the API does (Coordinator::SubmitGenerate), and `generate`.
-        s.sampling = u.options.sampling;
-        s.seed = u.options.seed;
-        s.logprobs = u.options.logprobs;
-        s.top_logprobs = u.options.top_logprobs;
-        s.max_tokens = u.options.max_tokens;
-        s.stop_ids = u.options.stop_token_ids;
-        if (tokenizer != nullptr) {
-          r.text = std::make_unique<TextStream>(*tokenizer, u.options.stop);
-          r.generated.has_text = true;
-          if (!u.options.ignore_eos) {
-            for (int32_t id : tokenizer->end_ids()) s.stop_ids.push_back(id);
-          }
-        }
-        r.generated.prompt_tokens = static_cast<int64_t>(u.prompt.size());
+      BatchUnit unit = std::move(**next);
+      const bool forkable = unit.error.empty() && unit.document_tokens > 0 &&
+                            unit.document_tokens < static_cast<int64_t>(unit.prompt.size());
+      if (!forkable) {
+        add(std::move(unit), std::nullopt);
+        continue;
       }
-      running.emplace(s.id, std::move(r));
-      engine.Add(std::move(s));
+      std::vector<BatchUnit> questions;
+      questions.push_back(std::move(unit));
+      while (true) {
+        absl::StatusOr<std::optional<BatchUnit>> more = source.Next();
+        if (!more.ok()) return fail(more.status());
+        if (!more->has_value()) {
+          input_done = true;
+          break;
+        }
+        const BatchUnit& first = questions.front();
+        BatchUnit& candidate = **more;
+        const bool same = candidate.line == first.line && candidate.error.empty() &&
+                          candidate.document_tokens == first.document_tokens &&
+                          static_cast<int64_t>(candidate.prompt.size()) > first.document_tokens;
+        if (!same) {
+          held = std::move(candidate);
+          break;
+        }
+        questions.push_back(std::move(candidate));
+      }
+      SequenceRequest document;
+      document.id = next_id++;
+      document.kind = SequenceKind::kPrefix;
+      const BatchUnit& first = questions.front();
+      document.prompt.assign(first.prompt.begin(), first.prompt.begin() + first.document_tokens);
+      document.forks = static_cast<int64_t>(questions.size());
+      documents[document.id] = {absl::StrCat("id ", first.id_json, " document"), 0,
+                                first.document_tokens};
+      const uint64_t prefix = document.id;
+      engine.Add(std::move(document));
+      for (BatchUnit& q : questions) add(std::move(q), prefix);
+      if (input_done) return;
     }
   };
   auto write = [&](uint64_t id, const std::string& record, bool error) {
@@ -121,11 +187,16 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
   };
 
   auto on_event = [&](const SchedulerEvent& e) {
+    if (e.kind == SchedulerEvent::Kind::kPrefilled || e.kind == SchedulerEvent::Kind::kFailed) {
+      documents.erase(e.id);
+    }
     auto it = running.find(e.id);
-    if (it == running.end()) return;  // finished by a stop string, or dropped
+    if (it == running.end()) return;  // a document, finished by a stop string, or dropped
     Running& r = it->second;
     const auto now = Clock::now();
     switch (e.kind) {
+      case SchedulerEvent::Kind::kPrefilled:  // documents only
+        return;
       case SchedulerEvent::Kind::kStarted:
         if (!r.was_started) {
           r.was_started = true;
@@ -193,6 +264,11 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
   // with the most left to prefill is.
   auto on_step = [&](const Step& step) {
     for (const SequenceWork& w : step.work) {
+      if (auto d = documents.find(w.sequence_id); d != documents.end()) {
+        d->second.fed += static_cast<int64_t>(w.tokens.size());
+        progress.AddPrompt(static_cast<int64_t>(w.tokens.size()));
+        continue;
+      }
       auto it = running.find(w.sequence_id);
       if (it == running.end()) continue;
       Running& r = it->second;
@@ -210,7 +286,19 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
         longest = &r;
       }
     }
-    if (longest == nullptr) {
+    const Prefill* document = nullptr;
+    for (const auto& [id, d] : documents) {
+      if (d.fed < d.total &&
+          (document == nullptr || d.total - d.fed > document->total - document->fed)) {
+        document = &d;
+      }
+    }
+    if (document != nullptr &&
+        (longest == nullptr ||
+         document->total - document->fed >
+             static_cast<int64_t>(longest->unit.prompt.size()) - longest->fed)) {
+      progress.SetPrefill(document->name, document->fed, document->total);
+    } else if (longest == nullptr) {
       progress.SetPrefill("", 0, 0);
     } else {
       progress.SetPrefill(Name(longest->unit), longest->fed,

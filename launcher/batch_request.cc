@@ -444,6 +444,7 @@ std::vector<BatchUnit> UnitsOf(const BatchRequest& r, const BatchModel* model) {
         model == nullptr ? r.questions[i].tokens : Resolve(r.questions[i], field, *model, &check);
     u.prompt = document;
     u.prompt.insert(u.prompt.end(), question.begin(), question.end());
+    u.document_tokens = static_cast<int64_t>(document.size());
     if (model == nullptr) {
       // Sent as token ids; the server checks them.
       u.input.tokens = u.prompt;

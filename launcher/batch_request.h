@@ -7,8 +7,8 @@
 // generate or score request is one unit; the long-document form
 // {"document", "questions"} is one unit per question, whose prompt is the
 // document's tokens followed by the question's (each encoded on its own, so
-// every question shares the document's tokens as an exact prefix: what a
-// state fork will reuse once the engine has one).
+// every question shares the document's tokens as an exact prefix, which the
+// engine prefills once and forks: runtime/scheduler/scheduler.h, kPrefix).
 #pragma once
 
 #include <cstdint>
@@ -85,6 +85,9 @@ struct BatchUnit {
   // the server checks it.
   bool resolved = false;
   std::vector<int32_t> prompt;
+  // The long-document form: how many of `prompt`'s tokens are the document,
+  // which the engine prefills once and forks for each question.
+  int64_t document_tokens = 0;
   BatchInput input;
   BatchGenerateOptions options;
   std::string error;  // non-empty: the unit failed its checks, and this is why

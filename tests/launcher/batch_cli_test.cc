@@ -180,9 +180,13 @@ TEST(BatchTest, ProgressShowsRatesTimeLeftAndWhereALongPrefillIs) {
   EXPECT_NE(log.find("/4 requests, prompt "), std::string::npos) << log;
   EXPECT_NE(log.find(" tok/s, generated "), std::string::npos) << log;
   EXPECT_NE(log.find(", ETA "), std::string::npos) << log;
-  EXPECT_NE(log.find("prefill of id \"doc\" question "), std::string::npos) << log;
-  EXPECT_NE(log.find("/1205 tokens"), std::string::npos) << log;
+  // The document is prefilled once and forked for its two questions: its
+  // prefill is the one shown, and the prompt tokens run are 3 x 20 + 1200 +
+  // 2 x 5, not 2 x 1205 for the questions.
+  EXPECT_NE(log.find("prefill of id \"doc\" document"), std::string::npos) << log;
+  EXPECT_NE(log.find("/1200 tokens"), std::string::npos) << log;
   EXPECT_NE(log.find("batch: wrote 5 records (0 errors)"), std::string::npos) << log;
+  EXPECT_NE(log.find("; prompt 1270 tokens ("), std::string::npos) << log;
 
   ASSERT_EQ(testing::Run(Batch(dir + "/in.jsonl", dir + "/quiet.jsonl", "--quiet"), &log), 0);
   EXPECT_EQ(log.find("requests, prompt"), std::string::npos) << log;

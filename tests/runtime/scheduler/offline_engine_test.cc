@@ -169,6 +169,8 @@ TEST_P(OfflineEngineTest, NonFiniteLogitsEndTheSequenceNamingThePosition) {
         std::string::npos)
         << status;
   }
+}
+
 TEST_P(OfflineEngineTest, CallbacksAddAndFinishSequencesAndSeeTheSteps) {
   // Sequence 1 is ended by its caller after two tokens (as a stop string
   // would) and sequence 2 added in its place; 2 gets its tokens alone.
