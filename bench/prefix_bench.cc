@@ -1,14 +1,18 @@
 // Prefix reuse on k3-small: Q questions about one long document, answered
 // (a) with the document prefilled once and its state forked for each
 // question, against (b) Q independent sequences of document + question, both
-// through the offline engine in one process, each twice in turn (the faster
+// through the offline engine in one process, each --rounds times in turn (the faster
 // counts). Prints markdown for
 // docs/performance.md: the wall times, their ratio, and the ideal ratio from
-// the document's own prefill time measured in the same run (reuse can save
-// at most Q - 1 document prefills).
+// costs measured in the same run: with P the document's prefill alone and R
+// what each question adds (the forked run less P, over Q), independent runs
+// cost at least Q (P + R) and reuse P + Q R, so the ideal is
+// Q (P + R) / (P + Q R).
 //
 //   build/bin/prefix_bench [--model DIR] [--document 16384] [--questions 4]
 //                          [--question-tokens 32] [--max-tokens 32] [--threads N]
+//                          [--rounds 2]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -74,13 +78,14 @@ int main(int argc, char** argv) {
   using namespace deltaserve;
   std::string model_dir;
   int64_t document_tokens = 16384, questions = 4, question_tokens = 32, max_tokens = 32;
-  int threads = 0;
+  int threads = 0, rounds = 2;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::printf(
           "usage: prefix_bench [--model DIR] [--document 16384] [--questions 4]\n"
           "                    [--question-tokens 32] [--max-tokens 32] [--threads N]\n"
+          "                    [--rounds 2]\n"
           "Q questions about one document: prefilled once and forked, against Q\n"
           "independent sequences of document + question (k3-small in /tmp by default).\n");
       return 0;
@@ -102,6 +107,8 @@ int main(int argc, char** argv) {
       max_tokens = std::stoll(value);
     } else if (flag == "--threads") {
       threads = std::stoi(value);
+    } else if (flag == "--rounds") {
+      rounds = std::max(1, std::stoi(value));
     } else {
       std::fprintf(stderr, "unknown flag %s (--help)\n", flag.c_str());
       return 2;
@@ -136,7 +143,7 @@ int main(int argc, char** argv) {
     asked.push_back(Tokens(question_tokens, 100 + q, config.vocab_size));
   }
   // The document's prefill alone (what each reuse saves), the forked run and
-  // the independent one, twice in turn; the faster of each.
+  // the independent one, `rounds` times in turn; the fastest of each.
   SequenceRequest prefix;
   prefix.id = 1;
   prefix.kind = SequenceKind::kPrefix;
@@ -161,7 +168,7 @@ int main(int argc, char** argv) {
   Timed alone, with, without;
   int64_t copied = 0;
   double copy_s = 0;
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const Timed a = Run(replica, config, {prefix});
     const PipelineStats before = executor.stage().stats();
     const Timed w = Run(replica, config, forked);
@@ -176,7 +183,9 @@ int main(int argc, char** argv) {
   for (int64_t q = 0; q < questions; ++q)
     same += with.tokens.at(10 + q) == without.tokens.at(100 + q);
 
-  const double ideal = without.seconds / (without.seconds - (questions - 1) * alone.seconds);
+  const double per_question = std::max(0.0, (with.seconds - alone.seconds) / questions);
+  const double ideal =
+      questions * (alone.seconds + per_question) / (alone.seconds + questions * per_question);
   std::printf(
       "| document | questions | document prefill s | forked s | independent s | "
       "speedup | ideal | state copied | copy s | same greedy tokens |\n");
