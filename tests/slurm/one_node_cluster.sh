@@ -154,6 +154,9 @@ stop_cluster() {
     kill -KILL "$pid" 2>/dev/null
   done
   wait 2>/dev/null
+  for f in "$dir"/core*; do
+    [[ -e $f ]] && log "core file $f (a daemon crashed; see the comment above start())"
+  done
   log "stopped"
 }
 trap 'stop_cluster; exit 0' TERM INT
@@ -161,7 +164,11 @@ trap stop_cluster EXIT
 
 # Each daemon in the foreground, in its own session: a signal to this
 # script's process group (Ctrl-C) reaches only this script, which stops them
-# in order.
+# in order. They run in DIR, so a core file lands there (not in the caller's
+# directory): Debian's slurmstepd (Slurm 22.05, PMIx 4.2) now and then
+# crashes in PMIx_server_finalize as an mpi/pmix step ends, after its tasks
+# have exited; the stop below names any core file.
+cd "$dir" || die "cannot enter $dir"
 start() {
   local name=$1
   shift
