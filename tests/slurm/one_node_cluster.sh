@@ -36,7 +36,7 @@ done
 
 # munged refuses a key readable by others and a socket directory others
 # cannot enter.
-mkdir -p "$dir/munge" "$dir/run" "$dir/state" "$dir/spool" "$dir/log"
+mkdir -p "$dir/munge" "$dir/run" "$dir/state" "$dir/spool" "$dir/log" "$dir/tmp"
 chmod 700 "$dir/munge"
 chmod 755 "$dir" "$dir/run"
 rm -f "$dir/ready" "$dir/pids"
@@ -72,6 +72,9 @@ SlurmctldPidFile=$dir/run/slurmctld.pid
 SlurmdPidFile=$dir/run/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
+# The mpi/pmix plugin's per-step directories (spmix_appdir_UID_JOB.STEP):
+# another test cluster has the same job and step ids.
+TmpFS=$dir/tmp
 # No cgroups: processes are tracked by parentage, tasks are not bound.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -86,7 +89,7 @@ SchedulerType=sched/backfill
 ReturnToService=2
 MailProg=/bin/true
 # scancel: SIGTERM, then SIGKILL after KillWait seconds (30 by default).
-KillWait=5
+KillWait=10
 $node_line NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF

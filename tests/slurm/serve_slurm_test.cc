@@ -126,11 +126,12 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   ASSERT_EQ(testing::RunCommand("scancel " + job, &output), 0) << output;
   EXPECT_TRUE(WaitUntil([&] { return QueueState(job).empty(); }, std::chrono::seconds(30)))
       << QueueState(job);
-  EXPECT_TRUE(WaitUntil([&] { return JobProcesses().empty(); }, std::chrono::seconds(10)));
+  EXPECT_TRUE(WaitUntil([&] { return JobProcesses().empty(); }, std::chrono::seconds(10)))
+      << Describe(JobProcesses());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled).count();
-  // Before KillWait (5 s in the test cluster) would SIGKILL what is left.
-  EXPECT_LT(seconds, 5.0);
+  // Before KillWait (10 s in the test cluster) would SIGKILL what is left.
+  EXPECT_LT(seconds, 10.0) << JobLog(job);
   EXPECT_EQ(FinalState(job), "CANCELLED");
   const std::string log = JobLog(job);
   EXPECT_NE(log.find("deltaserve coordinator: Terminated, shutting down"), std::string::npos)
@@ -139,7 +140,6 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   // A replica step may end before the script has taken the signal; it is
   // not started again.
   EXPECT_EQ(Count(log, ": started (srun pid"), 2) << log;
-  for (const JobProcess& p : JobProcesses()) ADD_FAILURE() << "left: " << p.pid << " " << p.cmdline;
 }
 
 TEST_F(ServeSlurmTest, AReplicaWhoseRankDiesIsStartedAgain) {
@@ -225,7 +225,8 @@ TEST_F(ServeSlurmTest, AnAttachedJobAddsReplicasAndASignalledScriptStopsCleanly)
   // exit, and the job completes with exit code 0.
   ASSERT_EQ(testing::RunCommand("scancel --batch --signal=TERM " + job, &output), 0) << output;
   EXPECT_TRUE(WaitUntil([&] { return QueueState(job).empty(); }, std::chrono::seconds(30)));
-  EXPECT_TRUE(WaitUntil([&] { return JobProcesses().empty(); }, std::chrono::seconds(10)));
+  EXPECT_TRUE(WaitUntil([&] { return JobProcesses().empty(); }, std::chrono::seconds(10)))
+      << Describe(JobProcesses());
   EXPECT_EQ(FinalState(job), "COMPLETED");
   const std::string log = JobLog(job);
   EXPECT_NE(log.find("deltaserve coordinator: Terminated, shutting down"), std::string::npos)

@@ -181,6 +181,15 @@ class SlurmTest : public ::testing::Test {
     return found;
   }
 
+  // "pid: command line" per line, for failure messages.
+  static std::string Describe(const std::vector<JobProcess>& processes) {
+    std::string text;
+    for (const JobProcess& p : processes) {
+      text += std::to_string(p.pid) + ": " + p.cmdline + "\n";
+    }
+    return text;
+  }
+
   static bool Alive(pid_t pid) {
     const std::string stat = ReadWholeFile("/proc/" + std::to_string(pid) + "/stat");
     const size_t paren = stat.rfind(')');
