@@ -112,9 +112,11 @@ marked() {
   done
 }
 
-running() {  # not gone and not a zombie
-  local state
-  state=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $state != Z* ]]
+running() {  # not gone and not a zombie (the state follows "PID (COMM) ")
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
 }
 
 stop_pid() {  # SIGTERM, then SIGKILL after $2 seconds
@@ -125,7 +127,7 @@ stop_pid() {  # SIGTERM, then SIGKILL after $2 seconds
     running "$pid" || return 0
     sleep 0.1
   done
-  log "pid $pid ($(ps -o comm= -p "$pid")) ignored SIGTERM: SIGKILL"
+  log "pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null)) ignored SIGTERM: SIGKILL"
   kill -KILL "$pid" 2>/dev/null
 }
 

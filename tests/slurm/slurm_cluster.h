@@ -11,7 +11,9 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -58,6 +60,10 @@ bool WaitUntil(Predicate done, std::chrono::seconds limit) {
 class SlurmTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // slurmd starts each slurmstepd as an orphan; with this process as their
+    // reaper they are reaped in TearDown, not left as zombies until init
+    // gets to them.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
     dir_ = TempDir("slurm");
     conf_ = dir_ + "/slurm.conf";
     cluster_ = ChildProcess::Start(
@@ -80,7 +86,19 @@ class SlurmTest : public ::testing::Test {
   void TearDown() override {
     unsetenv("SLURM_CONF");
     unsetenv("OMPI_MCA_mpi_yield_when_idle");
-    if (cluster_ == nullptr) return;
+    if (cluster_ != nullptr) StopCluster();
+    // The exited slurmstepd processes, now this process's children.
+    WaitUntil(
+        [] {
+          while (waitpid(-1, nullptr, WNOHANG) > 0) {
+          }
+          return waitpid(-1, nullptr, WNOHANG) < 0;  // ECHILD: no child left
+        },
+        std::chrono::seconds(10));
+    prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+
+  void StopCluster() {
     // The script cancels the jobs and stops the daemons by pid; only it, not
     // its process group, gets the signal, so it can do that in order.
     kill(cluster_->pid(), SIGTERM);
@@ -107,7 +125,7 @@ class SlurmTest : public ::testing::Test {
     if (HasFailure()) std::cerr << "cluster log:\n" << cluster_->Log();
   }
 
-  // sbatch --parsable ARGS, its output in log_path(job): the job id, or ""
+  // sbatch --parsable ARGS, its output in JobLog(job): the job id, or ""
   // (and a failure).
   std::string Submit(const std::string& args) {
     std::string output;
