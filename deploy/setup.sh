@@ -15,6 +15,11 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # serving API
   libonig-dev              # tokenizer pre-tokenization patterns
   python3-grpcio python3-protobuf  # Python client example and e2e tests
+  # The slurm tests start a one-node cluster of their own (tests/slurm/); the
+  # mpi/pmix plugin that srun --mpi=pmix needs is in slurm-wlm-basic-plugins,
+  # which slurmd brings. Without a slurm.conf in /etc/slurm the packages'
+  # services do not start.
+  munge slurmctld slurmd slurm-client
 )
 
 missing=()

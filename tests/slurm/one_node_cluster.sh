@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# A one-node Slurm cluster on this machine, for the slurm tests and for trying
+# deploy/slurm/ by hand: munged, slurmctld and slurmd from Debian's packages,
+# every file under DIR, on free ports.
+#
+#   bash tests/slurm/one_node_cluster.sh DIR &
+#   until [[ -e DIR/ready ]]; do sleep 0.2; done
+#   export SLURM_CONF=DIR/slurm.conf   # then sbatch, srun, squeue, scancel as usual
+#
+# DIR gets slurm.conf, munge/ (key, seed, log), run/ (munge socket, pid files),
+# state/, spool/, log/ (the daemons' logs), pids (the daemons' pids) and, once
+# the node is idle, ready. The cluster runs until this script gets SIGTERM or
+# SIGINT, or until the process that started it ends (a test killed by its
+# timeout). Then it cancels every job, stops the daemons by pid, and kills by
+# pid whatever is left that carries SLURM_CONF=DIR/slurm.conf in its
+# environment: slurmstepd and the jobs' processes (Slurm passes SLURM_CONF to
+# every step, and sbatch passes on the submitter's environment).
+set -uo pipefail
+
+dir=${1:?usage: one_node_cluster.sh DIR}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+conf=$dir/slurm.conf
+parent=$PPID
+
+log() { echo "one_node_cluster: $(date '+%T') $*" >&2; }
+die() {
+  log "$*"
+  exit 1
+}
+
+for tool in munged mungekey slurmctld slurmd sinfo squeue scancel python3; do
+  command -v "$tool" >/dev/null ||
+    die "$tool is not installed: run deploy/setup.sh (Debian's munge, slurmctld, slurmd, slurm-client)"
+done
+
+# munged refuses a key readable by others and a socket directory others
+# cannot enter.
+mkdir -p "$dir/munge" "$dir/run" "$dir/state" "$dir/spool" "$dir/log" "$dir/tmp"
+chmod 700 "$dir/munge"
+chmod 755 "$dir" "$dir/run"
+rm -f "$dir/ready" "$dir/pids"
+[[ -f $dir/munge/munge.key ]] || mungekey --create --keyfile="$dir/munge/munge.key" ||
+  die "mungekey failed"
+
+read -r ctld_port slurmd_port < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+
+# The node as slurmd sees this machine: its real CPUs, sockets and memory.
+node_line=$(slurmd -C | head -n 1)
+node=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$node_line")
+[[ -n $node ]] || die "slurmd -C printed no node: $node_line"
+
+cat >"$conf" <<EOF
+# One-node test cluster written by tests/slurm/one_node_cluster.sh.
+ClusterName=deltaserve-test
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/run/munge.socket
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+# The mpi/pmix plugin's per-step directories (spmix_appdir_UID_JOB.STEP):
+# another test cluster has the same job and step ids.
+TmpFS=$dir/tmp
+# No cgroups: processes are tracked by parentage, tasks are not bound.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# The scripts ask for their MPI plugin; nothing relies on the default.
+MpiDefault=none
+SchedulerType=sched/backfill
+ReturnToService=2
+MailProg=/bin/true
+# scancel: SIGTERM, then SIGKILL after KillWait seconds (30 by default).
+KillWait=10
+$node_line NodeAddr=127.0.0.1 State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+EOF
+
+export SLURM_CONF=$conf
+daemons=()
+
+# This cluster's slurmstepd processes and the jobs' processes: what carries
+# its SLURM_CONF and is a slurmstepd or has a SLURM_JOB_ID (a shell that
+# merely exported SLURM_CONF, this script's helpers included, has none).
+marked() {
+  local f pid
+  grep -lxsFz "SLURM_CONF=$conf" /proc/[0-9]*/environ | while read -r f; do
+    pid=${f#/proc/}
+    pid=${pid%/environ}
+    if [[ $(cat "/proc/$pid/comm" 2>/dev/null) == slurmstepd ]] ||
+      grep -qsz '^SLURM_JOB_ID=' "$f"; then
+      echo "$pid"
+    fi
+  done
+}
+
+running() {  # not gone and not a zombie (the state follows "PID (COMM) ")
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ ${stat:0:1} != Z ]]
+}
+
+stop_pid() {  # SIGTERM, then SIGKILL after $2 seconds
+  local pid=$1 i
+  running "$pid" || return 0
+  kill -TERM "$pid" 2>/dev/null
+  for ((i = 0; i < $2 * 10; i++)); do
+    running "$pid" || return 0
+    sleep 0.1
+  done
+  log "pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null)) ignored SIGTERM: SIGKILL"
+  kill -KILL "$pid" 2>/dev/null
+}
+
+stopped=0
+stop_cluster() {
+  ((stopped)) && return
+  stopped=1
+  trap '' TERM INT
+  rm -f "$dir/ready"
+  local jobs i pid
+  if running "${daemons[1]:-0}"; then
+    jobs=$(squeue -h -o %A 2>/dev/null | tr '\n' ' ')
+    if [[ -n ${jobs// /} ]]; then
+      log "cancelling jobs $jobs"
+      # shellcheck disable=SC2086
+      scancel $jobs 2>/dev/null
+      for ((i = 0; i < 150; i++)); do
+        [[ -z $(squeue -h 2>/dev/null) && -z $(marked) ]] && break
+        sleep 0.2
+      done
+    fi
+  fi
+  # slurmd, then slurmctld (it saves its state), then munged.
+  for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
+    stop_pid "${daemons[i]}" 10
+  done
+  for pid in $(marked); do
+    log "left behind: pid $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)): SIGKILL"
+    kill -KILL "$pid" 2>/dev/null
+  done
+  wait 2>/dev/null
+  for f in "$dir"/core*; do
+    [[ -e $f ]] && log "core file $f (a daemon crashed; see the comment above start())"
+  done
+  log "stopped"
+}
+trap 'stop_cluster; exit 0' TERM INT
+trap stop_cluster EXIT
+
+# Each daemon in the foreground, in its own session: a signal to this
+# script's process group (Ctrl-C) reaches only this script, which stops them
+# in order. They run in DIR, so a core file lands there (not in the caller's
+# directory): Debian's slurmstepd (Slurm 22.05, PMIx 4.2) now and then
+# crashes in PMIx_server_finalize as an mpi/pmix step ends, after its tasks
+# have exited; the stop below names any core file.
+cd "$dir" || die "cannot enter $dir"
+start() {
+  local name=$1
+  shift
+  setsid "$@" >"$dir/log/$name.out" 2>&1 &
+  daemons+=($!)
+  echo "$name $!" >>"$dir/pids"
+}
+start munged munged --foreground --socket="$dir/run/munge.socket" \
+  --key-file="$dir/munge/munge.key" --seed-file="$dir/munge/munged.seed" \
+  --log-file="$dir/munge/munged.log" --pid-file="$dir/run/munged.pid"
+for ((i = 0; i < 50; i++)); do
+  [[ -S $dir/run/munge.socket ]] && break
+  sleep 0.1
+done
+[[ -S $dir/run/munge.socket ]] || die "munged did not start: $(cat "$dir/log/munged.out")"
+start slurmctld slurmctld -D -f "$conf"
+start slurmd slurmd -D -f "$conf" -N "$node"
+
+for ((i = 0; i < 300; i++)); do
+  for d in "${daemons[@]}"; do
+    running "$d" || die "a daemon ended: $(tail -n 5 "$dir"/log/*.out)"
+  done
+  [[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == idle ]] && break
+  sleep 0.1
+done
+[[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == idle ]] ||
+  die "node $node is not idle after 30 s: $(sinfo -N 2>&1; tail -n 5 "$dir"/log/*.log)"
+echo "SLURM_CONF=$conf" >"$dir/ready"
+log "up: node $node ($node_line), slurmctld on port $ctld_port, slurmd on $slurmd_port"
+
+while kill -0 "$parent" 2>/dev/null; do
+  sleep 0.5 &
+  wait $!
+done
+log "the process that started me ($parent) ended"
+exit 0
