@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -18,7 +17,6 @@
 #include "kernels/sampling.h"
 #include "kernels/threads.h"
 #include "runtime/model/model.h"
-#include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/model/weight_spec.h"
 
@@ -156,16 +154,11 @@ int main(int argc, char** argv) {
     }
   }
   kernels::SetNumThreads(threads);
-  if (model_dir.empty()) {
-    model_dir = (std::filesystem::temp_directory_path() / "deltaserve_bench_k3_small").string();
-    if (!std::filesystem::exists(model_dir + "/model.safetensors")) {
-      auto config = PresetConfig("k3-small");
-      auto status = config.ok() ? WriteRandomCheckpoint(*config, model_dir, 1) : config.status();
-      if (!status.ok()) {
-        std::fprintf(stderr, "make k3-small: %s\n", std::string(status.message()).c_str());
-        return 1;
-      }
-    }
+  if (auto dir = BenchCheckpoint("k3-small", model_dir); dir.ok()) {
+    model_dir = *dir;
+  } else {
+    std::fprintf(stderr, "make k3-small: %s\n", std::string(dir.status().message()).c_str());
+    return 1;
   }
   auto model = Model::Load(model_dir);
   if (!model.ok()) {

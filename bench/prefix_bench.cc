@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,7 +25,6 @@
 #include "runtime/comm/single_communicator.h"
 #include "runtime/engine/replica.h"
 #include "runtime/model/model.h"
-#include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/scheduler/offline_engine.h"
 
@@ -115,16 +113,11 @@ int main(int argc, char** argv) {
     }
   }
   kernels::SetNumThreads(threads);
-  if (model_dir.empty()) {
-    model_dir = (std::filesystem::temp_directory_path() / "deltaserve_bench_k3_small").string();
-    if (!std::filesystem::exists(model_dir + "/model.safetensors")) {
-      auto config = PresetConfig("k3-small");
-      auto status = config.ok() ? WriteRandomCheckpoint(*config, model_dir, 1) : config.status();
-      if (!status.ok()) {
-        std::fprintf(stderr, "make k3-small: %s\n", std::string(status.message()).c_str());
-        return 1;
-      }
-    }
+  if (auto dir = BenchCheckpoint("k3-small", model_dir); dir.ok()) {
+    model_dir = *dir;
+  } else {
+    std::fprintf(stderr, "make k3-small: %s\n", std::string(dir.status().message()).c_str());
+    return 1;
   }
   auto model = Model::Load(model_dir);
   if (!model.ok()) {

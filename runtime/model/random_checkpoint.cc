@@ -1,5 +1,6 @@
 #include "runtime/model/random_checkpoint.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/presets.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/weight_spec.h"
 
@@ -168,6 +170,18 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
   DELTASERVE_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(),
                                               tensors, {{"format", "pt"}}));
   return WriteFileAtomically(config_path, [&](std::ostream& out) { out << config_text; });
+}
+
+absl::StatusOr<std::string> BenchCheckpoint(const std::string& preset, std::string dir) {
+  if (dir.empty()) {
+    std::string name = "deltaserve_bench_" + preset;
+    std::replace(name.begin(), name.end(), '-', '_');
+    dir = (std::filesystem::temp_directory_path() / name).string();
+  }
+  if (std::filesystem::exists(dir + "/model.safetensors")) return dir;
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(preset));
+  DELTASERVE_RETURN_IF_ERROR(WriteRandomCheckpoint(config, dir, 1));
+  return dir;
 }
 
 }  // namespace deltaserve

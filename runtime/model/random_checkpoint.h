@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/model/config.h"
 
 namespace deltaserve {
@@ -21,5 +22,10 @@ namespace deltaserve {
 // weights in memory once, in their stored dtype.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    uint64_t seed);
+
+// The benchmarks' model: `dir` (by default deltaserve_bench_<preset> in the
+// temporary directory, with '-' as '_'), holding a random checkpoint of
+// `preset` made with seed 1 unless one is there already. Returns the dir.
+absl::StatusOr<std::string> BenchCheckpoint(const std::string& preset, std::string dir = "");
 
 }  // namespace deltaserve
