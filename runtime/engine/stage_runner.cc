@@ -75,12 +75,4 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   return absl::OkStatus();
 }
 
-absl::Status StageRunner::DrainSends() {
-  while (!in_flight_.empty()) {
-    DELTASERVE_RETURN_IF_ERROR(in_flight_.front().request->Wait());
-    in_flight_.pop_front();
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace deltaserve

@@ -42,8 +42,6 @@ class StageRunner {
   // stage appends the logits to `logits`: per input in order, every new
   // token's row when all_logits, else the last one's.
   absl::Status Forward(std::span<const ForwardInput> inputs, std::vector<float>* logits);
-  // Waits for the packets still being sent to the next stage.
-  absl::Status DrainSends();
 
   bool first_stage() const { return coord_.stage == 0; }
   bool last_stage() const { return coord_.stage == layout_.pp - 1; }

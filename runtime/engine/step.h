@@ -59,6 +59,14 @@ struct SequenceResult {
   std::string error;
 };
 
+// Sequence state held by a rank, or by a replica's ranks together.
+struct HeldState {
+  int64_t sequences = 0;
+  int64_t kda_bytes = 0;
+  int64_t mla_bytes = 0;
+  int64_t tokens = 0;  // sum of the sequences' lengths
+};
+
 struct StepResult {
   uint64_t step_id = 0;
   std::string error;                    // the replica refused the step; no state advanced

@@ -20,14 +20,6 @@
 
 namespace deltaserve {
 
-// What this rank holds.
-struct HeldState {
-  int64_t sequences = 0;
-  int64_t kda_bytes = 0;
-  int64_t mla_bytes = 0;
-  int64_t tokens = 0;  // sum of the sequences' lengths
-};
-
 class StepExecutor {
  public:
   StepExecutor(const Model& model, const WorldLayout& layout, Communicator& world);

@@ -282,8 +282,7 @@ Scheduler::Update Scheduler::TakeResult(StepResult result) {
 
 void Scheduler::Process(const StepResult& result, const std::vector<Item>& items, Update* update) {
   ++update->steps;
-  last_result_ = result;
-  last_result_.outputs.clear();
+  held_ = {result.live_sequences, result.kda_state_bytes, result.mla_cache_bytes, held_tokens()};
   for (const Item& item : items) {
     if (item.output == WorkOutput::kSample) item.sequence->awaiting = false;
   }

@@ -147,7 +147,9 @@ class Scheduler {
   bool Idle() const;  // nothing waiting, running, in flight or to release
   int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
   int64_t held_tokens() const;  // context of the sequences holding state
-  const StepResult& last_result() const { return last_result_; }
+  // What the replica said it holds after the last step taken in (sequences
+  // and state bytes over its ranks; tokens as this scheduler counts them).
+  const HeldState& held() const { return held_; }
   const ChunkCostModel& cost() const { return cost_; }
   const SchedulerOptions& options() const { return options_; }
 
@@ -204,7 +206,7 @@ class Scheduler {
   std::deque<InFlight> in_flight_;
   std::map<uint64_t, StepResult> early_;  // results ahead of their turn
   bool promised_ = false;
-  StepResult last_result_;
+  HeldState held_;
 };
 
 }  // namespace deltaserve

@@ -219,8 +219,8 @@ ServerStatusData Coordinator::Status() const {
   s.waiting_tokens = waiting_tokens_;
   for (const auto& [id, w] : workers_) {
     s.running_sequences += w->scheduler.load();
-    s.kda_state_bytes += w->scheduler.last_result().kda_state_bytes;
-    s.mla_cache_bytes += w->scheduler.last_result().mla_cache_bytes;
+    s.kda_state_bytes += w->scheduler.held().kda_bytes;
+    s.mla_cache_bytes += w->scheduler.held().mla_bytes;
     s.mla_cache_tokens += w->scheduler.held_tokens();
   }
   s.steps = steps_;
@@ -278,8 +278,8 @@ void Coordinator::UpdateGaugesLocked() {
   int64_t running = 0, kda = 0, mla = 0;
   for (const auto& [id, w] : workers_) {
     running += w->scheduler.load();
-    kda += w->scheduler.last_result().kda_state_bytes;
-    mla += w->scheduler.last_result().mla_cache_bytes;
+    kda += w->scheduler.held().kda_bytes;
+    mla += w->scheduler.held().mla_bytes;
   }
   metrics_.running.Set(static_cast<double>(running));
   metrics_.waiting.Set(static_cast<double>(waiting_.size()));
