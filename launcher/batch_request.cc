@@ -393,6 +393,16 @@ std::vector<BatchUnit> UnitsOf(const BatchRequest& r, const BatchModel* model) {
     }
     if (!check.ok() && u.error.empty()) u.error = check.message();
   };
+  // A unit whose prompt was resolved: the resolution's error, or the checks.
+  auto resolved = [&](BatchUnit& u, const Checker& check, const std::string& field) {
+    u.resolved = true;
+    if (!check.ok()) {
+      u.error = check.message();
+      return;
+    }
+    check_length(u, field);
+    check_options(u);
+  };
 
   if (!r.long_document) {
     BatchUnit u = unit(-1);
@@ -402,13 +412,7 @@ std::vector<BatchUnit> UnitsOf(const BatchRequest& r, const BatchModel* model) {
       const std::string field = r.input.is_text ? "text" : "tokens";
       Checker check;
       u.prompt = Resolve(r.input, field, *model, &check);
-      u.resolved = true;
-      if (!check.ok()) {
-        u.error = check.message();
-      } else {
-        check_length(u, field);
-        check_options(u);
-      }
+      resolved(u, check, field);
     }
     units.push_back(std::move(u));
     return units;
@@ -449,13 +453,7 @@ std::vector<BatchUnit> UnitsOf(const BatchRequest& r, const BatchModel* model) {
       // Sent as token ids; the server checks them.
       u.input.tokens = u.prompt;
     } else {
-      u.resolved = true;
-      if (!check.ok()) {
-        u.error = check.message();
-      } else {
-        check_length(u, field);
-        check_options(u);
-      }
+      resolved(u, check, field);
     }
     units.push_back(std::move(u));
   }
