@@ -69,4 +69,26 @@ inline std::vector<float> EngineLogits(const Model& model, const std::vector<int
   return logits;
 }
 
+// A document as a prefix sequence (id 1) and each question as a fork of it
+// (ids 10, 11, ...) of `kind`, generating up to `max_tokens`.
+inline std::vector<SequenceRequest> PrefixAndForks(
+    const std::vector<int32_t>& document, const std::vector<std::vector<int32_t>>& questions,
+    SequenceKind kind, int64_t max_tokens) {
+  std::vector<SequenceRequest> requests(1);
+  requests[0].id = 1;
+  requests[0].kind = SequenceKind::kPrefix;
+  requests[0].prompt = document;
+  requests[0].forks = static_cast<int64_t>(questions.size());
+  for (size_t q = 0; q < questions.size(); ++q) {
+    SequenceRequest r;
+    r.id = 10 + q;
+    r.kind = kind;
+    r.prompt = questions[q];
+    r.max_tokens = max_tokens;
+    r.fork_from = 1;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
 }  // namespace deltaserve::testing

@@ -70,23 +70,8 @@ TEST_P(OfflineEngineTest, ForkedQuestionsEqualFreshRuns) {
   const std::vector<std::vector<int32_t>> questions = {
       testing::RandomTokens(5, 22), testing::RandomTokens(9, 23), testing::RandomTokens(1, 24)};
   for (SequenceKind kind : {SequenceKind::kGenerate, SequenceKind::kLogits}) {
-    std::vector<SequenceRequest> requests;
-    SequenceRequest prefix;
-    prefix.id = 1;
-    prefix.kind = SequenceKind::kPrefix;
-    prefix.prompt = document;
-    prefix.forks = static_cast<int64_t>(questions.size());
-    requests.push_back(prefix);
-    for (size_t q = 0; q < questions.size(); ++q) {
-      SequenceRequest r;
-      r.id = 10 + q;
-      r.kind = kind;
-      r.prompt = questions[q];
-      r.max_tokens = 6;
-      r.fork_from = 1;
-      requests.push_back(r);
-    }
-    const auto events = testing::RunEngine(*model_, requests, /*chunk=*/64);
+    const auto events = testing::RunEngine(
+        *model_, testing::PrefixAndForks(document, questions, kind, 6), /*chunk=*/64);
     const int64_t V = model_->config().vocab_size;
     for (size_t q = 0; q < questions.size(); ++q) {
       std::vector<int32_t> whole = document;

@@ -9,6 +9,7 @@
 #include "runtime/engine/replica.h"
 #include "runtime/scheduler/offline_engine.h"
 #include "runtime/scheduler/stage_plan.h"
+#include "tests/engine_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -89,26 +90,16 @@ TEST_P(PrefixForkMpirunTest, ForksEqualFreshRunsUnderPipelineAndTensorParallelis
                                                        testing::RandomTokens(3, 33)};
   const int64_t V = config->vocab_size;
   for (SequenceKind kind : {SequenceKind::kGenerate, SequenceKind::kLogits}) {
-    std::vector<SequenceRequest> forked, fresh;
-    SequenceRequest prefix;
-    prefix.id = 1;
-    prefix.kind = SequenceKind::kPrefix;
-    prefix.prompt = document;
-    prefix.forks = static_cast<int64_t>(questions.size());
-    forked.push_back(prefix);
+    const std::vector<SequenceRequest> forked =
+        testing::PrefixAndForks(document, questions, kind, 6);
+    std::vector<SequenceRequest> fresh;
     for (size_t q = 0; q < questions.size(); ++q) {
-      SequenceRequest r;
-      r.id = 10 + q;
-      r.kind = kind;
-      r.max_tokens = 6;
-      r.prompt = questions[q];
-      r.fork_from = 1;
-      forked.push_back(r);
+      SequenceRequest r = forked[1 + q];  // the same question, asked whole
       r.id = 20 + q;
       r.fork_from.reset();
       r.prompt = document;
       r.prompt.insert(r.prompt.end(), questions[q].begin(), questions[q].end());
-      fresh.push_back(r);
+      fresh.push_back(std::move(r));
     }
     const Outputs a = Collect(RunAll(replica, *config, forked));
     const Outputs b = Collect(RunAll(replica, *config, fresh));
