@@ -1,0 +1,50 @@
+#include "kernels/mxfp4.h"
+
+#include <cstring>
+#include <limits>
+
+#include "kernels/check.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+}  // namespace
+
+float Mxfp4Code(uint8_t code) { return kE2m1[code & 15]; }
+
+float E8m0Scale(uint8_t s) {
+  if (s == kE8m0Nan) return std::numeric_limits<float>::quiet_NaN();
+  // 2^(s - 127): the exponent field itself for s >= 1, the largest subnormal
+  // power (2^-127, mantissa bit 22) for s = 0.
+  const uint32_t bits = s == 0 ? (1u << 22) : static_cast<uint32_t>(s) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+void DequantizeMxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
+                     float* out) {
+  DELTASERVE_CHECK(rows >= 0 && cols >= 0 && cols % kMxfp4Group == 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* p = packed + r * (cols / 2);
+    const uint8_t* s = scales + r * (cols / kMxfp4Group);
+    float* o = out + r * cols;
+    for (int64_t c = 0; c < cols; c += 2) {
+      const float scale = E8m0Scale(s[c / kMxfp4Group]);
+      o[c] = kE2m1[p[c / 2] & 15] * scale;
+      o[c + 1] = kE2m1[p[c / 2] >> 4] * scale;
+    }
+  }
+}
+
+int64_t FindNanScale(const uint8_t* scales, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (scales[i] == kE8m0Nan) return i;
+  }
+  return -1;
+}
+
+}  // namespace deltaserve::kernels
