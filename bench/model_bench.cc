@@ -1,6 +1,6 @@
 // Single-process model benchmark: prefill and decode speed of a model (by
 // default a fresh k3-small) next to limits measured in the same run: the
-// OpenBLAS sgemm rate (for model-FLOP utilisation) and the memory bandwidth
+// sgemm rate (for model-FLOP utilisation) and the memory bandwidth
 // (for decode, which reads every active weight once per token).
 //
 //   build/bin/model_bench [--model DIR] [--prompts 4096,32768] [--decode 32]
@@ -33,11 +33,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 // makes for its projections.
 double SgemmFlops(int64_t m, int64_t n, int64_t k) {
   std::vector<float> x(m * k, 0.5f), w(n * k, 0.25f), y(m * n);
-  kernels::Linear(x.data(), w.data(), m, n, k, y.data());  // warm-up
+  kernels::Linear(x.data(), kernels::Tensor::F32(w.data(), n, k), m, y.data());  // warm-up
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
-    kernels::Linear(x.data(), w.data(), m, n, k, y.data());
+    kernels::Linear(x.data(), kernels::Tensor::F32(w.data(), n, k), m, y.data());
     best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
   }
   return best;
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   const double bandwidth = ReadBandwidth();
   std::printf("## model_bench: %s, %d threads\n\n", model_dir.c_str(), kernels::NumThreads());
   std::printf("- active matmul parameters per token: %.1f M\n", active / 1e6);
-  std::printf("- OpenBLAS sgemm [4096 x 1024] x [1024 x 1024]: %.1f GFLOP/s\n", sgemm / 1e9);
+  std::printf("- sgemm (oneDNN) [4096 x 1024] x [1024 x 1024]: %.1f GFLOP/s\n", sgemm / 1e9);
   std::printf("- memory read bandwidth: %.1f GB/s\n\n", bandwidth / 1e9);
 
   std::printf("| prompt tokens | prefill s | tokens/s | model GFLOP/s | MFU (vs sgemm) |\n");

@@ -87,7 +87,7 @@ endfunction()
 # for target_link_libraries; the deltaserve_* ones form the checked graph and
 # must come earlier in DELTASERVE_LAYERS.
 function(deltaserve_library name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "FOLDER" "PUBLIC;PRIVATE")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "FOLDER;EXCLUDE" "PUBLIC;PRIVATE")
   _deltaserve_internal(public ${arg_PUBLIC})
   _deltaserve_internal(private ${arg_PRIVATE})
   _deltaserve_check_order(${name} ${public} ${private})
@@ -95,6 +95,9 @@ function(deltaserve_library name)
   _deltaserve_glob_checked(checked ${arg_FOLDER})
   set(sources ${checked})
   list(FILTER sources INCLUDE REGEX "\\.(cc|cu)$")
+  if(arg_EXCLUDE)  # compiled by the caller some other way; still checked
+    list(FILTER sources EXCLUDE REGEX "${arg_EXCLUDE}")
+  endif()
   if(NOT DELTASERVE_HAVE_CUDA)
     list(FILTER sources EXCLUDE REGEX "\\.cu$")
   endif()

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   python3                  # the build's include check (tools/check_layers.py)
   clang-format             # the format_check test (tools/check_format.sh)
-  libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build (docs/architecture.md)
+  libdnnl-dev              # oneDNN: sgemm for the GEMMs of many rows (docs/architecture.md)
   libabsl-dev              # absl::Status / StatusOr, strings
   nlohmann-json3-dev       # config.json and safetensors headers
   libgtest-dev             # tests

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/activation.h"
+#include "kernels/tensor.h"
 
 namespace deltaserve::kernels {
 
@@ -16,8 +17,8 @@ void MoeRoute(const float* logits, const float* bias, int64_t t, int64_t experts
               bool renormalize, float scaling, int32_t* idx, float* weights);
 
 struct MoeExpert {
-  const float* w13 = nullptr;  // [2 * inter, din]: w1 (gate) rows then w3 (up) rows
-  const float* w2 = nullptr;   // [dout, inter]
+  Tensor w13;  // [2 * inter, din]: w1 (gate) rows then w3 (up) rows
+  Tensor w2;   // [dout, inter]
 };
 
 struct MoeExpertsArgs {
@@ -31,7 +32,8 @@ struct MoeExpertsArgs {
 };
 
 // out[t] = sum_j weights[t, j] · w2_e(act(w1_e z[t], w3_e z[t])), e = idx[t, j].
-// An expert with null weights is held by another rank (expert parallelism):
+// Expert weights may be of any dtype (K3 publishes them in MXFP4). An
+// expert with empty weights is held by another rank (expert parallelism):
 // its selections add nothing here, and the ranks' partial sums add up.
 void MoeExperts(const MoeExpertsArgs& args);
 

@@ -8,9 +8,10 @@
 
 #include "kernels/activation.h"
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 using simd::Splat;
@@ -68,4 +69,4 @@ void GatedActivation(const float* gu, int64_t rows, int64_t width, const Activat
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

@@ -11,9 +11,10 @@
 
 #include "kernels/attn_res.h"
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 // *sq = Σ v[c]², *dot = Σ v[c] q[c], accumulated in float64.
@@ -105,4 +106,4 @@ void AttnResMix(const float* const* candidates, int64_t n, int64_t t, int64_t d,
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

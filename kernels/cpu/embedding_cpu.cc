@@ -1,10 +1,10 @@
-// Embedding lookup: one row copy per token.
-#include <cstring>
-
+// Embedding lookup: one row per token, widened to float32.
 #include "kernels/check.h"
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/embedding.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 // Below this many elements an OpenMP fork costs more than the copies.
@@ -12,9 +12,9 @@ constexpr int64_t kParallelMinElements = int64_t{1} << 16;
 
 }  // namespace
 
-void Embedding(const float* table, int64_t vocab, int64_t dim, const int32_t* tokens, int64_t t,
-               float* out) {
-  DELTASERVE_CHECK(vocab >= 0 && dim >= 0 && t >= 0);
+void Embedding(const Tensor& table, const int32_t* tokens, int64_t t, float* out) {
+  const int64_t vocab = table.rows, dim = table.cols;
+  DELTASERVE_CHECK(t >= 0);
   if (t == 0 || dim == 0) return;
   // An id outside the table would read foreign memory: the callers' validation
   // is the contract, this check the last line (one compare per row).
@@ -23,10 +23,7 @@ void Embedding(const float* table, int64_t vocab, int64_t dim, const int32_t* to
   }
   const bool parallel = t > 1 && t * dim >= kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t i = 0; i < t; ++i) {
-    std::memcpy(out + i * dim, table + static_cast<int64_t>(tokens[i]) * dim,
-                static_cast<size_t>(dim) * sizeof(float));
-  }
+  for (int64_t i = 0; i < t; ++i) WidenRows(table, tokens[i], tokens[i] + 1, out + i * dim);
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

@@ -1,31 +1,136 @@
+// Linear on the CPU, for weights of every dtype (kernels/gemm.h).
+//
+// Many rows (a prefill chunk) go to oneDNN's sgemm, which packs W and runs
+// kernels generated for this CPU at run time. A float32 W goes in as it is;
+// bf16 and MXFP4 weights are widened to float32 a block of rows at a time
+// into a scratch panel of about 1 MiB, never a whole matrix. The widening
+// reads each weight once per call and costs O(n·k) against the GEMM's
+// O(m·n·k), under 1% of the time at a chunk's hundreds of rows.
+//
+// A few rows (decode, a batch of decode steps) are bound by reading W, not by
+// arithmetic: sgemm would spend more time packing W than multiplying. The
+// skinny kernel below streams W once, widening each group of eight weights
+// in registers, and multiplies it by up to four rows of x at a time.
 #include "kernels/cpu/gemm_cpu.h"
 
-#include <cblas.h>
+#include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
+#include "kernels/mxfp4.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
-// Up to this many rows, one sgemv per row beats sgemm's packing of W.
-constexpr int64_t kMaxGemvRows = 2;
+// Row blocks of a widened W, in floats (about 1 MiB: stays in L2 while the
+// GEMM packs it).
+constexpr int64_t kPanelFloats = int64_t{1} << 18;
+
+inline float Bf16Value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+// 2^(s - 127), inline for the inner loops (kernels/mxfp4.h has the contract;
+// a checkpoint with the NaN scale 255 is refused at load).
+inline float Scale(uint8_t s) {
+  const uint32_t bits = s == 0 ? (1u << 22) : static_cast<uint32_t>(s) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// Value c of a weight row: data row `row`, scale row `scales` (MXFP4).
+template <DType D>
+inline float At(const uint8_t* row, const uint8_t* scales, int64_t c) {
+  if constexpr (D == DType::kF32) {
+    float v;
+    std::memcpy(&v, row + 4 * c, sizeof(v));
+    return v;
+  } else if constexpr (D == DType::kBF16) {
+    uint16_t bits;
+    std::memcpy(&bits, row + 2 * c, sizeof(bits));
+    return Bf16Value(bits);
+  } else {
+    const uint8_t byte = row[c / 2];
+    return kE2m1[c % 2 == 0 ? byte & 15 : byte >> 4] * Scale(scales[c / kMxfp4Group]);
+  }
+}
 
 #if DELTASERVE_CPU_AVX2
-// From here up to this many rows (a batch of decode steps), the skinny kernel
-// below beats sgemm, which packs (copies) all of W for a handful of rows.
+// Eight values of a weight row from column c (a multiple of 8), widened to
+// float32 exactly.
+template <DType D>
+inline __m256 Load8(const uint8_t* row, const uint8_t* scales, int64_t c) {
+  if constexpr (D == DType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + c);
+  } else if constexpr (D == DType::kBF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    // Eight codes from four bytes: code i is bits [4i, 4i + 4) of the
+    // little-endian word (even column in the low nibble). The magnitude is
+    // looked up by the low three bits, the sign bit moved to bit 31.
+    int32_t word;
+    std::memcpy(&word, row + c / 2, sizeof(word));
+    const __m256i codes = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm256_set1_epi32(15));
+    const __m256 magnitude = _mm256_permutevar8x32_ps(
+        _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), codes);
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(8)), 28);
+    const __m256 value = _mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign));
+    return _mm256_mul_ps(value, _mm256_set1_ps(Scale(scales[c / kMxfp4Group])));
+  }
+}
+#endif
+
+// out[r - r0, :] = row r of w as float32, for r in [r0, r1).
+template <DType D>
+void WidenRowsOf(const Tensor& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t k = w.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
+    const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+    float* o = out + (r - r0) * k;
+    int64_t c = 0;
+#if DELTASERVE_CPU_AVX2
+    for (; c + 8 <= k; c += 8) _mm256_storeu_ps(o + c, Load8<D>(row, scales, c));
+#endif
+    for (; c < k; ++c) o[c] = At<D>(row, scales, c);
+  }
+}
+
+#if DELTASERVE_CPU_AVX2
+// Up to this many rows of x, the skinny kernel below beats widening W and
+// sgemm, which packs (copies) all of W for a handful of rows.
 constexpr int64_t kMaxSkinnyRows = 16;
 
-// y[i, j] (+)= x[i, :] . w[j, :] for RW rows j0.. of W and MR rows i0.. of x:
-// RW x MR dot products along k, 8 lanes at a time, each W row read once from
+// y[i, r] (+)= x[i, :] . w[r, :] for RW rows of W and MR rows of x: RW x MR
+// dot products along k, eight lanes at a time, each W row read once from
 // memory for all MR rows of x.
-template <int RW, int MR>
-void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y, int64_t ldy,
+template <DType D, int RW, int MR>
+void SkinnyTile(const float* x, int64_t ldx, const Tensor& w, int64_t r0, float* y, int64_t ldy,
                 bool accumulate) {
+  const int64_t k = w.cols;
+  const uint8_t* rows[RW];
+  const uint8_t* scales[RW];
+  for (int r = 0; r < RW; ++r) {
+    rows[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * w.RowBytes();
+    scales[r] = w.scales == nullptr ? nullptr : w.scales + (r0 + r) * w.ScaleRowBytes();
+  }
   __m256 acc[RW][MR];
   for (int r = 0; r < RW; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_setzero_ps();
@@ -34,57 +139,97 @@ void SkinnyTile(const float* x, int64_t ldx, const float* w, int64_t k, float* y
     __m256 xv[MR];
     for (int i = 0; i < MR; ++i) xv[i] = _mm256_loadu_ps(x + i * ldx + c);
     for (int r = 0; r < RW; ++r) {
-      const __m256 wv = _mm256_loadu_ps(w + r * k + c);
+      const __m256 wv = Load8<D>(rows[r], scales[r], c);
       for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_fmadd_ps(wv, xv[i], acc[r][i]);
     }
   }
   for (int r = 0; r < RW; ++r) {
     for (int i = 0; i < MR; ++i) {
       float sum = simd::HorizontalSum(acc[r][i]);
-      for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * w[r * k + t];
-      float& out = y[i * ldy + r];
+      for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * At<D>(rows[r], scales[r], t);
+      float& out = y[i * ldy + r0 + r];
       out = accumulate ? out + sum : sum;
     }
   }
 }
 
 // Rows [i0, i0 + MR) of x against rows [j0, j1) of W.
-template <int MR>
-void SkinnyRows(const float* x, int64_t ldx, const float* w, int64_t j0, int64_t j1, int64_t k,
-                float* y, int64_t ldy, bool accumulate) {
+template <DType D, int MR>
+void SkinnyRows(const float* x, int64_t ldx, const Tensor& w, int64_t j0, int64_t j1, float* y,
+                int64_t ldy, bool accumulate) {
   int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) {
-    SkinnyTile<4, MR>(x, ldx, w + j * k, k, y + j, ldy, accumulate);
-  }
-  for (; j < j1; ++j) SkinnyTile<1, MR>(x, ldx, w + j * k, k, y + j, ldy, accumulate);
+  for (; j + 4 <= j1; j += 4) SkinnyTile<D, 4, MR>(x, ldx, w, j, y, ldy, accumulate);
+  for (; j < j1; ++j) SkinnyTile<D, 1, MR>(x, ldx, w, j, y, ldy, accumulate);
 }
 
-// 3..kMaxSkinnyRows rows: threads split W's rows; each thread takes x four
-// rows at a time over its block of W, so W streams from memory once and the
-// block is reused from cache for the other rows of x.
-void SkinnyLinear(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n, int64_t k,
-                  float* y, int64_t ldy, bool accumulate) {
+// Threads split W's rows; each thread takes x four rows at a time over its
+// block of W, so W streams from memory once and the block is reused from
+// cache for the other rows of x.
+template <DType D>
+void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
+                  bool accumulate) {
+  const int64_t n = w.rows, k = w.cols;
   // Blocks of W rows small enough to stay in L2 while x's rows pass over them.
-  const int64_t block = std::max<int64_t>(4, (64 * 1024 / (4 * std::max<int64_t>(k, 1))) / 4 * 4);
+  const int64_t block =
+      std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(w.RowBytes(), 1)) / 4 * 4);
   const int64_t blocks = (n + block - 1) / block;
 #pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 16))
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t j0 = b * block, j1 = std::min(n, j0 + block);
     int64_t i = 0;
     for (; i + 4 <= m; i += 4) {
-      SkinnyRows<4>(x + i * ldx, ldx, w, j0, j1, k, y + i * ldy, ldy, accumulate);
+      SkinnyRows<D, 4>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
     }
     const int64_t rest = m - i;
     const float* xr = x + i * ldx;
     float* yr = y + i * ldy;
-    if (rest == 3) SkinnyRows<3>(xr, ldx, w, j0, j1, k, yr, ldy, accumulate);
-    if (rest == 2) SkinnyRows<2>(xr, ldx, w, j0, j1, k, yr, ldy, accumulate);
-    if (rest == 1) SkinnyRows<1>(xr, ldx, w, j0, j1, k, yr, ldy, accumulate);
+    if (rest == 3) SkinnyRows<D, 3>(xr, ldx, w, j0, j1, yr, ldy, accumulate);
+    if (rest == 2) SkinnyRows<D, 2>(xr, ldx, w, j0, j1, yr, ldy, accumulate);
+    if (rest == 1) SkinnyRows<D, 1>(xr, ldx, w, j0, j1, yr, ldy, accumulate);
   }
 }
 #else
-constexpr int64_t kMaxSkinnyRows = 0;  // no AVX2/FMA: sgemm for every size
+constexpr int64_t kMaxSkinnyRows = 0;  // below AVX2: widen and sgemm for every size
 #endif
+
+// y[:, j0 : j0 + nb] (+)= x · wpanelᵀ through oneDNN (row-major sgemm).
+void Sgemm(const float* x, int64_t ldx, const float* panel, int64_t m, int64_t nb, int64_t k,
+           float* y, int64_t ldy, bool accumulate) {
+  const dnnl_status_t status =
+      dnnl_sgemm('N', 'T', m, nb, k, 1.0f, x, ldx, panel, k, accumulate ? 1.0f : 0.0f, y, ldy);
+  DELTASERVE_CHECK(status == dnnl_success);
+}
+
+template <DType D>
+void WideLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
+                bool accumulate) {
+  const int64_t n = w.rows, k = w.cols;
+  if constexpr (D == DType::kF32) {
+    Sgemm(x, ldx, static_cast<const float*>(w.data), m, n, k, y, ldy, accumulate);
+  } else {
+    const int64_t block = std::min(n, std::max<int64_t>(16, kPanelFloats / k / 16 * 16));
+    auto panel = std::make_unique_for_overwrite<float[]>(block * k);
+    for (int64_t j0 = 0; j0 < n; j0 += block) {
+      const int64_t nb = std::min(block, n - j0);
+      const int64_t pieces = std::min<int64_t>(nb, omp_get_max_threads());
+#pragma omp parallel for schedule(static) if (pieces > 1 && nb * k >= (1 << 15))
+      for (int64_t p = 0; p < pieces; ++p) {
+        const int64_t r0 = j0 + nb * p / pieces, r1 = j0 + nb * (p + 1) / pieces;
+        WidenRowsOf<D>(w, r0, r1, panel.get() + (r0 - j0) * k);
+      }
+      Sgemm(x, ldx, panel.get(), m, nb, k, y + j0, ldy, accumulate);
+    }
+  }
+}
+
+template <DType D>
+void LinearOf(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
+              bool accumulate) {
+#if DELTASERVE_CPU_AVX2
+  if (m <= kMaxSkinnyRows) return SkinnyLinear<D>(x, ldx, w, m, y, ldy, accumulate);
+#endif
+  WideLinear<D>(x, ldx, w, m, y, ldy, accumulate);
+}
 
 // SmallGemm's register blocks (kernels/cpu/gemm_cpu.h says what it is for).
 #if DELTASERVE_CPU_AVX2
@@ -186,9 +331,21 @@ void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int
   }
 }
 
-void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m, int64_t n, int64_t k,
-                   float* y, int64_t ldy, bool accumulate) {
-  DELTASERVE_CHECK(m >= 0 && n >= 0 && k >= 0 && ldx >= k && ldy >= n);
+void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out) {
+  DELTASERVE_CHECK(w.device == Device::kCpu && r0 >= 0 && r0 <= r1 && r1 <= w.rows);
+  switch (w.dtype) {
+    case DType::kF32:
+      return WidenRowsOf<DType::kF32>(w, r0, r1, out);
+    case DType::kBF16:
+      return WidenRowsOf<DType::kBF16>(w, r0, r1, out);
+    case DType::kMxfp4:
+      return WidenRowsOf<DType::kMxfp4>(w, r0, r1, out);
+  }
+}
+
+void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
+                   bool accumulate) {
+  const int64_t n = w.rows, k = w.cols;
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) {
@@ -197,29 +354,14 @@ void LinearStrided(const float* x, int64_t ldx, const float* w, int64_t m, int64
     }
     return;
   }
-  if (m <= kMaxGemvRows) {
-    // Decode-sized: sgemm would pack (copy) all of W for one or two rows of
-    // x; sgemv streams W once per row, which is what bounds this case.
-    for (int64_t i = 0; i < m; ++i) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.0f, w,
-                  static_cast<int>(k), x + i * ldx, 1, accumulate ? 1.0f : 0.0f, y + i * ldy, 1);
-    }
-    return;
+  switch (w.dtype) {
+    case DType::kF32:
+      return LinearOf<DType::kF32>(x, ldx, w, m, y, ldy, accumulate);
+    case DType::kBF16:
+      return LinearOf<DType::kBF16>(x, ldx, w, m, y, ldy, accumulate);
+    case DType::kMxfp4:
+      return LinearOf<DType::kMxfp4>(x, ldx, w, m, y, ldy, accumulate);
   }
-#if DELTASERVE_CPU_AVX2
-  if (m <= kMaxSkinnyRows) {
-    SkinnyLinear(x, ldx, w, m, n, k, y, ldy, accumulate);
-    return;
-  }
-#endif
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(k),
-              accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
 }
 
-void Linear(const float* x, const float* w, int64_t m, int64_t n, int64_t k, float* y,
-            bool accumulate) {
-  LinearStrided(x, k, w, m, n, k, y, n, accumulate);
-}
-
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

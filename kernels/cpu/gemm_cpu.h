@@ -4,9 +4,13 @@
 
 #include <cstdint>
 
-namespace deltaserve::kernels {
+#include "kernels/cpu/dispatch.h"
+#include "kernels/tensor.h"
 
-// c[i, j] = (accumulate ? c[i, j] : 0) + alpha · Σ_p a[i, p] · b[p, j]
+// WidenRows: out[r - r0, :] = row r of w widened to float32 (exact), r in
+// [r0, r1).
+//
+// SmallGemm: c[i, j] = (accumulate ? c[i, j] : 0) + alpha · Σ_p a[i, p] · b[p, j]
 // for i < m, j < n, p < k, with a[i, p] at a[i * a_rs + p * a_cs] (either
 // layout, so Aᵀ costs nothing) and rows of b and c at strides ldb and ldc.
 // lower_a: a is lower triangular with zeros stored above the diagonal, and p
@@ -21,13 +25,26 @@ namespace deltaserve::kernels {
 // x · wᵀ from a w stored [n, k], while here the right operand is [k, n] (the
 // state S, Vn and the decayed key panel, each of which would need a
 // transposed copy per call), and it has no alpha, no transposed left operand
-// and no triangle. The cblas_sgemm behind it has all but the triangle, and
+// and no triangle. OpenBLAS's cblas_sgemm has all but the triangle, and
 // measured slower: KdaChunk at T = 4096, H = 8, K = V = 128, one thread of a
 // Zen 4, median CPU time of 10 runs 85.2 ms with this kernel, 87.4 ms with
 // cblas_sgemm in its place (OpenBLAS 0.3.21, AVX-512 kernels) and 89.7 ms
 // with OpenBLAS's Haswell (AVX2) kernels, what an AVX2-only machine gets.
-void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
-               int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
-               bool lower_a = false);
+//
+// Both are declared for every level (kernels/cpu/dispatch.h), so a test can
+// select one with DELTASERVE_CPU_DISPATCH.
+#define DELTASERVE_GEMM_CPU_DECLARATIONS                                                     \
+  void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out);                       \
+  void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, \
+                 int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,           \
+                 bool accumulate, bool lower_a = false);
 
-}  // namespace deltaserve::kernels
+namespace deltaserve::kernels::cpu::generic {
+DELTASERVE_GEMM_CPU_DECLARATIONS
+}  // namespace deltaserve::kernels::cpu::generic
+namespace deltaserve::kernels::cpu::avx2 {
+DELTASERVE_GEMM_CPU_DECLARATIONS
+}  // namespace deltaserve::kernels::cpu::avx2
+namespace deltaserve::kernels::cpu::avx512 {
+DELTASERVE_GEMM_CPU_DECLARATIONS
+}  // namespace deltaserve::kernels::cpu::avx512

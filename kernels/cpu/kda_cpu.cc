@@ -25,10 +25,11 @@
 
 #include "kernels/check.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kda.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 // Rows of a chunk handled together when building L and Aqk and in the blocked
@@ -361,4 +362,4 @@ void KdaChunk(const KdaShape& shape, const float* q, const float* k, const float
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

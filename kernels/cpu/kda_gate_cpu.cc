@@ -5,9 +5,10 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/kda_gate.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 // Below this many elements an OpenMP fork costs more than the work.
@@ -66,4 +67,4 @@ void KdaGateSoftplus(const float* graw, const float* dt_bias, const float* a_log
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

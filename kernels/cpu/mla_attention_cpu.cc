@@ -23,10 +23,11 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/mla_attention.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 constexpr int kLanes = 16;  // queries per panel (two AVX2 registers)
@@ -446,4 +447,4 @@ void MlaAbsorbedAttention(const MlaAbsorbedArgs& args) {
   RunAttention(rows, Dims{args.latent_dim, args.rope_dim, args.latent_dim}, args.scale);
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

@@ -1,11 +1,12 @@
 // MoE routing and grouped expert compute on the CPU.
 //
 // MoeExperts groups the (token, slot) pairs by expert with a counting sort and
-// runs each expert as two GEMMs over its gathered tokens. Experts run one after
-// another: each GEMM is OpenBLAS with its own thread pool, which must not be
-// entered from inside an OpenMP region. The gathers and scatters stay serial:
-// they move O(rows·d) floats against O(rows·d·inter) GEMM work, and an OpenMP
-// fork per expert would fight OpenBLAS's threads for the cores.
+// runs each expert as two GEMMs over its gathered tokens, on the expert's
+// weights as stored (MXFP4 in K3: the GEMM widens them a block at a time).
+// Experts run one after another, each GEMM using all threads (oneDNN's sgemm
+// for many rows, the skinny kernel's OpenMP loop for few); the gathers and
+// scatters stay serial: they move O(rows·d) floats against O(rows·d·inter)
+// GEMM work, and nested OpenMP regions would oversubscribe the cores.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,10 +14,11 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 // Tokens below this count are routed on the calling thread.
@@ -98,16 +100,18 @@ void MoeExperts(const MoeExpertsArgs& a) {
   // fixed order, whatever other tokens share the batch.
   for (int64_t e = 0; e < a.n_experts; ++e) {
     const int64_t rows = offset[e + 1] - offset[e];
-    if (rows == 0 || a.experts[e].w13 == nullptr) continue;  // idle, or held elsewhere
-    const int64_t* pair = order.data() + offset[e];          // [rows]
+    if (rows == 0 || a.experts[e].w13.empty()) continue;  // idle, or held elsewhere
+    const int64_t* pair = order.data() + offset[e];       // [rows]
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(x.get() + r * a.din, a.z + (pair[r] / a.top_k) * a.din,
                   static_cast<size_t>(a.din) * sizeof(float));
     }
     const MoeExpert& ex = a.experts[e];
-    Linear(x.get(), ex.w13, rows, 2 * a.inter, a.din, gu.get());
-    GatedActivation(gu.get(), rows, a.inter, a.act, h.get());
-    Linear(h.get(), ex.w2, rows, a.dout, a.inter, y.get());
+    DELTASERVE_CHECK(ex.w13.rows == 2 * a.inter && ex.w13.cols == a.din);
+    DELTASERVE_CHECK(ex.w2.rows == a.dout && ex.w2.cols == a.inter);
+    DELTASERVE_CPU_ISA::LinearStrided(x.get(), a.din, ex.w13, rows, gu.get(), 2 * a.inter, false);
+    DELTASERVE_CPU_ISA::GatedActivation(gu.get(), rows, a.inter, a.act, h.get());
+    DELTASERVE_CPU_ISA::LinearStrided(h.get(), a.inter, ex.w2, rows, y.get(), a.dout, false);
     for (int64_t r = 0; r < rows; ++r) {
       const float w = a.weights[pair[r]];
       const float* yr = y.get() + r * a.dout;
@@ -117,4 +121,4 @@ void MoeExperts(const MoeExpertsArgs& a) {
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

@@ -3,9 +3,10 @@
 #include <cmath>
 
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/norm.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 // Below this many elements an OpenMP fork costs more than the work.
@@ -68,4 +69,4 @@ void L2Norm(const float* x, int64_t rows, int64_t dim, float eps, float scale, f
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

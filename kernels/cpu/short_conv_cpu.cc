@@ -7,10 +7,11 @@
 #include <vector>
 
 #include "kernels/check.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/short_conv.h"
 
-namespace deltaserve::kernels {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
 constexpr int64_t kChannelBlock = 64;
@@ -84,4 +85,4 @@ void ShortConv(const float* x, const float* w, int64_t t, int64_t channels, int6
   }
 }
 
-}  // namespace deltaserve::kernels
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

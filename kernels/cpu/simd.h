@@ -6,9 +6,10 @@
 //
 // DELTASERVE_CPU_AVX2 (always 0 or 1, tested with #if) is the single switch
 // between the AVX2 + FMA intrinsic paths and the portable ones; no kernel
-// tests __AVX2__ or __FMA__ itself. Today it follows the compile target
-// (-march=native); when features are detected at run time, that decision is
-// made here and nowhere else.
+// tests __AVX2__ or __FMA__ itself. It follows the flags of the level being
+// compiled (kernels/isa.h: generic has it off, avx2 and avx512 on), and the
+// level is chosen at run time, so everything here lives in that level's
+// namespace.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -21,6 +22,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/dispatch.h"
+
 #if !DELTASERVE_CPU_AVX2 && defined(__GNUC__) && !defined(__clang__)
 // Without AVX, GCC warns that passing a 32-byte vector by value has another
 // ABI. Vf never crosses a library boundary (the helpers here are inline and
@@ -29,7 +32,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-namespace deltaserve::kernels::simd {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA::simd {
 
 // Eight float lanes as a GCC vector: one AVX register under
 // DELTASERVE_CPU_AVX2, split into halves by the compiler elsewhere. It
@@ -171,4 +174,4 @@ inline double HorizontalSum(__m256d x) {
 }
 #endif  // DELTASERVE_CPU_AVX2
 
-}  // namespace deltaserve::kernels::simd
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA::simd

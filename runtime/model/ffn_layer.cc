@@ -23,12 +23,14 @@ kernels::ActivationParams ActivationOf(const ModelConfig& config) {
 }
 
 // out (+)= down(act(gate_up x)).
-void GatedMlp(const float* gate_up, const float* down, int64_t width, int64_t rows, int64_t dim,
+// The width is this rank's share: down's columns.
+void GatedMlp(const Weight& gate_up, const Weight& down, int64_t rows,
               const kernels::ActivationParams& act, const float* x, float* out, bool accumulate) {
+  const int64_t width = down.cols();
   std::vector<float> gu(rows * 2 * width), h(rows * width);
-  kernels::Linear(x, gate_up, rows, 2 * width, dim, gu.data());
+  kernels::Linear(x, gate_up, rows, gu.data());
   kernels::GatedActivation(gu.data(), rows, width, act, h.data());
-  kernels::Linear(h.data(), down, rows, dim, width, out, accumulate);
+  kernels::Linear(h.data(), down, rows, out, accumulate);
 }
 
 }  // namespace
@@ -43,17 +45,14 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   const int64_t D = config.hidden_size;
   const kernels::ActivationParams act = ActivationOf(config);
   if (!w.moe) {
-    // This rank's share of the width: gate/up rows and down columns.
-    const int64_t width = static_cast<int64_t>(w.down.size()) / D;
-    GatedMlp(w.gate_up.data(), w.down.data(), width, rows, D, act, x, out,
-             /*accumulate=*/false);
+    GatedMlp(w.gate_up, w.down, rows, act, x, out, /*accumulate=*/false);
     return TpAllReduce(tp, out, rows * D);
   }
   // Routing is replicated: every rank computes the same selection.
   const int64_t E = config.num_experts, k = config.num_experts_per_token;
   std::vector<float> logits(rows * E), weights(rows * k);
   std::vector<int32_t> idx(rows * k);
-  kernels::Linear(x, w.router.data(), rows, E, D, logits.data());
+  kernels::Linear(x, w.router, rows, logits.data());
   kernels::MoeRoute(logits.data(), w.router_bias.data(), rows, E, k, config.moe_renormalize,
                     config.routed_scaling_factor, idx.data(), weights.data());
 
@@ -62,14 +61,14 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   std::vector<float> z;
   if (latent) {
     z.resize(rows * din);
-    kernels::Linear(x, w.latent_down.data(), rows, din, D, z.data());
+    kernels::Linear(x, w.latent_down, rows, z.data());
   }
-  // Experts held by other TP ranks stay null: their selections add nothing.
+  // Experts held by other TP ranks stay empty: their selections add nothing.
   std::vector<kernels::MoeExpert> experts(E);
   for (int64_t e = 0; e < E; ++e) {
     if (w.expert_w13[e].empty()) continue;
-    experts[e].w13 = w.expert_w13[e].data();
-    experts[e].w2 = w.expert_w2[e].data();
+    experts[e].w13 = w.expert_w13[e];
+    experts[e].w2 = w.expert_w2[e];
   }
   std::vector<float> routed(latent ? rows * din : 0);
   kernels::MoeExpertsArgs args;
@@ -86,13 +85,11 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   args.act = act;
   args.out = latent ? routed.data() : out;
   kernels::MoeExperts(args);
-  const int64_t shared_width =
-      w.shared_down.empty() ? 0 : static_cast<int64_t>(w.shared_down.size()) / D;
+  const bool has_shared = !w.shared_down.empty();
   if (!latent) {
     // Routed and shared partial sums reduce together.
-    if (shared_width > 0) {
-      GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act, x, out,
-               /*accumulate=*/true);
+    if (has_shared) {
+      GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);
     }
     return TpAllReduce(tp, out, rows * D);
   }
@@ -103,16 +100,14 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
     kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din, config.rms_norm_eps,
                      routed.data());
   }
-  kernels::Linear(routed.data(), w.latent_up.data(), rows, D, din, out);
-  if (shared_width == 0) return absl::OkStatus();
+  kernels::Linear(routed.data(), w.latent_up, rows, out);
+  if (!has_shared) return absl::OkStatus();
   if (tp == nullptr || tp->size() == 1) {
-    GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act, x, out,
-             /*accumulate=*/true);
+    GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);
     return absl::OkStatus();
   }
   std::vector<float> shared(rows * D);
-  GatedMlp(w.shared_gate_up.data(), w.shared_down.data(), shared_width, rows, D, act, x,
-           shared.data(), /*accumulate=*/false);
+  GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, shared.data(), /*accumulate=*/false);
   DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared.data(), rows * D));
   for (int64_t i = 0; i < rows * D; ++i) out[i] += shared[i];
   return absl::OkStatus();

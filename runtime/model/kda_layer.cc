@@ -23,11 +23,11 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   const int64_t rows = batch.rows(), D = config.hidden_size;
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
   const int64_t HD = H * d, width = config.kda.conv_kernel_size;
-  const int64_t rank_f = static_cast<int64_t>(w.f_a.size()) / D;
+  const int64_t rank_f = w.f_a.rows();
 
   // q, k, v projections and their causal convolution (+SiLU), per sequence.
   std::vector<float> qkv(rows * 3 * HD), conv(rows * 3 * HD);
-  Linear(x, w.qkv_proj.data(), rows, 3 * HD, D, qkv.data());
+  Linear(x, w.qkv_proj, rows, qkv.data());
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b);
     ShortConv(qkv.data() + r0 * 3 * HD, w.qkv_conv.data(), batch.Count(b), 3 * HD, width,
@@ -46,15 +46,15 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
 
   // Decay gate g [rows, H*d] and beta [rows, H].
   std::vector<float> fa(rows * rank_f), g(rows * HD), beta(rows * H);
-  Linear(x, w.f_a.data(), rows, rank_f, D, fa.data());
-  Linear(fa.data(), w.f_b.data(), rows, HD, rank_f, g.data());
+  Linear(x, w.f_a, rows, fa.data());
+  Linear(fa.data(), w.f_b, rows, g.data());
   if (config.kda.has_lower_bound) {
     KdaGateLowerBound(g.data(), w.dt_bias.data(), w.a_log.data(), rows, H, d,
                       config.kda.gate_lower_bound, g.data());
   } else {
     KdaGateSoftplus(g.data(), w.dt_bias.data(), w.a_log.data(), rows, H, d, g.data());
   }
-  Linear(x, w.b_proj.data(), rows, H, D, beta.data());
+  Linear(x, w.b_proj, rows, beta.data());
   for (float& b : beta) b = Sigmoid(b);
 
   // The recurrence, per sequence, carrying its state.
@@ -79,15 +79,15 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   RmsNorm(o.data(), w.o_norm.data(), rows * H, d, config.rms_norm_eps, o.data());
   std::vector<float>& gate = q;  // q is dead: reuse its storage
   if (config.kda.full_rank_gate) {
-    Linear(x, w.g_proj.data(), rows, HD, D, gate.data());
+    Linear(x, w.g_proj, rows, gate.data());
   } else {
-    const int64_t rank_g = static_cast<int64_t>(w.g_a.size()) / D;
+    const int64_t rank_g = w.g_a.rows();
     std::vector<float> ga(rows * rank_g);
-    Linear(x, w.g_a.data(), rows, rank_g, D, ga.data());
-    Linear(ga.data(), w.g_b.data(), rows, HD, rank_g, gate.data());
+    Linear(x, w.g_a, rows, ga.data());
+    Linear(ga.data(), w.g_b, rows, gate.data());
   }
   for (int64_t i = 0; i < rows * HD; ++i) o[i] *= Sigmoid(gate[i]);
-  Linear(o.data(), w.o_proj.data(), rows, D, HD, out);
+  Linear(o.data(), w.o_proj, rows, out);
   return TpAllReduce(tp, out, rows * D);
 }
 

@@ -30,8 +30,7 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_
                    const float* cache, float scale, float* o) {
   const int64_t S = prefix + t;
   std::vector<float> kv(S * m.n * (m.P + m.Vd));
-  kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b.data(), S, m.n * (m.P + m.Vd), m.C,
-                         kv.data(), m.n * (m.P + m.Vd));
+  kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b, S, kv.data(), m.n * (m.P + m.Vd), false);
   kernels::MlaPrefillArgs args;
   args.t = t;
   args.prefix = prefix;
@@ -55,8 +54,8 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64
   std::vector<float> q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
   std::vector<float> o_latent(t * m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
-    kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(), w.w_uk_t.data() + h * m.C * m.P, t,
-                           m.C, m.P, q_latent.data() + h * m.C, m.n * m.C);
+    kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(), w.w_uk_t.tensor().Rows(h * m.C, m.C),
+                           t, q_latent.data() + h * m.C, m.n * m.C, false);
   }
   for (int64_t i = 0; i < t; ++i)
     for (int64_t h = 0; h < m.n; ++h)
@@ -75,9 +74,8 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64
   args.o_latent = o_latent.data();
   kernels::MlaAbsorbedAttention(args);
   for (int64_t h = 0; h < m.n; ++h) {
-    const float* w_uv = w.kv_b.data() + (h * (m.P + m.Vd) + m.P) * m.C;  // [Vd, C]
-    kernels::LinearStrided(o_latent.data() + h * m.C, m.n * m.C, w_uv, t, m.Vd, m.C, o + h * m.Vd,
-                           m.n * m.Vd);
+    const kernels::Tensor w_uv = w.kv_b.tensor().Rows(h * (m.P + m.Vd) + m.P, m.Vd);  // [Vd, C]
+    kernels::LinearStrided(o_latent.data() + h * m.C, m.n * m.C, w_uv, t, o + h * m.Vd, m.n * m.Vd);
   }
 }
 
@@ -108,15 +106,15 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   if (config.q_lora_rank > 0) {
     const int64_t ql = config.q_lora_rank;
     std::vector<float> qa(rows * ql);
-    Linear(x, w.q_a.data(), rows, ql, D, qa.data());
+    Linear(x, w.q_a, rows, qa.data());
     RmsNorm(qa.data(), w.q_a_norm.data(), rows, ql, kLatentNormEps, qa.data());
-    Linear(qa.data(), w.q_b.data(), rows, m.n * m.QkDim(), ql, q.data());
+    Linear(qa.data(), w.q_b, rows, q.data());
   } else {
-    Linear(x, w.q_proj.data(), rows, m.n * m.QkDim(), D, q.data());
+    Linear(x, w.q_proj, rows, q.data());
   }
   // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
   std::vector<float> ckr(rows * m.CacheWidth());
-  Linear(x, w.kv_a.data(), rows, m.CacheWidth(), D, ckr.data());
+  Linear(x, w.kv_a, rows, ckr.data());
   for (int64_t r = 0; r < rows; ++r) {
     float* row = ckr.data() + r * m.CacheWidth();
     RmsNorm(row, w.kv_a_norm.data(), 1, m.C, kLatentNormEps, row);
@@ -142,10 +140,10 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
 
   if (config.mla_output_gate) {
     std::vector<float> gate(rows * m.n * m.Vd);
-    Linear(x, w.g_proj.data(), rows, m.n * m.Vd, D, gate.data());
+    Linear(x, w.g_proj, rows, gate.data());
     for (size_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
   }
-  Linear(o.data(), w.o_proj.data(), rows, D, m.n * m.Vd, out);
+  Linear(o.data(), w.o_proj, rows, out);
   return TpAllReduce(tp, out, rows * D);
 }
 

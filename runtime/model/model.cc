@@ -32,11 +32,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     return absl::InvalidArgumentError(absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
                                                    " ranks needs a communicator of that size"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(auto checkpoint, Checkpoint::Open(dir));
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<const Checkpoint> checkpoint, Checkpoint::Open(dir));
   DELTASERVE_RETURN_IF_ERROR(ValidateCheckpoint(config, *checkpoint));
   int64_t bytes_read = 0;
   DELTASERVE_ASSIGN_OR_RETURN(ModelWeights weights,
-                              LoadWeights(config, *checkpoint, shard, &bytes_read));
+                              LoadWeights(config, std::move(checkpoint), shard, &bytes_read));
   return std::unique_ptr<Model>(
       new Model(std::move(config), shard, std::move(weights), tp, bytes_read));
 }
@@ -99,8 +99,7 @@ Activations Model::Embed(const std::vector<int32_t>& tokens) const {
   Activations act;
   act.rows = static_cast<int64_t>(tokens.size());
   act.prefix.resize(act.rows * D);
-  kernels::Embedding(weights_.embed.data(), config_.vocab_size, D, tokens.data(), act.rows,
-                     act.prefix.data());
+  kernels::Embedding(weights_.embed, tokens.data(), act.rows, act.prefix.data());
   return act;
 }
 
@@ -139,7 +138,7 @@ std::vector<float> Model::Logits(const Activations& act, const std::vector<int64
   kernels::RmsNorm(selected.data(), weights_.norm.data(), n, D, config_.rms_norm_eps,
                    selected.data());
   std::vector<float> logits(n * V);
-  kernels::Linear(selected.data(), weights_.lm_head.data(), n, V, D, logits.data());
+  kernels::Linear(selected.data(), weights_.lm_head, n, logits.data());
   return logits;
 }
 

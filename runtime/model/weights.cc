@@ -1,70 +1,104 @@
 #include "runtime/model/weights.h"
 
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/check.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 #include "runtime/model/weight_loader.h"
 #include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
+
+Weight Weight::Allocate(kernels::DType dtype, int64_t rows, int64_t cols) {
+  kernels::Tensor t{nullptr, nullptr, dtype, kernels::Device::kCpu, rows, cols};
+  const int64_t data_bytes = rows * t.RowBytes(), scale_bytes = rows * t.ScaleRowBytes();
+  std::shared_ptr<uint8_t[]> bytes =
+      std::make_shared_for_overwrite<uint8_t[]>(static_cast<size_t>(data_bytes + scale_bytes));
+  t.data = bytes.get();
+  if (scale_bytes > 0) t.scales = bytes.get() + data_bytes;
+  return Weight(t, std::move(bytes), /*mapped=*/false);
+}
+
+uint8_t* Weight::MutableData() const {
+  DELTASERVE_CHECK(!mapped_);
+  return const_cast<uint8_t*>(static_cast<const uint8_t*>(tensor_.data));
+}
+
+uint8_t* Weight::MutableScales() const {
+  DELTASERVE_CHECK(!mapped_);
+  return const_cast<uint8_t*>(tensor_.scales);
+}
+
 namespace {
 
 // Each Load / Concat reads this rank's part as the tensor's spec splits it.
 absl::Status LoadKda(const ModelConfig& c, const WeightLoader& l, KdaWeights* w) {
   DELTASERVE_ASSIGN_OR_RETURN(w->qkv_proj,
-                              l.Concat({"q_proj.weight", "k_proj.weight", "v_proj.weight"}));
+                              l.ConcatRows({"q_proj.weight", "k_proj.weight", "v_proj.weight"}));
   DELTASERVE_ASSIGN_OR_RETURN(w->qkv_conv,
                               l.Concat({"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"}));
-  DELTASERVE_ASSIGN_OR_RETURN(w->f_a, l.Load("f_a_proj.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->f_b, l.Load("f_b_proj.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->b_proj, l.Load("b_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->f_a, l.Matrix("f_a_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->f_b, l.Matrix("f_b_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->b_proj, l.Matrix("b_proj.weight"));
   DELTASERVE_ASSIGN_OR_RETURN(w->a_log, l.Load("A_log"));  // padding dropped
   DELTASERVE_ASSIGN_OR_RETURN(w->dt_bias, l.Load("dt_bias"));
   if (c.kda.full_rank_gate) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Load("g_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Matrix("g_proj.weight"));
   } else {
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_a, l.Load("g_a_proj.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_b, l.Load("g_b_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_a, l.Matrix("g_a_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_b, l.Matrix("g_b_proj.weight"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(w->o_norm, l.Load("o_norm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Load("o_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Matrix("o_proj.weight"));
   return absl::OkStatus();
 }
 
 absl::Status LoadMla(const ModelConfig& c, const WeightLoader& l, MlaWeights* w) {
   const int64_t P = c.qk_nope_head_dim, Vd = c.v_head_dim, C = c.kv_lora_rank;
   if (c.q_lora_rank > 0) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_a, l.Load("q_a_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_a, l.Matrix("q_a_proj.weight"));
     DELTASERVE_ASSIGN_OR_RETURN(w->q_a_norm, l.Load("q_a_layernorm.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_b, l.Load("q_b_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_b, l.Matrix("q_b_proj.weight"));
   } else {
-    DELTASERVE_ASSIGN_OR_RETURN(w->q_proj, l.Load("q_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->q_proj, l.Matrix("q_proj.weight"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(w->kv_a, l.Load("kv_a_proj_with_mqa.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->kv_a, l.Matrix("kv_a_proj_with_mqa.weight"));
   DELTASERVE_ASSIGN_OR_RETURN(w->kv_a_norm, l.Load("kv_a_layernorm.weight"));
-  DELTASERVE_ASSIGN_OR_RETURN(w->kv_b, l.Load("kv_b_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->kv_b, l.Matrix("kv_b_proj.weight"));
   if (c.mla_output_gate) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Load("g_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->g_proj, l.Matrix("g_proj.weight"));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Load("o_proj.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->o_proj, l.Matrix("o_proj.weight"));
 
-  const int64_t local = static_cast<int64_t>(w->kv_b.size()) / ((P + Vd) * C);  // this rank's heads
-  w->w_uk_t.resize(static_cast<size_t>(local * C * P));
+  // W_UK per head, [P, C] rows of kv_b, transposed to [C, P] in the stored
+  // dtype (a permutation of elements, exact).
+  const kernels::Tensor& kv_b = w->kv_b.tensor();
+  const int64_t local = kv_b.rows / (P + Vd);  // this rank's heads
+  if (kv_b.dtype == kernels::DType::kMxfp4) {
+    return absl::UnimplementedError("kv_b_proj in MXFP4 is not supported");
+  }
+  const int64_t elem = kv_b.RowBytes() / C;
+  w->w_uk_t = Weight::Allocate(kv_b.dtype, local * C, P);
+  const auto* src = static_cast<const uint8_t*>(kv_b.data);
+  uint8_t* dst = w->w_uk_t.MutableData();
   for (int64_t h = 0; h < local; ++h) {
-    const float* w_uk = w->kv_b.data() + h * (P + Vd) * C;  // [P, C]
-    float* dst = w->w_uk_t.data() + h * C * P;              // [C, P]
-    for (int64_t i = 0; i < P; ++i)
-      for (int64_t j = 0; j < C; ++j) dst[j * P + i] = w_uk[i * C + j];
+    for (int64_t i = 0; i < P; ++i) {
+      for (int64_t j = 0; j < C; ++j) {
+        std::memcpy(dst + ((h * C + j) * P + i) * elem, src + ((h * (P + Vd) + i) * C + j) * elem,
+                    static_cast<size_t>(elem));
+      }
+    }
   }
   return absl::OkStatus();
 }
 
 // A gated MLP's gate/up rows and down columns (this rank's share of its width).
-absl::Status LoadGatedMlp(const WeightLoader& l, Floats* gate_up, Floats* down) {
-  DELTASERVE_ASSIGN_OR_RETURN(*gate_up, l.Concat({"gate_proj.weight", "up_proj.weight"}));
-  DELTASERVE_ASSIGN_OR_RETURN(*down, l.Load("down_proj.weight"));
+absl::Status LoadGatedMlp(const WeightLoader& l, Weight* gate_up, Weight* down) {
+  DELTASERVE_ASSIGN_OR_RETURN(*gate_up, l.ConcatRows({"gate_proj.weight", "up_proj.weight"}));
+  DELTASERVE_ASSIGN_OR_RETURN(*down, l.Matrix("down_proj.weight"));
   return absl::OkStatus();
 }
 
@@ -72,23 +106,23 @@ absl::Status LoadFfn(const ModelConfig& c, int64_t layer, const WeightLoader& l,
   if (!c.IsMoeLayer(layer)) return LoadGatedMlp(l.Under("mlp."), &w->gate_up, &w->down);
   w->moe = true;
   const WeightLoader m = l.Under("block_sparse_moe.");
-  DELTASERVE_ASSIGN_OR_RETURN(w->router, m.Load("gate.weight"));
+  DELTASERVE_ASSIGN_OR_RETURN(w->router, m.Matrix("gate.weight"));
   DELTASERVE_ASSIGN_OR_RETURN(w->router_bias, m.Load("gate.e_score_correction_bias"));
   w->expert_w13.resize(c.num_experts);
   w->expert_w2.resize(c.num_experts);
   for (int64_t e = 0; e < c.num_experts; ++e) {
     // Empty unless this rank owns expert e.
     const WeightLoader x = m.Under(absl::StrCat("experts.", e, "."));
-    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w13[e], x.Concat({"w1.weight", "w3.weight"}));
-    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w2[e], x.Load("w2.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w13[e], x.ConcatRows({"w1.weight", "w3.weight"}));
+    DELTASERVE_ASSIGN_OR_RETURN(w->expert_w2[e], x.Matrix("w2.weight"));
   }
   if (c.num_shared_experts > 0) {
     DELTASERVE_RETURN_IF_ERROR(
         LoadGatedMlp(m.Under("shared_experts."), &w->shared_gate_up, &w->shared_down));
   }
   if (c.routed_expert_hidden_size > 0) {
-    DELTASERVE_ASSIGN_OR_RETURN(w->latent_down, m.Load("routed_expert_down_proj.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w->latent_up, m.Load("routed_expert_up_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->latent_down, m.Matrix("routed_expert_down_proj.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w->latent_up, m.Matrix("routed_expert_up_proj.weight"));
     if (c.latent_moe_use_norm) {
       DELTASERVE_ASSIGN_OR_RETURN(w->latent_norm, m.Load("routed_expert_norm.weight"));
     }
@@ -98,19 +132,20 @@ absl::Status LoadFfn(const ModelConfig& c, int64_t layer, const WeightLoader& l,
 
 }  // namespace
 
-absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
+absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
+                                         std::shared_ptr<const Checkpoint> checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read) {
   const ModelArchitecture& arch = ArchitectureOf(config);
-  const WeightLoader top(checkpoint, ExpectedTensors(config), shard.tp_rank, shard.tp_size,
-                         bytes_read);
+  const WeightLoader top(std::move(checkpoint), ExpectedTensors(config), shard.tp_rank,
+                         shard.tp_size, bytes_read);
   const WeightLoader model = top.Under(config.ModelPrefix());
   ModelWeights w;
   if (shard.HasEmbedding()) {
-    DELTASERVE_ASSIGN_OR_RETURN(w.embed, model.Load("embed_tokens.weight"));
+    DELTASERVE_ASSIGN_OR_RETURN(w.embed, model.Matrix("embed_tokens.weight"));
   }
   if (HasHead(config, shard)) {
     DELTASERVE_ASSIGN_OR_RETURN(w.norm, model.Load("norm.weight"));
-    DELTASERVE_ASSIGN_OR_RETURN(w.lm_head, top.Load(config.LmHeadName()));
+    DELTASERVE_ASSIGN_OR_RETURN(w.lm_head, top.Matrix(config.LmHeadName()));
     DELTASERVE_RETURN_IF_ERROR(arch.LoadHeadTensors(model, &w));
   }
   w.layers.resize(static_cast<size_t>(config.num_layers));
@@ -130,6 +165,49 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkp
     DELTASERVE_RETURN_IF_ERROR(arch.LoadLayerTensors(l, &layer));
   }
   return w;
+}
+
+void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn) {
+  fn(w.embed);
+  fn(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    const KdaWeights& k = l.kda;
+    for (const Weight* m :
+         {&k.qkv_proj, &k.f_a, &k.f_b, &k.b_proj, &k.g_proj, &k.g_a, &k.g_b, &k.o_proj}) {
+      fn(*m);
+    }
+    const MlaWeights& a = l.mla;
+    for (const Weight* m :
+         {&a.q_a, &a.q_b, &a.q_proj, &a.kv_a, &a.kv_b, &a.w_uk_t, &a.g_proj, &a.o_proj}) {
+      fn(*m);
+    }
+    const FfnWeights& f = l.ffn;
+    for (const Weight* m : {&f.gate_up, &f.down, &f.router, &f.shared_gate_up, &f.shared_down,
+                            &f.latent_down, &f.latent_up}) {
+      fn(*m);
+    }
+    for (const Weight& e : f.expert_w13) fn(e);
+    for (const Weight& e : f.expert_w2) fn(e);
+  }
+}
+
+std::map<std::string, int64_t> WeightBytesByDType(const ModelWeights& w) {
+  std::map<std::string, int64_t> bytes;
+  ForEachMatrix(w, [&bytes](const Weight& m) {
+    if (!m.empty()) bytes[kernels::DTypeName(m.tensor().dtype)] += m.bytes();
+  });
+  int64_t vectors =
+      static_cast<int64_t>(w.norm.size() + w.output_res.norm.size() + w.output_res.proj.size());
+  for (const LayerWeights& l : w.layers) {
+    for (const Floats* v : {&l.input_norm, &l.post_attention_norm, &l.attn_res.norm,
+                            &l.attn_res.proj, &l.mlp_res.norm, &l.mlp_res.proj, &l.kda.qkv_conv,
+                            &l.kda.a_log, &l.kda.dt_bias, &l.kda.o_norm, &l.mla.q_a_norm,
+                            &l.mla.kv_a_norm, &l.ffn.router_bias, &l.ffn.latent_norm}) {
+      vectors += static_cast<int64_t>(v->size());
+    }
+  }
+  if (vectors > 0) bytes["f32 vectors"] = vectors * static_cast<int64_t>(sizeof(float));
+  return bytes;
 }
 
 }  // namespace deltaserve

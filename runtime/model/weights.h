@@ -1,13 +1,23 @@
-// The model's weights in memory, float32, arranged for the kernels: tensors
-// that read the same input are concatenated row-wise so one GEMM serves them
-// (q/k/v with their convolutions, MoE w1/w3, dense gate/up), and the MLA
-// key up-projection is pre-transposed per head for the absorbed decode form.
+// The model's weights in memory, arranged for the kernels. Matrices stay in
+// the dtype the checkpoint stores (bf16, MXFP4 experts, float32) and are views
+// of the mapped file wherever this rank uses a tensor as stored (all of it,
+// or a block of its rows); tensors that read the same input are concatenated
+// row-wise so one GEMM serves them (q/k/v, MoE w1/w3, dense gate/up), copies
+// in the stored dtype, as are column slices and the MLA key up-projection,
+// pre-transposed per head for the absorbed decode form. Vectors (norm gains,
+// biases, convolution taps, gates' parameters) are float32: they are a few
+// thousandths of the bytes, and MODEL.md keeps several of them in float32.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/tensor.h"
 #include "runtime/model/config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/shard.h"
@@ -16,45 +26,77 @@ namespace deltaserve {
 
 using Floats = std::vector<float>;
 
+// A weight matrix in its stored dtype: a kernels::Tensor and whatever keeps
+// its bytes alive (the mapped checkpoint, or this weight's own copy).
+class Weight {
+ public:
+  Weight() = default;
+  Weight(kernels::Tensor tensor, std::shared_ptr<const void> owner, bool mapped)
+      : tensor_(tensor), owner_(std::move(owner)), mapped_(mapped) {}
+
+  const kernels::Tensor& tensor() const { return tensor_; }
+  operator const kernels::Tensor&() const { return tensor_; }  // NOLINT: a view of it
+  bool empty() const { return tensor_.empty(); }
+  int64_t rows() const { return tensor_.rows; }
+  int64_t cols() const { return tensor_.cols; }
+  int64_t elements() const { return tensor_.rows * tensor_.cols; }
+  // Bytes held: codes and scales for MXFP4.
+  int64_t bytes() const { return tensor_.rows * (tensor_.RowBytes() + tensor_.ScaleRowBytes()); }
+  // A view of the mapped checkpoint rather than a copy.
+  bool mapped() const { return mapped_; }
+
+  // A weight with bytes of its own for [rows, cols] of `dtype`, to be filled
+  // through MutableData / MutableScales (kMxfp4 only) before use.
+  static Weight Allocate(kernels::DType dtype, int64_t rows, int64_t cols);
+  uint8_t* MutableData() const;
+  uint8_t* MutableScales() const;
+
+ private:
+  kernels::Tensor tensor_;
+  std::shared_ptr<const void> owner_;
+  bool mapped_ = false;
+};
+
 struct KdaWeights {
-  Floats qkv_proj;  // [3 * H * d, D]: q, k, v rows
+  Weight qkv_proj;  // [3 * H * d, D]: q, k, v rows
   Floats qkv_conv;  // [3 * H * d, W]
-  Floats f_a;       // [rank, D]
-  Floats f_b;       // [H * d, rank]
-  Floats b_proj;    // [H, D]
+  Weight f_a;       // [rank, D]
+  Weight f_b;       // [H * d, rank]
+  Weight b_proj;    // [H, D]
   Floats a_log;     // [H] (padding dropped)
   Floats dt_bias;   // [H * d]
-  Floats g_proj;    // full rank: [H * d, D]
-  Floats g_a, g_b;  // low rank: [rank, D], [H * d, rank]
+  Weight g_proj;    // full rank: [H * d, D]
+  Weight g_a, g_b;  // low rank: [rank, D], [H * d, rank]
   Floats o_norm;    // [d]
-  Floats o_proj;    // [D, H * d]
+  Weight o_proj;    // [D, H * d]
 };
 
 struct MlaWeights {
-  Floats q_a, q_a_norm, q_b;  // q-LoRA: [ql, D], [ql], [n * (P + R), ql]
-  Floats q_proj;              // plain: [n * (P + R), D]
-  Floats kv_a;                // [C + R, D]
-  Floats kv_a_norm;           // [C]
-  Floats kv_b;                // [n * (P + Vd), C]: per head P key rows then Vd value rows
-  Floats w_uk_t;              // [n, C, P]: key rows of kv_b transposed (absorbed decode)
-  Floats g_proj;              // output gate [n * Vd, D] (K3), else empty
-  Floats o_proj;              // [D, n * Vd]
+  Weight q_a, q_b;   // q-LoRA: [ql, D], [n * (P + R), ql]
+  Floats q_a_norm;   // [ql]
+  Weight q_proj;     // plain: [n * (P + R), D]
+  Weight kv_a;       // [C + R, D]
+  Floats kv_a_norm;  // [C]
+  Weight kv_b;       // [n * (P + Vd), C]: per head P key rows then Vd value rows
+  Weight w_uk_t;     // [n * C, P]: key rows of kv_b transposed per head (absorbed decode)
+  Weight g_proj;     // output gate [n * Vd, D] (K3), else empty
+  Weight o_proj;     // [D, n * Vd]
 };
 
 struct FfnWeights {
   bool moe = false;
   // Dense
-  Floats gate_up;  // [2 * I, D]
-  Floats down;     // [D, I]
+  Weight gate_up;  // [2 * I, D]
+  Weight down;     // [D, I]
   // MoE
-  Floats router;                   // [E, D]
+  Weight router;                   // [E, D]
   Floats router_bias;              // [E]
-  std::vector<Floats> expert_w13;  // each [2 * Ie, Din]; empty if on another TP rank
-  std::vector<Floats> expert_w2;   // each [Din, Ie]
-  Floats shared_gate_up;           // [2 * Is, D], empty without shared experts
-  Floats shared_down;              // [D, Is]
-  Floats latent_down;              // [L, D] (K3 latent MoE), else empty
-  Floats latent_up;                // [D, L]
+  std::vector<Weight> expert_w13;  // each [2 * Ie, Din]; empty if on another TP rank
+  std::vector<Weight> expert_w2;   // each [Din, Ie]
+  Weight shared_gate_up;           // [2 * Is, D], empty without shared experts
+  Weight shared_down;              // [D, Is]
+  Weight latent_down;              // [L, D] (K3 latent MoE), else empty
+  Weight latent_up;                // [D, L]
   Floats latent_norm;              // [L]
 };
 
@@ -75,20 +117,27 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Floats embed;                      // [V, D]
+  Weight embed;                      // [V, D]
   Floats norm;                       // [D]
-  Floats lm_head;                    // [V, D] (the embedding when tied)
+  Weight lm_head;                    // [V, D] (the embedding when tied)
   ResMixWeights output_res;          // K3 only
   std::vector<LayerWeights> layers;  // all layers; those of other stages empty
 };
 
-// Loads and converts the tensors `shard` owns: its layers, and of those its
+// Every matrix of `w` (empty ones included), for totals by dtype.
+void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn);
+// Bytes of the matrices by dtype name ("bf16", "mxfp4", "f32"), and of the
+// float32 vectors under "f32 vectors"; mapped and copied alike.
+std::map<std::string, int64_t> WeightBytesByDType(const ModelWeights& w);
+
+// Loads the tensors `shard` owns: its layers, and of those its
 // TP part as each tensor's spec splits it (tp_split.h; other ranks' routed
 // experts stay empty); the embedding on the first stage, the head on the
 // last. Only those bytes are read from the mapped files; *bytes_read
 // (optional) receives their count. The checkpoint must have passed
-// ValidateCheckpoint.
-absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config, const Checkpoint& checkpoint,
+// ValidateCheckpoint. Mapped weights keep `checkpoint` alive.
+absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
+                                         std::shared_ptr<const Checkpoint> checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read = nullptr);
 
 }  // namespace deltaserve

@@ -2,6 +2,7 @@
 #include "kernels/embedding.h"
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -29,7 +30,7 @@ TEST(EmbeddingTest, CopiesRowsExactly) {
           tokens[i] = static_cast<int32_t>(i == 0 ? vocab - 1 : (i * 7) % vocab);
         }
         auto out = NaNs(t * dim);
-        Embedding(table.data(), vocab, dim, tokens.data(), t, out.data());
+        Embedding(Tensor::F32(table.data(), vocab, dim), tokens.data(), t, out.data());
         std::vector<double> want(t * dim);
         ref::Embedding(ToDouble(table).data(), vocab, dim, tokens.data(), t, want.data());
         EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
@@ -38,16 +39,40 @@ TEST(EmbeddingTest, CopiesRowsExactly) {
   }
 }
 
+// A bf16 table (how checkpoints store it) widens each row exactly.
+TEST(EmbeddingTest, Bf16RowsWidenExactly) {
+  const int64_t vocab = 9, dim = 37;
+  std::vector<uint16_t> table(vocab * dim);
+  const auto f = RandomFloats(vocab * dim, 5);
+  std::vector<double> values(vocab * dim);
+  for (size_t i = 0; i < table.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &f[i], 4);
+    table[i] = static_cast<uint16_t>(bits >> 16);
+    const uint32_t wide = bits & 0xffff0000u;
+    float v;
+    std::memcpy(&v, &wide, 4);
+    values[i] = v;
+  }
+  const int32_t tokens[] = {8, 0, 3, 3};
+  auto out = NaNs(4 * dim);
+  Embedding(Tensor{table.data(), nullptr, DType::kBF16, Device::kCpu, vocab, dim}, tokens, 4,
+            out.data());
+  std::vector<double> want(4 * dim);
+  ref::Embedding(values.data(), vocab, dim, tokens, 4, want.data());
+  EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
+}
+
 TEST(EmbeddingTest, NoTokensIsNoOp) {
   const auto table = RandomFloats(4 * 3, 9);
-  Embedding(table.data(), 4, 3, nullptr, 0, nullptr);
+  Embedding(Tensor::F32(table.data(), 4, 3), nullptr, 0, nullptr);
 }
 
 TEST(EmbeddingDeathTest, OutOfRangeTokenAborts) {
   const auto table = RandomFloats(4 * 3, 9);
   const int32_t tokens[] = {1, 4};
   auto out = NaNs(2 * 3);
-  EXPECT_DEATH(Embedding(table.data(), 4, 3, tokens, 2, out.data()), "check failed");
+  EXPECT_DEATH(Embedding(Tensor::F32(table.data(), 4, 3), tokens, 2, out.data()), "check failed");
 }
 
 }  // namespace

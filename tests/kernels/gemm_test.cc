@@ -1,15 +1,20 @@
-// kernels/gemm.h (OpenBLAS sgemm and the skinny kernel) and SmallGemm of
-// kernels/cpu/gemm_cpu.h against the float64 reference.
+// kernels/gemm.h for float32, bf16 and MXFP4 weights (the skinny kernel and
+// oneDNN's sgemm on widened panels) and SmallGemm of kernels/cpu/gemm_cpu.h
+// against the float64 reference, at the CPU level this run selects (ctest
+// runs each kernel test once per level: DELTASERVE_CPU_ISA).
 #include "kernels/gemm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/reference/gemm_ref.h"
+#include "kernels/reference/mxfp4_ref.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
@@ -21,52 +26,122 @@ using testing::RandomFloats;
 using testing::ReductionTolerance;
 using testing::ToDouble;
 
-// 1 and 2 take the sgemv path, 3 to 16 the skinny kernel (4-row tiles and
-// the 1-3 rows left over; 4-row blocks of W and the rows left over; k in
-// 8-lane steps and a tail), 17 and up sgemm.
+// Up to 16 rows take the skinny kernel (4-row tiles and the 1-3 rows left
+// over; 4-row blocks of W and the rows left over; k in 8-lane steps and a
+// tail), 17 and up the widened panels and sgemm.
 constexpr int64_t kSizes[] = {0, 1, 2, 3, 5, 8, 13, 16, 17, 64, 129};
+// MXFP4 rows are whole groups of 32.
+constexpr int64_t kMxfp4Widths[] = {0, 32, 64, 160};
 
-// Inputs in [-1, 1): each product is ~1/3 and partial sums grow like sqrt(k),
-// so the absolute error is ReductionTolerance(k) times that sqrt(k) scale.
+// Inputs in [-1, 1) (MXFP4 weights up to 1.5): each product is ~1/3 and
+// partial sums grow like sqrt(k), so the absolute error is
+// ReductionTolerance(k) times that sqrt(k) scale.
 double Atol(int64_t k) {
-  return ReductionTolerance(k) * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1)));
+  return 2 * ReductionTolerance(k) * std::sqrt(static_cast<double>(std::max<int64_t>(k, 1)));
+}
+
+// A [n, k] weight of `dtype` with random values and their exact float64
+// values: bf16 keeps the top half of random float32s, MXFP4 has random codes
+// under scales 2^-3 .. 2^-2.
+struct TestWeight {
+  std::vector<uint8_t> data, scales;
+  std::vector<double> values;  // [n, k]
+  Tensor tensor;
+};
+
+TestWeight MakeWeight(DType dtype, int64_t n, int64_t k, uint64_t seed) {
+  TestWeight w;
+  const auto f = RandomFloats(n * k, seed);
+  w.values.resize(n * k);
+  if (dtype == DType::kF32) {
+    w.data.resize(n * k * 4);
+    std::memcpy(w.data.data(), f.data(), w.data.size());
+    w.values = ToDouble(f);
+  } else if (dtype == DType::kBF16) {
+    w.data.resize(n * k * 2);
+    for (int64_t i = 0; i < n * k; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &f[i], 4);
+      const uint16_t half = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(w.data.data() + 2 * i, &half, 2);
+      const uint32_t wide = static_cast<uint32_t>(half) << 16;
+      float v;
+      std::memcpy(&v, &wide, 4);
+      w.values[i] = v;
+    }
+  } else {
+    const auto codes = testing::RandomTokens(n * k / 2, seed, 256);
+    const auto powers = testing::RandomTokens(n * k / 32, seed + 1, 2);
+    w.data.resize(n * k / 2);
+    w.scales.resize(n * k / 32);
+    for (size_t i = 0; i < w.data.size(); ++i) w.data[i] = static_cast<uint8_t>(codes[i]);
+    for (size_t i = 0; i < w.scales.size(); ++i)
+      w.scales[i] = static_cast<uint8_t>(124 + powers[i]);
+    w.values = ref::DequantizeMxfp4Ref(w.data.data(), w.scales.data(), n, k);
+  }
+  w.tensor = Tensor{
+      w.data.data(), dtype == DType::kMxfp4 ? w.scales.data() : nullptr, dtype, Device::kCpu, n, k};
+  return w;
+}
+
+std::vector<double> Reference(const std::vector<float>& x, const std::vector<double>& w, int64_t m,
+                              int64_t n, int64_t k) {
+  std::vector<double> y(m * n);
+  ref::Linear(ToDouble(x).data(), w.data(), m, n, k, y.data());
+  return y;
 }
 
 std::vector<double> Reference(const std::vector<float>& x, const std::vector<float>& w, int64_t m,
                               int64_t n, int64_t k) {
-  std::vector<double> y(m * n);
-  ref::Linear(ToDouble(x).data(), ToDouble(w).data(), m, n, k, y.data());
-  return y;
+  return Reference(x, ToDouble(w), m, n, k);
 }
 
-TEST(LinearTest, MatchesReference) {
+// The widths k a dtype's rows may have.
+std::vector<int64_t> Widths(DType dtype) {
+  if (dtype == DType::kMxfp4) return {std::begin(kMxfp4Widths), std::end(kMxfp4Widths)};
+  return {std::begin(kSizes), std::end(kSizes)};
+}
+
+class LinearTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LinearTest, MatchesReference) {
   uint64_t seed = 1;
   for (int64_t m : kSizes) {
     for (int64_t n : kSizes) {
-      for (int64_t k : kSizes) {
+      for (int64_t k : Widths(GetParam())) {
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
-        const auto w = RandomFloats(n * k, ++seed);
+        const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
         auto y = NaNs(m * n);  // k == 0 must still write zeros
-        Linear(x.data(), w.data(), m, n, k, y.data());
-        EXPECT_TRUE(AllClose(y, Reference(x, w, m, n, k), Atol(k), ReductionTolerance(k)));
+        Linear(x.data(), w.tensor, m, y.data());
+        EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
       }
     }
   }
 }
 
-TEST(LinearTest, Accumulates) {
+// Many rows and a matrix wider than one widened panel (1 MiB of float32).
+TEST_P(LinearTest, LargeMatchesReference) {
+  const int64_t m = 40, n = 1100, k = 320;
+  const auto x = RandomFloats(m * k, 77);
+  const TestWeight w = MakeWeight(GetParam(), n, k, 78);
+  auto y = NaNs(m * n);
+  Linear(x.data(), w.tensor, m, y.data());
+  EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
+}
+
+TEST_P(LinearTest, Accumulates) {
   uint64_t seed = 1000;
   for (int64_t m : {1, 2, 3, 7, 16, 17, 64}) {
     for (int64_t n : {1, 3, 129}) {
-      for (int64_t k : {0, 1, 17, 129}) {
+      for (int64_t k : Widths(GetParam())) {
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
-        const auto w = RandomFloats(n * k, ++seed);
+        const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
         auto y = RandomFloats(m * n, ++seed);
-        auto want = Reference(x, w, m, n, k);
+        auto want = Reference(x, w.values, m, n, k);
         for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
-        Linear(x.data(), w.data(), m, n, k, y.data(), /*accumulate=*/true);
+        Linear(x.data(), w.tensor, m, y.data(), /*accumulate=*/true);
         EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
       }
     }
@@ -75,19 +150,19 @@ TEST(LinearTest, Accumulates) {
 
 // Column blocks of wider rows: reads x with row stride ldx, writes y with row
 // stride ldy, and leaves the other columns of y alone.
-TEST(LinearStridedTest, MatchesReferenceAndKeepsOtherColumns) {
+TEST_P(LinearTest, StridedKeepsOtherColumns) {
   uint64_t seed = 2000;
   constexpr float kSentinel = 12345.0f;
   for (int64_t m : kSizes) {
     for (int64_t n : kSizes) {
-      for (int64_t k : kSizes) {
+      for (int64_t k : Widths(GetParam())) {
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(::testing::Message()
                        << "m " << m << " n " << n << " k " << k << " accumulate " << accumulate);
           const int64_t ldx = k + 3, ldy = n + 5,
                         col = 2;                          // y block at column 2
           const auto xw = RandomFloats(m * ldx, ++seed);  // [m, ldx]
-          const auto w = RandomFloats(n * k, ++seed);
+          const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
           std::vector<float> x(m * k);  // the dense [m, k] view of xw
           for (int64_t i = 0; i < m; ++i)
             for (int64_t c = 0; c < k; ++c) x[i * k + c] = xw[i * ldx + c];
@@ -98,8 +173,8 @@ TEST(LinearStridedTest, MatchesReferenceAndKeepsOtherColumns) {
               yw[i * ldy + col + j] = accumulate ? y0[i * n + j] : NAN;
             }
           }
-          LinearStrided(xw.data(), ldx, w.data(), m, n, k, yw.data() + col, ldy, accumulate);
-          auto want = Reference(x, w, m, n, k);
+          LinearStrided(xw.data(), ldx, w.tensor, m, yw.data() + col, ldy, accumulate);
+          auto want = Reference(x, w.values, m, n, k);
           std::vector<float> y(m * n);
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t j = 0; j < ldy; ++j) {
@@ -117,6 +192,22 @@ TEST(LinearStridedTest, MatchesReferenceAndKeepsOtherColumns) {
     }
   }
 }
+
+// Rows of a weight in any dtype widened to float32 are exact.
+TEST_P(LinearTest, WidenRowsIsExact) {
+  const int64_t n = 7, k = GetParam() == DType::kMxfp4 ? 96 : 45;
+  const TestWeight w = MakeWeight(GetParam(), n, k, 99);
+  auto out = NaNs(3 * k);
+  DELTASERVE_CPU_DISPATCH(WidenRows)(w.tensor, 2, 5, out.data());
+  const std::vector<double> want(w.values.begin() + 2 * k, w.values.begin() + 5 * k);
+  EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, LinearTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
 // SmallGemm: c = (accumulate ? c : 0) + alpha · a · b with a in either layout
 // (a_rs, a_cs), b and c at row strides wider than n (the extra columns of c
@@ -159,8 +250,9 @@ TEST(SmallGemmTest, MatchesReference) {
               std::vector<float> c(m * ldc, kSentinel);
               for (int64_t i = 0; i < m; ++i)
                 for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = accumulate ? c0[i * n + j] : NAN;
-              SmallGemm(m, n, k, alpha, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc,
-                        accumulate, lower);
+              DELTASERVE_CPU_DISPATCH(SmallGemm)
+              (m, n, k, alpha, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate,
+               lower);
               auto want = Reference(dense_a, bt, m, n, k);
               std::vector<float> got(m * n);
               for (int64_t i = 0; i < m; ++i) {
@@ -190,8 +282,9 @@ TEST(SmallGemmTest, OutputRowsAfterInputRowsOfOneArray) {
   const auto l = RandomFloats((kRows - kDone) * kDone, 4000);  // [8, 16]
   std::vector<float> v = RandomFloats(kRows * kCols, 4001);    // [24, 40]
   const std::vector<float> v0 = v;
-  SmallGemm(kRows - kDone, kCols, kDone, -1.0f, l.data(), kDone, 1, v.data(), kCols,
-            v.data() + kDone * kCols, kCols, /*accumulate=*/true);
+  DELTASERVE_CPU_DISPATCH(SmallGemm)
+  (kRows - kDone, kCols, kDone, -1.0f, l.data(), kDone, 1, v.data(), kCols,
+   v.data() + kDone * kCols, kCols, /*accumulate=*/true, /*lower_a=*/false);
   const std::vector<float> done(v0.begin(), v0.begin() + kDone * kCols);
   std::vector<float> done_t(kCols * kDone);  // [40, 16]
   for (int64_t p = 0; p < kDone; ++p)

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/moe_ref.h"
+#include "kernels/reference/mxfp4_ref.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
@@ -131,7 +132,9 @@ struct ExpertSet {
   }
   std::vector<MoeExpert> Fast() const {
     std::vector<MoeExpert> out(n);
-    for (int64_t e = 0; e < n; ++e) out[e] = {w13[e].data(), w2[e].data()};
+    for (int64_t e = 0; e < n; ++e) {
+      out[e] = {Tensor::F32(w13[e].data(), 2 * inter, din), Tensor::F32(w2[e].data(), dout, inter)};
+    }
     return out;
   }
   std::vector<ref::MoeExpert> Ref() const {
@@ -209,6 +212,62 @@ struct Case {
   int64_t t, n_experts, top_k;
 };
 
+// The experts of `set` in MXFP4, as K3 stores them: random codes under
+// scales chosen so values spread like the float set's (2^-4 .. 2^-2 times
+// codes up to 6); `set`'s float weights are replaced by the dequantised
+// values, which the reference then uses.
+struct Mxfp4Experts {
+  std::vector<std::vector<uint8_t>> packed13, scales13, packed2, scales2;
+
+  Mxfp4Experts(ExpertSet* set, uint64_t seed) {
+    for (int64_t e = 0; e < set->n; ++e) {
+      Quantize(2 * set->inter, set->din, seed + 2 * e, &set->w13[e], &set->w13_d[e], &packed13,
+               &scales13);
+      Quantize(set->dout, set->inter, seed + 2 * e + 1, &set->w2[e], &set->w2_d[e], &packed2,
+               &scales2);
+    }
+  }
+  static void Quantize(int64_t rows, int64_t cols, uint64_t seed, std::vector<float>* f,
+                       std::vector<double>* d, std::vector<std::vector<uint8_t>>* packed_out,
+                       std::vector<std::vector<uint8_t>>* scales_out) {
+    const auto codes = testing::RandomTokens(rows * cols / 2, seed, 256);
+    const auto powers = testing::RandomTokens(rows * cols / 32, seed + 7, 3);
+    std::vector<uint8_t> packed(codes.begin(), codes.end()), scales(powers.size());
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(123 + powers[i]);
+    *d = ref::DequantizeMxfp4Ref(packed.data(), scales.data(), rows, cols);
+    *f = testing::ToFloat(*d);
+    packed_out->push_back(std::move(packed));
+    scales_out->push_back(std::move(scales));
+  }
+  std::vector<MoeExpert> Fast(const ExpertSet& set) const {
+    std::vector<MoeExpert> out(set.n);
+    for (int64_t e = 0; e < set.n; ++e) {
+      out[e].w13 = {packed13[e].data(), scales13[e].data(), DType::kMxfp4,
+                    Device::kCpu,       2 * set.inter,      set.din};
+      out[e].w2 = {packed2[e].data(), scales2[e].data(), DType::kMxfp4,
+                   Device::kCpu,      set.dout,          set.inter};
+    }
+    return out;
+  }
+};
+
+// K3's routed experts in MXFP4, consumed directly: few tokens per expert
+// (the skinny kernel) and many (widened panels), against the float64
+// reference on the dequantised weights.
+TEST(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
+  for (const Case& c : {Case{1, 8, 2}, Case{5, 4, 2}, Case{200, 4, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "t " << c.t);
+    ExpertSet set(c.n_experts, 64, 32, 64, 900);
+    const Mxfp4Experts mx(&set, 901);
+    const auto z = RandomFloats(c.t * set.din, 902);
+    const auto logits = RandomFloats(c.t * c.n_experts, 903, -3.0f, 3.0f);
+    const Routed r = Route(logits, nullptr, c.t, c.n_experts, c.top_k, true, 1.0f);
+    const auto got = RunFast(set, mx.Fast(set), z, c.t, c.top_k, r.idx, r.weights, Situ());
+    const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, Situ());
+    EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
+  }
+}
+
 TEST(MoeExpertsTest, MatchesPerTokenReference) {
   // T = 1; more experts than routed pairs; every expert chosen by every
   // token; a single expert.
@@ -252,7 +311,7 @@ TEST(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
     for (int rank = 0; rank < ranks; ++rank) {
       auto experts = set.Fast();
       for (int64_t e = 0; e < set.n; ++e) {
-        if (e % ranks != rank) experts[e] = {nullptr, nullptr};
+        if (e % ranks != rank) experts[e] = {};
       }
       const auto part = RunFast(set, experts, z, t, k, r.idx, r.weights, ActivationParams{});
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];

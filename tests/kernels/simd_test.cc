@@ -13,7 +13,7 @@
 
 #include "gtest/gtest.h"
 
-namespace deltaserve::kernels::simd {
+namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA::simd {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -174,4 +174,4 @@ TEST(SimdHorizontalSumTest, SumsAllLanes) {
 #endif
 
 }  // namespace
-}  // namespace deltaserve::kernels::simd
+}  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA::simd

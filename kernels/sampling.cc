@@ -1,0 +1,50 @@
+// Entry point of kernels/sampling.h: the CPU variant of this machine's level.
+#include "kernels/sampling.h"
+
+#include <cstdint>
+
+#include "kernels/cpu/ops.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  for (uint64_t& s : s_) s = SplitMix64(seed);
+}
+
+// xoshiro256** (Blackman and Vigna).
+uint64_t Rng::Next() {
+  const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = Rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+void SamplingDistribution(const float* logits, int64_t vocab, const SamplingParams& params,
+                          double* probs) {
+  DELTASERVE_CPU_DISPATCH(SamplingDistribution)(logits, vocab, params, probs);
+}
+
+int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {
+  return DELTASERVE_CPU_DISPATCH(Sample)(logits, vocab, params, rng);
+}
+
+}  // namespace deltaserve::kernels
