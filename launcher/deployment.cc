@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/threads.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/single_communicator.h"
@@ -103,6 +104,16 @@ void EndDeployment(bool ok) {
 }
 
 void PrintPipelineStats(const Deployment& d) {
+  const WeightBytes w = d.model->weight_bytes();
+  std::string held;
+  for (const auto& [dtype, bytes] : w.by_dtype) {
+    absl::StrAppend(&held, held.empty() ? "" : ", ", dtype, " ",
+                    absl::StrFormat("%.1f MB", bytes / 1e6));
+  }
+  std::fprintf(stderr,
+               "%s: weights %s; matrices mapped from the checkpoint %.1f MB, copied at load "
+               "%.1f MB\n",
+               d.description.c_str(), held.c_str(), w.mapped / 1e6, w.copied / 1e6);
   if (!d.distributed) return;
   const PipelineStats& s = d.executor->stage().stats();
   std::fprintf(stderr,

@@ -48,6 +48,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
   int64_t bytes_read() const { return bytes_read_; }  // from the checkpoint
+  WeightBytes weight_bytes() const { return CountWeightBytes(weights_); }
   std::unique_ptr<SequenceState> NewSequence() const;
 
   // The whole model at once (one stage holding every layer): runs all inputs

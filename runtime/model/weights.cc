@@ -191,10 +191,12 @@ void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&
   }
 }
 
-std::map<std::string, int64_t> WeightBytesByDType(const ModelWeights& w) {
-  std::map<std::string, int64_t> bytes;
-  ForEachMatrix(w, [&bytes](const Weight& m) {
-    if (!m.empty()) bytes[kernels::DTypeName(m.tensor().dtype)] += m.bytes();
+WeightBytes CountWeightBytes(const ModelWeights& w) {
+  WeightBytes out;
+  ForEachMatrix(w, [&out](const Weight& m) {
+    if (m.empty()) return;
+    out.by_dtype[kernels::DTypeName(m.tensor().dtype)] += m.bytes();
+    (m.mapped() ? out.mapped : out.copied) += m.bytes();
   });
   int64_t vectors =
       static_cast<int64_t>(w.norm.size() + w.output_res.norm.size() + w.output_res.proj.size());
@@ -206,8 +208,8 @@ std::map<std::string, int64_t> WeightBytesByDType(const ModelWeights& w) {
       vectors += static_cast<int64_t>(v->size());
     }
   }
-  if (vectors > 0) bytes["f32 vectors"] = vectors * static_cast<int64_t>(sizeof(float));
-  return bytes;
+  if (vectors > 0) out.by_dtype["f32 vectors"] = vectors * static_cast<int64_t>(sizeof(float));
+  return out;
 }
 
 }  // namespace deltaserve

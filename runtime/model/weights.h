@@ -126,9 +126,15 @@ struct ModelWeights {
 
 // Every matrix of `w` (empty ones included), for totals by dtype.
 void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn);
-// Bytes of the matrices by dtype name ("bf16", "mxfp4", "f32"), and of the
-// float32 vectors under "f32 vectors"; mapped and copied alike.
-std::map<std::string, int64_t> WeightBytesByDType(const ModelWeights& w);
+// What a rank's weights hold: bytes of the matrices by dtype name ("bf16",
+// "mxfp4", "f32") and of the float32 vectors under "f32 vectors"; and of the
+// matrices, how many bytes are views of the mapped checkpoint and how many
+// copies made at load.
+struct WeightBytes {
+  std::map<std::string, int64_t> by_dtype;
+  int64_t mapped = 0, copied = 0;
+};
+WeightBytes CountWeightBytes(const ModelWeights& w);
 
 // Loads the tensors `shard` owns: its layers, and of those its
 // TP part as each tensor's spec splits it (tp_split.h; other ranks' routed
