@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/tensor.h"
+
 namespace deltaserve::kernels {
 
 struct MlaPrefillArgs {
@@ -33,7 +35,8 @@ struct MlaAbsorbedArgs {
   int64_t rope_dim = 0;             // R
   const float* q_latent = nullptr;  // [T, n, C]: W_UKᵀ q_nope per head
   const float* q_rope = nullptr;    // [T, n, R]
-  const float* cache = nullptr;     // [S, C + R]: c then k_rope per token
+  const void* cache = nullptr;      // [S, C + R]: c then k_rope per token, of cache_dtype
+  DType cache_dtype = DType::kF32;  // kF32 or kBF16 (widened a block of keys at a time)
   float scale = 1.0f;
   float* o_latent = nullptr;  // [T, n, C]: attention-weighted sum of c
 };

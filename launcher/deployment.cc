@@ -21,6 +21,8 @@ const std::vector<FlagSpec>& DeploymentFlags() {
   static const auto* flags = new std::vector<FlagSpec>{
       {"model", "DIR", "the model: config.json, model.safetensors (or shards), tokenizer files"},
       {"threads", "N", "compute threads of this process (0: OpenMP's default)", "0"},
+      {"kv-cache-dtype", "f32|bf16",
+       "dtype of the MLA latent cache (bf16: half the bytes; docs/numerics.md)", "f32"},
       {"pp", "N", "pipeline stages; with --tp, runs as an MPI job of pp x tp ranks (mpirun/srun)",
        "1"},
       {"tp", "M", "tensor-parallel ranks per stage", "1"},
@@ -42,13 +44,21 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
   kernels::SetNumThreads(static_cast<int>(threads));
   DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
+  ModelOptions options;
+  const std::string cache_dtype = flags.GetString("kv-cache-dtype", "f32");
+  if (cache_dtype == "bf16") {
+    options.kv_cache_dtype = kernels::DType::kBF16;
+  } else if (cache_dtype != "f32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-dtype is '", cache_dtype, "'; it must be f32 or bf16"));
+  }
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(d.layout,
                               WorldLayout::Make(1, static_cast<int>(pp), static_cast<int>(tp)));
   d.distributed = LaunchedUnderMpi() || d.layout.WorldSize() > 1 || flags.Has("stage-layers");
   if (!d.distributed) {
-    DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir));
+    DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, {}, nullptr, options));
     d.world = std::make_unique<SingleCommunicator>();
     d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
     d.replica = std::make_unique<Replica>(*d.executor);
@@ -85,7 +95,7 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   shard.layer_end = range.end;
   shard.tp_rank = coord.tp_rank;
   shard.tp_size = d.layout.tp;
-  DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.tp.get()));
+  DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.tp.get(), options));
   d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
   d.replica = std::make_unique<Replica>(*d.executor);
   d.description =

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -44,6 +45,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Where the keys and values of one query block live: key row s is
 // [a + s * a_stride (da values) ; b + s * b_stride (db values)], value row s is
 // v + s * v_stride (dv values).
+// When rows16 is set, the keys are instead bf16 rows of width16 values at
+// stride16, widened a block at a time, with the pieces at offsets a16, b16
+// and v16 of a row.
 struct KeySource {
   const float* a = nullptr;
   int64_t a_stride = 0;
@@ -51,6 +55,9 @@ struct KeySource {
   int64_t b_stride = 0;
   const float* v = nullptr;
   int64_t v_stride = 0;
+  const uint16_t* rows16 = nullptr;
+  int64_t stride16 = 0, width16 = 0;
+  int64_t a16 = 0, b16 = 0, v16 = 0;
 };
 
 // One query row: its two key-dimension pieces, where its output goes, and how
@@ -207,6 +214,7 @@ struct Workspace {
         alpha(kBlockQ),
         limit(kBlockQ) {}
   std::vector<float> qt, st, ot, m, l, alpha;
+  std::vector<float> widened;  // [kBlockK, width16]: bf16 keys of one block
   std::vector<int64_t> limit;
   const float* ka[kBlockK];
   const float* kb[kBlockK];
@@ -264,10 +272,27 @@ void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels, int
   const int64_t dk = dims.dk();
   for (int64_t s0 = k_begin; s0 < k_end; s0 += kBlockK) {
     const int64_t nk = std::min<int64_t>(kBlockK, k_end - s0);
-    for (int64_t j = 0; j < nk; ++j) {
-      ws->ka[j] = keys.a + (s0 + j) * keys.a_stride;
-      ws->kb[j] = keys.b + (s0 + j) * keys.b_stride;
-      ws->v[j] = keys.v + (s0 + j) * keys.v_stride;
+    if (keys.rows16 != nullptr) {
+      // Widen the block's bf16 rows (exact) and read them from there.
+      const int64_t w = keys.width16;
+      ws->widened.resize(static_cast<size_t>(kBlockK * w));
+      for (int64_t j = 0; j < nk; ++j) {
+        const uint16_t* src = keys.rows16 + (s0 + j) * keys.stride16;
+        float* dst = ws->widened.data() + j * w;
+        for (int64_t c = 0; c < w; ++c) {
+          const uint32_t bits = static_cast<uint32_t>(src[c]) << 16;
+          std::memcpy(dst + c, &bits, sizeof(float));
+        }
+        ws->ka[j] = dst + keys.a16;
+        ws->kb[j] = dst + keys.b16;
+        ws->v[j] = dst + keys.v16;
+      }
+    } else {
+      for (int64_t j = 0; j < nk; ++j) {
+        ws->ka[j] = keys.a + (s0 + j) * keys.a_stride;
+        ws->kb[j] = keys.b + (s0 + j) * keys.b_stride;
+        ws->v[j] = keys.v + (s0 + j) * keys.v_stride;
+      }
     }
     for (int p = 0; p < panels; ++p) {
       const float* qt = ws->qt.data() + p * dk * kLanes;
@@ -419,7 +444,17 @@ struct AbsorbedRows {
       rows[i].limit = a.prefix + r / a.heads + 1;
     }
     const int64_t width = a.latent_dim + a.rope_dim;
-    *keys = {a.cache, width, a.cache + a.latent_dim, width, a.cache, width};
+    if (a.cache_dtype == DType::kBF16) {
+      // c at 0 (keys and values), k_rope at C.
+      *keys = {};
+      keys->b16 = a.latent_dim;
+      keys->rows16 = static_cast<const uint16_t*>(a.cache);
+      keys->stride16 = width;
+      keys->width16 = width;
+      return nq;
+    }
+    const auto* cache = static_cast<const float*>(a.cache);
+    *keys = {cache, width, cache + a.latent_dim, width, cache, width};
     return nq;
   }
 };

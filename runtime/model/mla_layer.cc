@@ -9,6 +9,7 @@
 #include "kernels/mla_attention.h"
 #include "kernels/norm.h"
 #include "runtime/model/layers.h"
+#include "runtime/model/safetensors.h"
 
 namespace deltaserve {
 namespace {
@@ -50,7 +51,8 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_
 // The absorbed form: q_latent_h = W_UK_hᵀ q_nope_h, attention over the cached
 // [c | kr], o_h = W_UV_h o_latent_h.
 void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t,
-                    const float* q, const float* cache, float scale, float* o) {
+                    const float* q, const void* cache, kernels::DType cache_dtype, float scale,
+                    float* o) {
   std::vector<float> q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
   std::vector<float> o_latent(t * m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
@@ -70,6 +72,7 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64
   args.q_latent = q_latent.data();
   args.q_rope = q_rope.data();
   args.cache = cache;
+  args.cache_dtype = cache_dtype;
   args.scale = scale;
   args.o_latent = o_latent.data();
   kernels::MlaAbsorbedAttention(args);
@@ -125,14 +128,31 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
     if (t == 0) continue;
-    std::vector<float>& cache = batch.states[b]->mla[layer].cache;
-    const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
-    cache.insert(cache.end(), ckr.begin() + r0 * m.CacheWidth(),
-                 ckr.begin() + (r0 + t) * m.CacheWidth());
+    MlaLayerState& state = batch.states[b]->mla[layer];
+    const float* rows_b = ckr.data() + r0 * m.CacheWidth();
     const float* qb = q.data() + r0 * m.n * m.QkDim();
     float* ob = o.data() + r0 * m.n * m.Vd;
+    if (batch.states[b]->cache_dtype == kernels::DType::kBF16) {
+      // The new rows rounded to bf16 (to nearest even), then read back as
+      // they are stored: this chunk's own queries see the rounded keys too,
+      // so chunking does not change what a token attends to.
+      std::vector<uint16_t>& cache = state.cache_bf16;
+      const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
+      for (int64_t i = 0; i < t * m.CacheWidth(); ++i) cache.push_back(FloatToBF16(rows_b[i]));
+      if (AbsorbedIsCheaper(m, prefix, t)) {
+        AttendAbsorbed(w, m, prefix, t, qb, cache.data(), kernels::DType::kBF16, scale, ob);
+      } else {
+        std::vector<float> wide(cache.size());
+        for (size_t i = 0; i < cache.size(); ++i) wide[i] = BF16ToFloat(cache[i]);
+        AttendPrefill(w, m, prefix, t, qb, wide.data(), scale, ob);
+      }
+      continue;
+    }
+    std::vector<float>& cache = state.cache;
+    const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
+    cache.insert(cache.end(), rows_b, rows_b + t * m.CacheWidth());
     if (AbsorbedIsCheaper(m, prefix, t)) {
-      AttendAbsorbed(w, m, prefix, t, qb, cache.data(), scale, ob);
+      AttendAbsorbed(w, m, prefix, t, qb, cache.data(), kernels::DType::kF32, scale, ob);
     } else {
       AttendPrefill(w, m, prefix, t, qb, cache.data(), scale, ob);
     }

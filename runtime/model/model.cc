@@ -15,17 +15,24 @@
 namespace deltaserve {
 
 Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
-             int64_t bytes_read)
+             int64_t bytes_read, ModelOptions options)
     : arch_(&ArchitectureOf(config)),
       config_(std::move(config)),
       local_(LocalConfig(config_, shard)),
       shard_(shard),
       weights_(std::move(weights)),
       tp_(tp),
-      bytes_read_(bytes_read) {}
+      bytes_read_(bytes_read),
+      options_(options) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   const ModelShard& requested, Communicator* tp) {
+                                                   const ModelShard& requested, Communicator* tp,
+                                                   const ModelOptions& options) {
+  if (options.kv_cache_dtype != kernels::DType::kF32 &&
+      options.kv_cache_dtype != kernels::DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("the MLA cache can be f32 or bf16, not ",
+                                                   kernels::DTypeName(options.kv_cache_dtype)));
+  }
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
   if (shard.tp_size > 1 && (tp == nullptr || tp->size() != shard.tp_size)) {
@@ -38,11 +45,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   DELTASERVE_ASSIGN_OR_RETURN(ModelWeights weights,
                               LoadWeights(config, std::move(checkpoint), shard, &bytes_read));
   return std::unique_ptr<Model>(
-      new Model(std::move(config), shard, std::move(weights), tp, bytes_read));
+      new Model(std::move(config), shard, std::move(weights), tp, bytes_read, options));
 }
 
 std::unique_ptr<SequenceState> Model::NewSequence() const {
-  return std::make_unique<SequenceState>(local_, shard_);
+  return std::make_unique<SequenceState>(local_, shard_, options_.kv_cache_dtype);
 }
 
 int64_t Model::BankSizeBefore(int64_t layer) const { return arch_->BankSizeBefore(config_, layer); }

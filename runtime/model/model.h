@@ -21,6 +21,13 @@ namespace deltaserve {
 
 class ModelArchitecture;  // runtime/model/arch/architecture.h
 
+// How a loaded model runs, beyond what its files say.
+struct ModelOptions {
+  // The MLA latent cache's dtype: kF32 or kBF16 (half the bytes per token;
+  // docs/numerics.md measures its effect).
+  kernels::DType kv_cache_dtype = kernels::DType::kF32;
+};
+
 struct ForwardInput {
   SequenceState* state = nullptr;
   std::span<const int32_t> tokens;  // new tokens, appended after state->length
@@ -43,7 +50,8 @@ class Model {
   // outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      const ModelShard& shard = {},
-                                                     Communicator* tp = nullptr);
+                                                     Communicator* tp = nullptr,
+                                                     const ModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
@@ -71,7 +79,7 @@ class Model {
 
  private:
   Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
-        int64_t bytes_read);
+        int64_t bytes_read, ModelOptions options);
 
   const ModelArchitecture* arch_;  // what differs between K3 and Kimi Linear
   ModelConfig config_;
@@ -80,6 +88,7 @@ class Model {
   ModelWeights weights_;
   Communicator* tp_;
   int64_t bytes_read_;
+  ModelOptions options_;
 };
 
 }  // namespace deltaserve

@@ -2,8 +2,11 @@
 
 namespace deltaserve {
 
-SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard)
-    : kda(static_cast<size_t>(config.num_layers)), mla(static_cast<size_t>(config.num_layers)) {
+SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard,
+                             kernels::DType cache_dtype)
+    : cache_dtype(cache_dtype),
+      kda(static_cast<size_t>(config.num_layers)),
+      mla(static_cast<size_t>(config.num_layers)) {
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
   const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
   for (int64_t i = shard.layer_begin; i < end; ++i) {
@@ -21,7 +24,9 @@ int64_t SequenceState::KdaBytes() const {
 
 int64_t SequenceState::MlaCacheBytes() const {
   int64_t bytes = 0;
-  for (const MlaLayerState& s : mla) bytes += s.cache.size() * sizeof(float);
+  for (const MlaLayerState& s : mla) {
+    bytes += s.cache.size() * sizeof(float) + s.cache_bf16.size() * sizeof(uint16_t);
+  }
   return bytes;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -195,46 +196,65 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
         if (prefix == 1500 && t > 7) continue;  // long caches: decode-like only
         for (int64_t heads = 1; heads <= 4; ++heads) {
           for (const auto& d : dims) {
-            const AbsorbedCase c{t, prefix, heads, d[0], d[1]};
-            const int64_t s = prefix + t, w = c.latent + c.rope;
-            const std::vector<float> ql = RandomFloats(t * heads * c.latent, seed += 3);
-            const std::vector<float> qr = RandomFloats(t * heads * c.rope, seed + 1);
-            const std::vector<float> cache = RandomFloats(s * w, seed + 2);
-            const float scale = 1.0f / std::sqrt(static_cast<float>(w));
-            std::vector<float> o = NaNs(t * heads * c.latent);
-            MlaAbsorbedArgs args;
-            args.t = t;
-            args.prefix = prefix;
-            args.heads = heads;
-            args.latent_dim = c.latent;
-            args.rope_dim = c.rope;
-            args.q_latent = ql.data();
-            args.q_rope = qr.data();
-            args.cache = cache.data();
-            args.scale = scale;
-            args.o_latent = o.data();
-            MlaAbsorbedAttention(args);
+            for (DType cache_dtype : {DType::kF32, DType::kBF16}) {
+              const AbsorbedCase c{t, prefix, heads, d[0], d[1]};
+              const int64_t s = prefix + t, w = c.latent + c.rope;
+              const std::vector<float> ql = RandomFloats(t * heads * c.latent, seed += 3);
+              const std::vector<float> qr = RandomFloats(t * heads * c.rope, seed + 1);
+              std::vector<float> cache = RandomFloats(s * w, seed + 2);
+              // A bf16 cache holds the top halves; the reference sees the same
+              // values, which the kernel widens exactly.
+              std::vector<uint16_t> cache16(cache.size());
+              for (size_t i = 0; i < cache.size(); ++i) {
+                uint32_t bits;
+                std::memcpy(&bits, &cache[i], 4);
+                cache16[i] = static_cast<uint16_t>(bits >> 16);
+                if (cache_dtype == DType::kBF16) {
+                  bits &= 0xffff0000u;
+                  std::memcpy(&cache[i], &bits, 4);
+                }
+              }
+              const float scale = 1.0f / std::sqrt(static_cast<float>(w));
+              std::vector<float> o = NaNs(t * heads * c.latent);
+              MlaAbsorbedArgs args;
+              args.t = t;
+              args.prefix = prefix;
+              args.heads = heads;
+              args.latent_dim = c.latent;
+              args.rope_dim = c.rope;
+              args.q_latent = ql.data();
+              args.q_rope = qr.data();
+              if (cache_dtype == DType::kBF16) {
+                args.cache = cache16.data();
+              } else {
+                args.cache = cache.data();
+              }
+              args.cache_dtype = cache_dtype;
+              args.scale = scale;
+              args.o_latent = o.data();
+              MlaAbsorbedAttention(args);
 
-            const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr),
-                                      cached = ToDouble(cache);
-            std::vector<double> want(o.size());
-            ref::MlaAbsorbedArgs ra;
-            ra.t = t;
-            ra.prefix = prefix;
-            ra.heads = heads;
-            ra.latent_dim = c.latent;
-            ra.rope_dim = c.rope;
-            ra.q_latent = qld.data();
-            ra.q_rope = qrd.data();
-            ra.cache = cached.data();
-            ra.scale = scale;
-            ra.o_latent = want.data();
-            ref::MlaAbsorbedAttention(ra);
-            const double tol = ReductionTolerance(s + w);
-            ASSERT_TRUE(AllClose(o, want, tol, tol))
-                << threads << " threads, T=" << t << " prefix=" << prefix << " heads=" << heads
-                << " C,R=" << d[0] << "," << d[1];
-            worst = std::max(worst, MaxAbsDiff(o, want));
+              const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr),
+                                        cached = ToDouble(cache);
+              std::vector<double> want(o.size());
+              ref::MlaAbsorbedArgs ra;
+              ra.t = t;
+              ra.prefix = prefix;
+              ra.heads = heads;
+              ra.latent_dim = c.latent;
+              ra.rope_dim = c.rope;
+              ra.q_latent = qld.data();
+              ra.q_rope = qrd.data();
+              ra.cache = cached.data();
+              ra.scale = scale;
+              ra.o_latent = want.data();
+              ref::MlaAbsorbedAttention(ra);
+              const double tol = ReductionTolerance(s + w);
+              ASSERT_TRUE(AllClose(o, want, tol, tol))
+                  << threads << " threads, T=" << t << " prefix=" << prefix << " heads=" << heads
+                  << " C,R=" << d[0] << "," << d[1] << " cache " << DTypeName(cache_dtype);
+              worst = std::max(worst, MaxAbsDiff(o, want));
+            }
           }
         }
       }
@@ -309,8 +329,8 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   std::vector<float> o_prefill = NaNs(T * n * Vd), o_latent = NaNs(T * n * C);
   MlaPrefillAttention(
       {T, L, n, P, R, Vd, q.data(), kv_f.data(), kr.data(), R, scale, o_prefill.data()});
-  MlaAbsorbedAttention(
-      {T, L, n, C, R, ql_f.data(), qr_f.data(), cache_f.data(), scale, o_latent.data()});
+  MlaAbsorbedAttention({T, L, n, C, R, ql_f.data(), qr_f.data(), cache_f.data(), DType::kF32, scale,
+                        o_latent.data()});
   const std::vector<double> o_absorbed = up_project(o_latent);
   // Both paths round their inputs (kv, q_latent) to float32 and reduce over
   // S keys and C latent channels.
