@@ -13,6 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/mxfp4.h"
+#include "nlohmann/json.hpp"
 #include "runtime/model/config.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
@@ -742,6 +744,139 @@ TEST(RandomCheckpointTest, DeterministicFromTheSeed) {
   auto y = ToFloat32(**(*part)->Get(name));
   ASSERT_TRUE(x.ok() && y.ok());
   EXPECT_EQ(*x, *y);
+}
+
+std::vector<double> Dequantized(const Checkpoint& checkpoint, const TensorSpec& spec) {
+  auto views = GetMxfp4(checkpoint, spec);
+  EXPECT_TRUE(views.ok()) << views.status();
+  if (!views.ok()) return {};
+  std::vector<float> values(static_cast<size_t>(spec.NumElements()));
+  kernels::DequantizeMxfp4(views->packed->data, views->scale->data, spec.shape[0], spec.shape[1],
+                           values.data());
+  return std::vector<double>(values.begin(), values.end());
+}
+
+// make-model --experts mxfp4 of the golden config writes exactly the golden
+// file's layout (names, dtypes, shapes, order) and its config.json, whether
+// the config brought its quantization_config or RoutedExpertsMxfp4 added it.
+TEST(RandomCheckpointTest, Mxfp4ExpertsInTheGoldenLayout) {
+  const std::string golden_dir = testing::GoldenPath("model/k3-tiny-mxfp4");
+  auto golden_file = SafetensorsFile::Open(golden_dir + "/model.safetensors");
+  ASSERT_TRUE(golden_file.ok()) << golden_file.status();
+  const nlohmann::json golden_json = nlohmann::json::parse(ReadBytes(golden_dir + "/config.json"));
+  ModelConfig plain = GoldenConfig("k3-tiny");  // bf16 sibling, 24 wide
+  plain.moe_intermediate_size = 32;
+  for (const ModelConfig& source : {GoldenConfig("k3-tiny-mxfp4"), plain}) {
+    SCOPED_TRACE(source.quantization.mxfp4 ? "own quantization_config" : "added");
+    const std::string dir = testing::TempDir("random_mxfp4");
+    ASSERT_TRUE(WriteRandomCheckpoint(WithExpertFormat(source, ExpertFormat::kMxfp4), dir, 5).ok());
+    auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    ExpectSameLayout(FileLayout(**golden_file), FileLayout(**file));
+    EXPECT_EQ(nlohmann::json::parse(ReadBytes(dir + "/config.json")), golden_json);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto specs = CheckpointTensors(*config, **checkpoint);
+    ASSERT_TRUE(specs.ok()) << specs.status();
+    int64_t mxfp4 = 0;
+    for (const TensorSpec& spec : *specs) mxfp4 += spec.stored == Storage::kMxfp4;
+    EXPECT_EQ(mxfp4, 8 * 8 * 3);
+  }
+}
+
+// The MXFP4 experts are their bf16 twins (same seed, same name) quantised:
+// each value within a third of its group's largest magnitude (a scale of at
+// least amax / 6, E2M1 steps of at most 2 scales), so of the bf16
+// initialisation's magnitude, std 1 / sqrt(fan_in); no scale is NaN.
+TEST(RandomCheckpointTest, Mxfp4ExpertsAreTheBf16OnesQuantised) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  const std::string bf16_dir = testing::TempDir("random_twin_bf16");
+  const std::string mxfp4_dir = testing::TempDir("random_twin_mxfp4");
+  ASSERT_TRUE(
+      WriteRandomCheckpoint(WithExpertFormat(config, ExpertFormat::kBf16), bf16_dir, 9).ok());
+  ASSERT_TRUE(
+      WriteRandomCheckpoint(WithExpertFormat(config, ExpertFormat::kMxfp4), mxfp4_dir, 9).ok());
+  auto bf16 = Checkpoint::Open(bf16_dir);
+  auto mxfp4 = Checkpoint::Open(mxfp4_dir);
+  ASSERT_TRUE(bf16.ok() && mxfp4.ok());
+  auto specs = CheckpointTensors(config, **mxfp4);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  double sum_sq = 0, count = 0;
+  int64_t experts = 0;
+  for (const TensorSpec& spec : *specs) {
+    if (spec.stored != Storage::kMxfp4) continue;
+    ++experts;
+    const std::vector<double> q = Dequantized(**mxfp4, spec);
+    auto twin = ToFloat64(**(*bf16)->Get(spec.name));
+    ASSERT_TRUE(twin.ok()) << twin.status();
+    ASSERT_EQ(q.size(), twin->size());
+    for (size_t g = 0; g < q.size(); g += 32) {
+      double amax = 0;
+      for (size_t i = g; i < g + 32; ++i) amax = std::max(amax, std::abs((*twin)[i]));
+      for (size_t i = g; i < g + 32; ++i) {
+        // bf16 rounding of the twin: 2^-8 relative.
+        ASSERT_LE(std::abs(q[i] - (*twin)[i]), amax / 3 * (1 + 1e-2) + amax * 0x1p-8)
+            << spec.name << " [" << i << "]";
+      }
+    }
+    for (double v : q) sum_sq += v * v * static_cast<double>(spec.shape[1]);
+    count += static_cast<double>(q.size());
+  }
+  EXPECT_EQ(experts, 8 * 8 * 3);
+  // Every expert here has fan_in 32: std * sqrt(fan_in) about 1.
+  EXPECT_NEAR(std::sqrt(sum_sq / count), 1.0, 0.15);
+}
+
+TEST(RandomCheckpointTest, Mxfp4NeedsRowsOfWholeGroups) {
+  // k3-tiny's experts are 24 wide (w2 [32, 24]): refused before any write.
+  const std::string dir = testing::TempDir("random_mxfp4_24") + "/model";
+  const absl::Status status =
+      WriteRandomCheckpoint(WithExpertFormat(Preset("k3-tiny"), ExpertFormat::kMxfp4), dir, 1);
+  ExpectMentions(status, {"experts.0.w2.weight", "rows of 24 values", "moe_intermediate_size is 24",
+                          "multiple of 32"});
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  // Kimi Linear's w1 / w3 read the 64-wide hidden state, its w2 24.
+  ModelConfig kimi = Preset("kimi-linear-tiny");
+  kimi.hidden_size = 48;
+  ExpectMentions(WriteRandomCheckpoint(WithExpertFormat(kimi, ExpertFormat::kMxfp4), dir, 1),
+                 {"w1.weight", "hidden_size is 48"});
+}
+
+TEST(RandomCheckpointTest, ExpertFormats) {
+  EXPECT_EQ(*ParseExpertFormat("bf16"), ExpertFormat::kBf16);
+  EXPECT_EQ(*ParseExpertFormat("mxfp4"), ExpertFormat::kMxfp4);
+  for (const char* bad : {"", "fp4", "MXFP4", "bf16 "}) {
+    ExpectMentions(ParseExpertFormat(bad).status(), {std::string("'") + bad + "'", "mxfp4"});
+  }
+  // bf16 drops a quantization_config; mxfp4 keeps the config's own.
+  ModelConfig own = GoldenConfig("k3-tiny-mxfp4");
+  own.quantization.ignore = {"lm_head"};
+  EXPECT_FALSE(WithExpertFormat(own, ExpertFormat::kBf16).quantization.mxfp4);
+  EXPECT_EQ(WithExpertFormat(own, ExpertFormat::kMxfp4).quantization.ignore,
+            std::vector<std::string>{"lm_head"});
+  EXPECT_EQ(WithExpertFormat(Preset("k3-tiny"), ExpertFormat::kMxfp4).quantization.targets,
+            RoutedExpertsMxfp4().targets);
+}
+
+// The benchmarks' MXFP4 model: k3-small (rows of 512 and 384 values).
+TEST(RandomCheckpointTest, BenchCheckpointMxfp4) {
+  const std::string dir = testing::TempDir("bench_mxfp4") + "/model";
+  auto made = BenchCheckpoint("k3-small", dir, ExpertFormat::kMxfp4);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(*made, dir);
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->quantization.mxfp4);
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto specs = CheckpointTensors(*config, **checkpoint);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  int64_t mxfp4 = 0;
+  for (const TensorSpec& spec : *specs) mxfp4 += spec.stored == Storage::kMxfp4;
+  EXPECT_EQ(mxfp4, 8 * 8 * 3);  // 8 MoE layers of 8 experts
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RandomCheckpointTest, InvalidConfigWritesNothing) {
