@@ -116,9 +116,9 @@ int64_t StoredBytes(const TensorSpec& spec, int64_t elements);
 // be the MXFP4 pair (Storage::kMxfp4), found by its names: both halves, U8,
 // of exactly their shapes, its input width a multiple of 32, in a checkpoint
 // whose config has a quantization_config whose targets select the module (the
-// name without ".weight") and whose ignore list does not. Both forms of one
-// tensor is an error; experts may differ from one another. Tensors the
-// spec does not know (vision towers, ...) are ignored. The error names the
+// name without ".weight") and whose ignore list does not. Holding both forms
+// of one tensor is an error; different experts may differ in form. Tensors
+// the spec does not know (vision towers, ...) are ignored. The error names the
 // tensor, what was expected and what was found, and the checkpoint
 // directory, and lists the first few problems when there are several:
 // NotFound when the first is a missing tensor, else InvalidArgument.
