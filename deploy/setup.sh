@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # DELTASERVE_MPI (default ON)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # serving API
   libonig-dev              # tokenizer pre-tokenization patterns
+  libre2-dev               # quantization_config target patterns (also a gRPC dependency)
   python3-grpcio python3-protobuf  # Python client example and e2e tests
   # The slurm tests start a one-node cluster of their own (tests/slurm/); the
   # mpi/pmix plugin that srun --mpi=pmix needs is in slurm-wlm-basic-plugins,

@@ -56,16 +56,24 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const Mode
 const CommandSpec& MakeModelSpec() {
   static const auto* spec = new CommandSpec{
       .name = "make-model",
-      .summary = "write a random checkpoint in the real layouts (bf16, the f32 exceptions)",
-      .usage = "(--preset NAME | --config FILE) --out DIR [--seed N]",
+      .summary =
+          "write a random checkpoint in the real layouts (bf16, the f32 exceptions, "
+          "MXFP4 experts on request)",
+      .usage = "(--preset NAME | --config FILE) --out DIR [--seed N] [--experts bf16|mxfp4]",
       .flags =
           {
               {"preset", "NAME", "k3-tiny, kimi-linear-tiny or k3-small (~100M parameters)"},
               {"config", "FILE", "any shape: a config.json of either architecture"},
               {"out", "DIR", "where config.json and model.safetensors go"},
               {"seed", "N", "random seed of the weights", "0"},
+              {"experts", "FORMAT",
+               "routed experts as bf16, or mxfp4 as real K3 stores them (weight_packed + "
+               "weight_scale, quantization_config in config.json; rows of a multiple of 32)",
+               "bf16"},
           },
-      .examples = {"deltaserve make-model --preset k3-tiny --out /tmp/k3-tiny"},
+      .examples =
+          {"deltaserve make-model --preset k3-tiny --out /tmp/k3-tiny",
+           "deltaserve make-model --preset k3-small --experts mxfp4 --out /tmp/k3-small-mxfp4"},
   };
   return *spec;
 }
@@ -88,10 +96,18 @@ absl::Status RunMakeModel(const Args& args) {
     text << in.rdbuf();
     DELTASERVE_ASSIGN_OR_RETURN(config, ParseModelConfig(text.str(), path));
   }
+  auto experts = ParseExpertFormat(flags.GetString("experts", "bf16"));
+  if (!experts.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--experts: ", experts.status().message()));
+  }
+  config = WithExpertFormat(std::move(config), *experts);
   DELTASERVE_RETURN_IF_ERROR(WriteRandomCheckpoint(config, out, static_cast<uint64_t>(seed)));
-  std::fprintf(stderr, "wrote %s (%s, %lld layers, hidden %lld)\n", out.c_str(),
+  const std::string expert_note =
+      config.num_experts > 0 ? absl::StrCat(", ", ExpertFormatName(*experts), " routed experts")
+                             : "";
+  std::fprintf(stderr, "wrote %s (%s, %lld layers, hidden %lld%s)\n", out.c_str(),
                config.model_type.c_str(), static_cast<long long>(config.num_layers),
-               static_cast<long long>(config.hidden_size));
+               static_cast<long long>(config.hidden_size), expert_note.c_str());
   return absl::OkStatus();
 }
 

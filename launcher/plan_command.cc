@@ -228,7 +228,9 @@ const CommandSpec& PlanSpec() {
               {"tp", "M", "tensor-parallel ranks per stage"},
               {"context", "T", "tokens of context to plan for", absl::StrCat(kDefaultContext)},
               {"stage-layers", "2,3,4", "layers per stage instead of the planner's split"},
-              {"weight-bytes", "B", "bytes per weight element", "4"},
+              {"weight-bytes", "B",
+               "bytes per weight element for every weight, 1..8 (4: all in float32)",
+               "as stored: bf16 2, f32 4, MXFP4 experts 0.5 + 1 per 32"},
               {"cache-bytes", "B", "bytes per MLA cache element", "4"},
               {"state-bytes", "B", "bytes per KDA state element", "4"},
               {"activation-bytes", "B", "bytes per activation element sent between stages", "4"},
@@ -249,7 +251,9 @@ absl::Status RunPlan(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(int64_t context,
                               IntInRange(flags, "context", kDefaultContext, 1, int64_t{1} << 34));
   PlanBytes bytes;
-  DELTASERVE_ASSIGN_OR_RETURN(bytes.weight, IntInRange(flags, "weight-bytes", 4, 1, 8));
+  if (flags.Has("weight-bytes")) {
+    DELTASERVE_ASSIGN_OR_RETURN(bytes.weight, IntInRange(flags, "weight-bytes", 4, 1, 8));
+  }
   DELTASERVE_ASSIGN_OR_RETURN(bytes.cache, IntInRange(flags, "cache-bytes", 4, 1, 8));
   DELTASERVE_ASSIGN_OR_RETURN(bytes.state, IntInRange(flags, "state-bytes", 4, 1, 8));
   DELTASERVE_ASSIGN_OR_RETURN(bytes.activation, IntInRange(flags, "activation-bytes", 4, 1, 8));
@@ -289,9 +293,15 @@ absl::Status RunPlan(const Args& args) {
   std::printf("plan: %" PRId64 " pipeline stages x tensor parallelism %" PRId64 ", context %" PRId64
               " tokens\n",
               pp, tp, context);
-  std::printf("  bytes per element: weights %" PRId64 ", MLA cache %" PRId64 ", KDA state %" PRId64
+  const std::string weights =
+      bytes.weight == PlanBytes::kAsStored
+          ? std::string(config.quantization.mxfp4
+                            ? "as stored (bf16 2, f32 4, MXFP4 routed experts 0.5 + 1 per 32)"
+                            : "as stored (bf16 2, f32 4)")
+          : absl::StrCat(bytes.weight);
+  std::printf("  bytes per element: weights %s, MLA cache %" PRId64 ", KDA state %" PRId64
               ", activations %" PRId64 "\n",
-              bytes.weight, bytes.cache, bytes.state, bytes.activation);
+              weights.c_str(), bytes.cache, bytes.state, bytes.activation);
   std::printf("  stages %s", how.c_str());
   if (config.attn_res_block_size > 0 && plan.stages.size() > 1) {
     int64_t aligned = 0;

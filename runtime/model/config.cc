@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -83,6 +84,25 @@ class ConfigObject {
     if (!value.is_string()) return Bad(key, "must be a string, got " + Dump(value));
     return value.get<std::string>();
   }
+  // A list of strings (quantization targets).
+  absl::StatusOr<std::vector<std::string>> StringList(const std::string& key) const {
+    if (!Has(key)) return Missing(key);
+    const json& value = (*object_)[key];
+    if (!value.is_array()) return Bad(key, "must be a list of strings, got " + Dump(value));
+    std::vector<std::string> out;
+    for (const json& item : value) {
+      if (!item.is_string()) return Bad(key, "must be a list of strings, has " + Dump(item));
+      out.push_back(item.get<std::string>());
+    }
+    return out;
+  }
+  // The object's keys, sorted (nlohmann::json keeps an object in a std::map).
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> keys;
+    for (auto it = object_->begin(); it != object_->end(); ++it) keys.push_back(it.key());
+    return keys;
+  }
+  const json& Value(const std::string& key) const { return (*object_)[key]; }
   absl::StatusOr<ConfigObject> Object(const std::string& key) const {
     if (!Has(key)) return Missing(key);
     const json& value = (*object_)[key];
@@ -217,6 +237,127 @@ absl::Status ParseMoe(const ConfigObject& t, ModelConfig* c) {
                                               "supported"));
     }
   }
+  return absl::OkStatus();
+}
+
+constexpr char kMxfp4Format[] = "mxfp4-pack-quantized";
+
+// One config group of a quantization_config: MXFP4 weights, nothing else.
+// `format` is the block's top-level format, for a group that names none.
+absl::Status ParseQuantizationGroup(const ConfigObject& g, const ConfigObject& q,
+                                    const std::string* format, QuantizationConfig* out) {
+  if (g.Has("format")) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::string group_format, g.String("format"));
+    if (group_format != kMxfp4Format) {
+      return g.Bad("format", absl::StrCat("is '", group_format, "'; only '", kMxfp4Format,
+                                          "' (MXFP4 weights) is supported"));
+    }
+  } else if (format == nullptr) {
+    return g.Bad("format", absl::StrCat("is missing, and so is '", q.Path("format"),
+                                        "'; expected '", kMxfp4Format, "'"));
+  } else if (*format != kMxfp4Format) {
+    return q.Bad("format", absl::StrCat("is '", *format, "'; only '", kMxfp4Format,
+                                        "' (MXFP4 weights) is supported"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(ConfigObject w, g.Object("weights"));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t bits, w.Int("num_bits", 0));
+  if (bits != 4) {
+    return w.Bad("num_bits", absl::StrCat("is ", bits, "; only MXFP4 (4-bit floats) is supported"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(std::string type, w.String("type"));
+  if (type != "float") {
+    return w.Bad("type", absl::StrCat("is '", type, "'; only MXFP4 ('float') is supported"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t group_size, w.Int("group_size", 0));
+  if (group_size != 32) {
+    return w.Bad("group_size",
+                 absl::StrCat("is ", group_size, "; only MXFP4 with groups of 32 is supported"));
+  }
+  // Optional, but when given they must describe MXFP4: one shared scale per
+  // group, no zero point, scales stored rather than computed at run time.
+  if (w.Has("strategy")) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::string strategy, w.String("strategy"));
+    if (strategy != "group") {
+      return w.Bad("strategy", absl::StrCat("is '", strategy, "'; MXFP4 scales are per 'group'"));
+    }
+  }
+  if (w.Has("symmetric")) {
+    DELTASERVE_ASSIGN_OR_RETURN(bool symmetric, w.Bool("symmetric"));
+    if (!symmetric) return w.Bad("symmetric", "is false; MXFP4 has no zero point");
+  }
+  if (w.Has("dynamic")) {
+    DELTASERVE_ASSIGN_OR_RETURN(bool dynamic, w.Bool("dynamic"));
+    if (dynamic) return w.Bad("dynamic", "is true; MXFP4 weights carry stored scales");
+  }
+  // Quantized activations would make a different model, silently: refuse.
+  for (const char* key : {"input_activations", "output_activations"}) {
+    if (g.Has(key)) {
+      return g.Bad(key, "is set; only weights may be quantized (activations stay bf16 / f32)");
+    }
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<std::string> targets, g.StringList("targets"));
+  if (targets.empty()) return g.Bad("targets", "is empty; a group must target some modules");
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (absl::Status s = CheckQuantizationEntry(targets[i]); !s.ok()) {
+      return g.Bad("targets", absl::StrCat("entry ", i, ": ", s.message()));
+    }
+  }
+  out->targets.insert(out->targets.end(), targets.begin(), targets.end());
+  return absl::OkStatus();
+}
+
+// compressed-tensors' quantization_config (quantization.h), from object `q`.
+absl::StatusOr<QuantizationConfig> ParseQuantization(const ConfigObject& q) {
+  QuantizationConfig out;
+  out.key = q.Path("");
+  out.key.pop_back();  // the trailing '.'
+  DELTASERVE_ASSIGN_OR_RETURN(std::string method, q.String("quant_method"));
+  if (method != "compressed-tensors") {
+    return q.Bad("quant_method",
+                 absl::StrCat("is '", method, "'; only 'compressed-tensors' (MXFP4) is supported"));
+  }
+  std::optional<std::string> format;
+  if (q.Has("format")) {
+    DELTASERVE_ASSIGN_OR_RETURN(format, q.String("format"));
+  }
+  if (q.Has("kv_cache_scheme")) {
+    return q.Bad("kv_cache_scheme", "is set; a quantized KV cache is not supported");
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(ConfigObject groups, q.Object("config_groups"));
+  const std::vector<std::string> names = groups.Keys();
+  if (names.empty()) return q.Bad("config_groups", "is empty; expected a group of MXFP4 weights");
+  for (const std::string& name : names) {
+    DELTASERVE_ASSIGN_OR_RETURN(ConfigObject group, groups.Object(name));
+    DELTASERVE_RETURN_IF_ERROR(ParseQuantizationGroup(group, q, format ? &*format : nullptr, &out));
+  }
+  if (q.Has("ignore")) {
+    DELTASERVE_ASSIGN_OR_RETURN(out.ignore, q.StringList("ignore"));
+    for (size_t i = 0; i < out.ignore.size(); ++i) {
+      if (absl::Status s = CheckQuantizationEntry(out.ignore[i]); !s.ok()) {
+        return q.Bad("ignore", absl::StrCat("entry ", i, ": ", s.message()));
+      }
+    }
+  }
+  out.mxfp4 = true;
+  return out;
+}
+
+// K3 checkpoints write quantization_config under text_config (the golden
+// files), transformers' wrappers at the top level: either is read, and both
+// only when they say the same.
+absl::Status ParseQuantizationOf(const ConfigObject& top, const ConfigObject* text,
+                                 const std::string& source, ModelConfig* c) {
+  constexpr char kKey[] = "quantization_config";
+  const bool in_text = text != nullptr && text->Has(kKey);
+  if (in_text && top.Has(kKey) && text->Value(kKey) != top.Value(kKey)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": '", top.Path(kKey), "' and '", text->Path(kKey),
+                     "' differ; give one quantization_config (either place is read)"));
+  }
+  const ConfigObject& where = in_text ? *text : top;
+  if (!where.Has(kKey)) return absl::OkStatus();  // plain bf16 / f32
+  DELTASERVE_ASSIGN_OR_RETURN(ConfigObject q, where.Object(kKey));
+  DELTASERVE_ASSIGN_OR_RETURN(c->quantization, ParseQuantization(q));
   return absl::OkStatus();
 }
 
@@ -357,11 +498,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     // top-level model_type decides.
     config.arch = Architecture::kKimiK3;
     DELTASERVE_ASSIGN_OR_RETURN(ConfigObject text, top.Object("text_config"));
-    return ParseFields(text, source, std::move(config));
+    DELTASERVE_ASSIGN_OR_RETURN(config, ParseFields(text, source, std::move(config)));
+    DELTASERVE_RETURN_IF_ERROR(ParseQuantizationOf(top, &text, source, &config));
+    return config;
   }
   if (model_type == "kimi_linear") {
     config.arch = Architecture::kKimiLinear;
-    return ParseFields(top, source, std::move(config));
+    DELTASERVE_ASSIGN_OR_RETURN(config, ParseFields(top, source, std::move(config)));
+    DELTASERVE_RETURN_IF_ERROR(ParseQuantizationOf(top, nullptr, source, &config));
+    return config;
   }
   return absl::InvalidArgumentError(absl::StrCat(source, ": unsupported model_type '", model_type,
                                                  "' (expected 'kimi_k3' or 'kimi_linear')"));
@@ -436,6 +581,30 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     t["latent_moe_use_norm"] = c.latent_moe_use_norm;
   }
   if (k3) t["attn_res_block_size"] = c.attn_res_block_size;
+  if (c.quantization.mxfp4) {
+    // The block as real K3 checkpoints write it: one MXFP4 group.
+    const QuantizationConfig& q = c.quantization;
+    ojson weights = {{"num_bits", 4},
+                     {"type", "float"},
+                     {"group_size", 32},
+                     {"strategy", "group"},
+                     {"symmetric", true},
+                     {"dynamic", false},
+                     {"scale_dtype", "torch.uint8"}};
+    ojson group = ojson::object();
+    group["format"] = kMxfp4Format;
+    group["targets"] = q.targets;
+    group["weights"] = std::move(weights);
+    group["input_activations"] = nullptr;
+    group["output_activations"] = nullptr;
+    ojson block = ojson::object();
+    block["quant_method"] = "compressed-tensors";
+    block["format"] = kMxfp4Format;
+    block["quantization_status"] = "compressed";
+    block["config_groups"] = {{"group_0", std::move(group)}};
+    block["ignore"] = q.ignore;
+    t["quantization_config"] = std::move(block);
+  }
 
   ojson root = ojson::object();
   if (k3) {

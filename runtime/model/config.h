@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/model/quantization.h"
 
 namespace deltaserve {
 
@@ -68,6 +69,10 @@ struct ModelConfig {
   // K3 Block Attention Residuals; 0 for a plain residual stream.
   int64_t attn_res_block_size = 0;
 
+  // quantization_config (K3: under text_config, or at the top level): which
+  // routed experts the checkpoint may store as MXFP4. Absent: plain bf16 / f32.
+  QuantizationConfig quantization;
+
   // For reading config.json (config.cc); what the architectures do
   // differently lives in arch/ (ArchitectureOf), not in branches on this.
   bool IsK3() const { return arch == Architecture::kKimiK3; }
@@ -82,7 +87,10 @@ struct ModelConfig {
 // Parses config.json text; `source` names the file in error messages. Every
 // key the model needs is required (K3's attention-residual, SiTU and latent-MoE
 // keys included: never defaulted); a missing or ill-typed key is an error
-// naming it.
+// naming it. A quantization_config must be compressed-tensors with only MXFP4
+// weight groups (format "mxfp4-pack-quantized", num_bits 4, type float,
+// group_size 32, no activation or KV-cache quantization) whose target and
+// ignore patterns compile; anything else is an error naming the key and value.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                              const std::string& source);
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/mxfp4.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/presets.h"
@@ -143,7 +144,79 @@ std::vector<float> RandomValues(const ModelConfig& c, const TensorSpec& spec, ui
   return v;
 }
 
+// The E2M1 magnitudes, by code (kernels/mxfp4.h).
+constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// MXFP4 of values [rows, cols], cols a multiple of 32: each group of 32 gets
+// the smallest power-of-two scale that brings its largest magnitude within
+// E2M1's 6 (none saturates), and each value the nearest code.
+void QuantizeMxfp4(const std::vector<float>& values, int64_t rows, int64_t cols,
+                   std::vector<uint8_t>* packed, std::vector<uint8_t>* scales) {
+  constexpr int64_t G = kernels::kMxfp4Group;
+  packed->assign(static_cast<size_t>(rows * cols / 2), 0);
+  scales->assign(static_cast<size_t>(rows * cols / G), 0);
+  for (int64_t group = 0; group < rows * cols / G; ++group) {
+    const float* x = values.data() + group * G;
+    float amax = 0;
+    for (int64_t i = 0; i < G; ++i) amax = std::max(amax, std::abs(x[i]));
+    // 2^e >= amax / 6, e as small as that allows; E8M0 holds e in -127..127.
+    int exponent = 0;
+    if (amax > 0) {
+      const double mantissa = std::frexp(amax / 6.0, &exponent);  // in [0.5, 1)
+      if (mantissa == 0.5) --exponent;                            // a power of two
+    }
+    exponent = std::clamp(exponent, -127, 127);
+    (*scales)[static_cast<size_t>(group)] = static_cast<uint8_t>(exponent + 127);
+    const double scale = std::ldexp(1.0, exponent);
+    for (int64_t i = 0; i < G; ++i) {
+      const double magnitude = std::abs(x[i]) / scale;
+      uint8_t code = 0;
+      for (uint8_t c = 1; c < 8; ++c) {
+        if (std::abs(magnitude - kE2m1[c]) < std::abs(magnitude - kE2m1[code])) code = c;
+      }
+      if (x[i] < 0 && code != 0) code |= 8;  // sign bit
+      const int64_t at = group * G + i;      // row-major, so also the column's place
+      (*packed)[static_cast<size_t>(at / 2)] |=
+          static_cast<uint8_t>(at % 2 == 0 ? code : code << 4);
+    }
+  }
+}
+
+// An MXFP4 expert needs rows of whole groups; the error names the config key
+// that sets the row width.
+absl::Status CheckMxfp4Shape(const ModelConfig& c, const TensorSpec& spec) {
+  const int64_t in = spec.shape.back();
+  if (in % kernels::kMxfp4Group == 0) return absl::OkStatus();
+  const char* key = absl::EndsWith(spec.name, ".w2.weight") ? "moe_intermediate_size"
+                    : c.routed_expert_hidden_size > 0       ? "routed_expert_hidden_size"
+                                                            : "hidden_size";
+  return absl::InvalidArgumentError(
+      absl::StrCat("routed expert '", spec.name, "' cannot be MXFP4: its rows of ", in,
+                   " values do not split into groups of ", kernels::kMxfp4Group, " (", key, " is ",
+                   in, "; MXFP4 needs a multiple of ", kernels::kMxfp4Group, ")"));
+}
+
 }  // namespace
+
+absl::StatusOr<ExpertFormat> ParseExpertFormat(const std::string& name) {
+  if (name == "bf16") return ExpertFormat::kBf16;
+  if (name == "mxfp4") return ExpertFormat::kMxfp4;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown expert format '", name, "' (expected bf16 or mxfp4)"));
+}
+
+const char* ExpertFormatName(ExpertFormat format) {
+  return format == ExpertFormat::kMxfp4 ? "mxfp4" : "bf16";
+}
+
+ModelConfig WithExpertFormat(ModelConfig config, ExpertFormat format) {
+  if (format == ExpertFormat::kBf16) {
+    config.quantization = QuantizationConfig{};
+  } else if (!config.quantization.mxfp4) {
+    config.quantization = RoutedExpertsMxfp4();
+  }
+  return config;
+}
 
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    uint64_t seed) {
@@ -153,6 +226,10 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
   // Reading the JSON back checks everything ParseModelConfig checks.
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig checked,
                               ParseModelConfig(config_text, config_path + " (to be written)"));
+  const std::vector<TensorSpec> specs = ExpectedTensors(checked);
+  for (const TensorSpec& spec : specs) {
+    if (spec.stored == Storage::kMxfp4) DELTASERVE_RETURN_IF_ERROR(CheckMxfp4Shape(checked, spec));
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -160,27 +237,41 @@ absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string&
         absl::StrCat(dir, ": cannot create directory: ", ec.message()));
   }
   std::vector<TensorData> tensors;
-  for (const TensorSpec& spec : ExpectedTensors(checked)) {
+  for (const TensorSpec& spec : specs) {
+    // Drawn from the stream of the tensor's name: an MXFP4 expert is its bf16
+    // twin quantised.
     const std::vector<float> values = RandomValues(checked, spec, seed);
     // Converted tensor by tensor: only the stored bytes of the whole model
     // are ever held at once.
-    tensors.push_back(spec.dtype == DType::kF32 ? MakeF32Tensor(spec.name, spec.shape, values)
-                                                : MakeBF16Tensor(spec.name, spec.shape, values));
+    if (spec.stored == Storage::kMxfp4) {
+      const int64_t out = spec.shape[0], in = spec.shape[1];
+      TensorData packed{spec.PackedName(), DType::kU8, {out, in / 2}, {}};
+      TensorData scale{spec.ScaleName(), DType::kU8, {out, in / kernels::kMxfp4Group}, {}};
+      QuantizeMxfp4(values, out, in, &packed.bytes, &scale.bytes);
+      tensors.push_back(std::move(packed));
+      tensors.push_back(std::move(scale));
+    } else if (spec.dtype == DType::kF32) {
+      tensors.push_back(MakeF32Tensor(spec.name, spec.shape, values));
+    } else {
+      tensors.push_back(MakeBF16Tensor(spec.name, spec.shape, values));
+    }
   }
   DELTASERVE_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(),
                                               tensors, {{"format", "pt"}}));
   return WriteFileAtomically(config_path, [&](std::ostream& out) { out << config_text; });
 }
 
-absl::StatusOr<std::string> BenchCheckpoint(const std::string& preset, std::string dir) {
+absl::StatusOr<std::string> BenchCheckpoint(const std::string& preset, std::string dir,
+                                            ExpertFormat experts) {
   if (dir.empty()) {
     std::string name = "deltaserve_bench_" + preset;
+    if (experts == ExpertFormat::kMxfp4) name += "_mxfp4";
     std::replace(name.begin(), name.end(), '-', '_');
     dir = (std::filesystem::temp_directory_path() / name).string();
   }
   if (std::filesystem::exists(dir + "/model.safetensors")) return dir;
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(preset));
-  DELTASERVE_RETURN_IF_ERROR(WriteRandomCheckpoint(config, dir, 1));
+  DELTASERVE_RETURN_IF_ERROR(WriteRandomCheckpoint(WithExpertFormat(config, experts), dir, 1));
   return dir;
 }
 

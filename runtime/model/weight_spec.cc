@@ -5,6 +5,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "kernels/mxfp4.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 
 namespace deltaserve {
@@ -104,19 +107,79 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-}  // namespace
-
-int64_t TensorSpec::NumElements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+// The module a weight belongs to, as quantization_config names modules.
+std::string ModuleOf(const TensorSpec& spec) {
+  return std::string(absl::StripSuffix(spec.name, ".weight"));
 }
 
-void SpecList::Add(std::string name, std::vector<int64_t> shape, DType dtype, TpSplit split) {
-  out_->push_back(TensorSpec{std::move(name), std::move(shape), dtype, part_, layer_, split});
+bool IsRoutedExpert(const TensorSpec& spec) { return spec.split.cut == TpCut::kExpert; }
+
+// [out, in / 2] codes and [out, in / 32] scales of an MXFP4 [out, in].
+std::vector<int64_t> PackedShape(const TensorSpec& spec) {
+  return {spec.shape[0], spec.shape[1] / 2};
+}
+std::vector<int64_t> ScaleShape(const TensorSpec& spec) {
+  return {spec.shape[0], spec.shape[1] / kernels::kMxfp4Group};
 }
 
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+// The checks of one routed expert stored as MXFP4 (at least one half present,
+// no float form), each problem passed to `problem`.
+template <typename Problem>
+void CheckMxfp4Pair(const ModelConfig& config, const QuantizationMatcher& matcher,
+                    const TensorSpec& spec, const TensorView* packed, const TensorView* scale,
+                    Problem&& problem) {
+  const TensorView& present = packed != nullptr ? *packed : *scale;
+  const std::string what =
+      absl::StrCat("tensor '", present.name, "' in ", present.file, " is MXFP4, but ");
+  const QuantizationConfig& q = config.quantization;
+  const QuantizationMatcher::Match match = matcher.Of(ModuleOf(spec));
+  switch (match.verdict) {
+    case QuantizationMatcher::Verdict::kPlain:
+      problem(absl::StrCat(what, "the config has no quantization_config"));
+      break;
+    case QuantizationMatcher::Verdict::kUntargeted:
+      problem(absl::StrCat(what, "module '", ModuleOf(spec), "' matches no target of ", q.key, " (",
+                           absl::StrJoin(q.targets, ", "), ")"));
+      break;
+    case QuantizationMatcher::Verdict::kIgnored:
+      problem(absl::StrCat(what, "module '", ModuleOf(spec), "' is in ", q.key, ".ignore ('",
+                           match.ignored_by, "')"));
+      break;
+    case QuantizationMatcher::Verdict::kMxfp4:
+      break;
+  }
+  const int64_t in = spec.shape[1];
+  if (in % kernels::kMxfp4Group != 0) {
+    problem(absl::StrCat(what, "its rows of ", in, " values (shape ", ShapeString(spec.shape),
+                         ") do not split into groups of ", kernels::kMxfp4Group));
+    return;
+  }
+  struct Half {
+    const char* role;
+    std::string name;
+    const TensorView* view;
+    std::vector<int64_t> shape;
+  };
+  for (const Half& half : {Half{"codes", spec.PackedName(), packed, PackedShape(spec)},
+                           Half{"scales", spec.ScaleName(), scale, ScaleShape(spec)}}) {
+    const std::string expected =
+        absl::StrCat("U8 ", ShapeString(half.shape), ", the ", half.role, " of MXFP4 '", spec.name,
+                     "' ", ShapeString(spec.shape));
+    if (half.view == nullptr) {
+      problem(absl::StrCat("missing tensor '", half.name, "' (", expected, "; ", present.file,
+                           " holds '", present.name, "')"));
+    } else if (half.view->dtype != DType::kU8) {
+      problem(absl::StrCat("tensor '", half.name, "' in ", half.view->file, " has dtype ",
+                           DTypeName(half.view->dtype), ", expected ", expected));
+    } else if (half.view->shape != half.shape) {
+      problem(absl::StrCat("tensor '", half.name, "' in ", half.view->file, " has shape ",
+                           ShapeString(half.view->shape), ", expected ", expected));
+    }
+  }
+}
+
+// Every tensor in its float form (ExpectedTensors then marks MXFP4 experts).
+std::vector<TensorSpec> FloatLayout(const ModelConfig& c) {
   const ModelArchitecture& arch = ArchitectureOf(c);
   std::vector<TensorSpec> out;
   SpecList s(&out);
@@ -144,6 +207,34 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
   return out;
 }
 
+}  // namespace
+
+int64_t TensorSpec::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void SpecList::Add(std::string name, std::vector<int64_t> shape, DType dtype, TpSplit split) {
+  out_->push_back(TensorSpec{std::move(name), std::move(shape), dtype, part_, layer_, split});
+}
+
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+  std::vector<TensorSpec> out = FloatLayout(c);
+  if (!c.quantization.mxfp4) return out;
+  // A config that did not come from ParseModelConfig may hold a pattern that
+  // does not compile: it selects nothing here, and CheckpointTensors says why.
+  const absl::StatusOr<QuantizationMatcher> matcher = QuantizationMatcher::Create(c.quantization);
+  if (!matcher.ok()) return out;
+  for (TensorSpec& spec : out) {
+    if (IsRoutedExpert(spec) &&
+        matcher->Of(ModuleOf(spec)).verdict == QuantizationMatcher::Verdict::kMxfp4) {
+      spec.stored = Storage::kMxfp4;
+    }
+  }
+  return out;
+}
+
 ParameterCount CountParameters(const ModelConfig& c) {
   ParameterCount count;
   for (const TensorSpec& spec : ExpectedTensors(c)) {
@@ -163,7 +254,24 @@ ParameterCount CountParameters(const ModelConfig& c) {
   return count;
 }
 
-absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& checkpoint) {
+int64_t StoredBytes(const TensorSpec& spec, int64_t elements) {
+  if (spec.stored == Storage::kFloat) {
+    return elements * static_cast<int64_t>(DTypeSize(spec.dtype));
+  }
+  const int64_t in = spec.shape.back();
+  const int64_t rows = in > 0 ? elements / in : 0;
+  return rows * ((in + 1) / 2 + (in + kernels::kMxfp4Group - 1) / kernels::kMxfp4Group);
+}
+
+absl::StatusOr<std::vector<TensorSpec>> CheckpointTensors(const ModelConfig& config,
+                                                          const Checkpoint& checkpoint) {
+  // Compiled once for the whole model; the error of a hand-made config whose
+  // pattern does not compile names the entry.
+  auto matcher = QuantizationMatcher::Create(config.quantization);
+  if (!matcher.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        checkpoint.dir(), ": its config cannot be matched: ", matcher.status().message()));
+  }
   constexpr size_t kMaxListed = 8;
   std::vector<std::string> problems;
   size_t total = 0;
@@ -171,14 +279,43 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
     if (problems.size() < kMaxListed) problems.push_back(std::move(text));
     ++total;
   };
-  for (const TensorSpec& spec : ExpectedTensors(config)) {
-    auto it = checkpoint.tensors().find(spec.name);
-    if (it == checkpoint.tensors().end()) {
+  auto find = [&](const std::string& name) -> const TensorView* {
+    auto it = checkpoint.tensors().find(name);
+    return it == checkpoint.tensors().end() ? nullptr : it->second;
+  };
+  std::vector<TensorSpec> specs = ExpectedTensors(config);
+  for (TensorSpec& spec : specs) {
+    const TensorView* whole = find(spec.name);
+    const TensorView* packed = find(spec.PackedName());
+    const TensorView* scale = find(spec.ScaleName());
+    spec.stored = Storage::kFloat;
+    if (packed != nullptr || scale != nullptr) {
+      const TensorView& present = packed != nullptr ? *packed : *scale;
+      if (!IsRoutedExpert(spec)) {
+        // Only routed experts may be MXFP4; say so rather than "missing".
+        if (whole == nullptr) {
+          problem(absl::StrCat("missing tensor '", spec.name, "' (shape ", ShapeString(spec.shape),
+                               "): ", present.file, " holds '", present.name,
+                               "', but only routed experts may be MXFP4"));
+          continue;
+        }
+      } else if (whole != nullptr) {
+        problem(absl::StrCat("tensor '", spec.name, "' is stored twice: as ",
+                             DTypeName(whole->dtype), " in ", whole->file, " and as MXFP4 '",
+                             present.name, "' in ", present.file));
+        continue;
+      } else {
+        CheckMxfp4Pair(config, *matcher, spec, packed, scale, problem);
+        spec.stored = Storage::kMxfp4;
+        continue;
+      }
+    }
+    if (whole == nullptr) {
       problem(
           absl::StrCat("missing tensor '", spec.name, "' (shape ", ShapeString(spec.shape), ")"));
       continue;
     }
-    const TensorView& view = *it->second;
+    const TensorView& view = *whole;
     if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kF16) {
       problem(absl::StrCat("tensor '", spec.name, "' in ", view.file, " has dtype ",
                            DTypeName(view.dtype), ", expected F32, BF16 or F16"));
@@ -199,7 +336,7 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
                            ShapeString(view.shape), ", expected ", ShapeString(spec.shape)));
     }
   }
-  if (total == 0) return absl::OkStatus();
+  if (total == 0) return specs;
   const std::string model_type = !config.model_type.empty()
                                      ? config.model_type
                                      : std::string(ArchitectureOf(config).model_type());
@@ -212,6 +349,39 @@ absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& che
   // InvalidArgument for a present but wrong one.
   const bool first_missing = absl::StartsWith(problems.front(), "missing");
   return first_missing ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+}
+
+absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& checkpoint) {
+  return CheckpointTensors(config, checkpoint).status();
+}
+
+absl::StatusOr<Mxfp4Views> GetMxfp4(const Checkpoint& checkpoint, const TensorSpec& spec) {
+  if (spec.stored != Storage::kMxfp4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(checkpoint.dir(), ": tensor '", spec.name,
+                     "' is not MXFP4 in its spec (take the specs from CheckpointTensors)"));
+  }
+  Mxfp4Views views;
+  DELTASERVE_ASSIGN_OR_RETURN(views.packed, checkpoint.Get(spec.PackedName()));
+  DELTASERVE_ASSIGN_OR_RETURN(views.scale, checkpoint.Get(spec.ScaleName()));
+  // Defence against a checkpoint that did not pass CheckpointTensors: the
+  // bytes read below must be there.
+  if (spec.shape.size() != 2 || spec.shape[1] % kernels::kMxfp4Group != 0 ||
+      views.packed->dtype != DType::kU8 || views.scale->dtype != DType::kU8 ||
+      views.packed->shape != PackedShape(spec) || views.scale->shape != ScaleShape(spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        checkpoint.dir(), ": MXFP4 tensor '", spec.name,
+        "' does not have the shapes of its spec (check it with CheckpointTensors first)"));
+  }
+  const int64_t nan = kernels::FindNanScale(views.scale->data, views.scale->NumElements());
+  if (nan >= 0) {
+    const int64_t groups = ScaleShape(spec)[1];
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", spec.ScaleName(), "' in ", views.scale->file, " has a NaN scale (255) at row ",
+        nan / groups, ", group ", nan % groups, " (columns ", nan % groups * kernels::kMxfp4Group,
+        "..", (nan % groups + 1) * kernels::kMxfp4Group - 1, ")"));
+  }
+  return views;
 }
 
 }  // namespace deltaserve

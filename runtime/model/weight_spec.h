@@ -24,15 +24,33 @@ namespace deltaserve {
 // owning its layer, or the last (final norm, LM head, K3's output mix).
 enum class ModelPart { kEmbedding, kLayer, kHead };
 
+// How a checkpoint stores a tensor of logical shape [out, in].
+enum class Storage {
+  kFloat,  // one tensor `name`, F32, BF16 or F16
+  // Routed expert matrices only (MODEL.md, kernels/mxfp4.h): no `name`, but
+  // `name`_packed U8 [out, in / 2] (two E2M1 codes a byte, even column in the
+  // low nibble) and `name`_scale U8 [out, in / 32] (E8M0), in a multiple of 32.
+  kMxfp4,
+};
+
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;  // PyTorch layout: Linear weights [out, in]
-  DType dtype = DType::kBF16;  // as stored by the real checkpoints
+  DType dtype = DType::kBF16;  // kFloat: as stored by the real bf16 checkpoints
   ModelPart part = ModelPart::kLayer;
   int64_t layer = -1;  // kLayer: its layer
   TpSplit split;       // how a tensor-parallel group divides it
+  // How the tensor is stored. ExpectedTensors: as the config declares it, like
+  // `dtype` (kMxfp4 for a routed expert matrix its quantization_config targets
+  // and does not ignore, as real K3 checkpoints store them); the planner counts
+  // that. CheckpointTensors: as the checkpoint holds it (a targeted expert may
+  // still be stored as float); the loader reads that.
+  Storage stored = Storage::kFloat;
 
   int64_t NumElements() const;
+  // The two tensors of the kMxfp4 form ("...w1.weight_packed", "..._scale").
+  std::string PackedName() const { return name + "_packed"; }
+  std::string ScaleName() const { return name + "_scale"; }
   // What TP rank `rank` of `size` holds of it.
   TpPart RankPart(int rank, int size) const {
     return deltaserve::RankPart(split, shape, rank, size);
@@ -68,7 +86,9 @@ class SpecList {
 // (norms, low-rank gate inputs, the MLA latent projection, the router, K3's
 // latent down / up projections and residual mixes) replicated. BF16 except the
 // F32 KDA parameters (A_log, dt_bias, *_conv1d, o_norm) and the router's
-// e_score_correction_bias. With tie_word_embeddings there is no lm_head.
+// e_score_correction_bias, and MXFP4 routed experts where the config's
+// quantization_config says so (`stored`). With tie_word_embeddings there is
+// no lm_head.
 // The config must have come from ParseModelConfig (or a preset).
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
 
@@ -80,13 +100,43 @@ struct ParameterCount {
 };
 ParameterCount CountParameters(const ModelConfig& config);
 
-// Checks that every expected tensor is present with exactly the expected
-// shape (a TpCut::kLeading tensor such as A_log: any shape of at least its
-// leading values, as the layouts differ) and a floating-point dtype (F32,
-// BF16 or F16; conversion happens at load time). Tensors the spec does not
-// know (vision towers, ...) are ignored. The error names the tensor and the
-// checkpoint directory, and lists the first few problems when there are
-// several.
+// Bytes of `elements` values of `spec` (all of it, or a TP rank's part: whole
+// rows) as it is stored: kMxfp4 half a byte a value plus a scale byte per 32
+// of a row, kFloat DTypeSize(dtype) a value (BF16 2, F32 4).
+int64_t StoredBytes(const TensorSpec& spec, int64_t elements);
+
+// ExpectedTensors(config), each with `stored` set to the form `checkpoint`
+// holds, once every check below passed: the one place a checkpoint is checked
+// against its config, before anything is loaded.
+//
+// Each expected tensor must be present with exactly the expected shape (a
+// TpCut::kLeading tensor such as A_log: any shape of at least its leading
+// values, as the layouts differ) and a floating-point dtype (F32, BF16 or
+// F16; conversion happens at load time). A routed expert matrix may instead
+// be the MXFP4 pair (Storage::kMxfp4), found by its names: both halves, U8,
+// of exactly their shapes, its input width a multiple of 32, in a checkpoint
+// whose config has a quantization_config whose targets select the module (the
+// name without ".weight") and whose ignore list does not. Holding both forms
+// of one tensor is an error; different experts may differ in form. Tensors
+// the spec does not know (vision towers, ...) are ignored. The error names the
+// tensor, what was expected and what was found, and the checkpoint
+// directory, and lists the first few problems when there are several:
+// NotFound when the first is a missing tensor, else InvalidArgument.
+absl::StatusOr<std::vector<TensorSpec>> CheckpointTensors(const ModelConfig& config,
+                                                          const Checkpoint& checkpoint);
+// CheckpointTensors' checks alone.
 absl::Status ValidateCheckpoint(const ModelConfig& config, const Checkpoint& checkpoint);
+
+// The two halves of a kMxfp4 tensor of a checkpoint that passed
+// CheckpointTensors, for the loader: packed U8 [out, in / 2] and scale U8
+// [out, in / 32], views into the mapped files. Scale bytes are read (1/17 of
+// the tensor): a NaN scale (255) is an error naming the tensor, row and
+// group, so kernels never see one. An error too for a spec that is not
+// kMxfp4 or a checkpoint without the pair.
+struct Mxfp4Views {
+  const TensorView* packed = nullptr;
+  const TensorView* scale = nullptr;
+};
+absl::StatusOr<Mxfp4Views> GetMxfp4(const Checkpoint& checkpoint, const TensorSpec& spec);
 
 }  // namespace deltaserve

@@ -63,19 +63,22 @@ double FfnMacsPerToken(const ModelConfig& c, int64_t layer) {
   return macs;
 }
 
-// Elements of each part of the model one TP rank (rank 0, the largest when
-// the experts do not divide evenly) holds, as each tensor's spec splits it.
-struct RankElements {
+// Weight bytes of each part of the model one TP rank (rank 0, the largest
+// when the experts do not divide evenly) holds, as each tensor's spec splits
+// it: as stored (`weight` == PlanBytes::kAsStored) or `weight` bytes a value.
+struct RankBytes {
   std::vector<int64_t> layer;  // [num_layers]
   int64_t embedding = 0;
   int64_t head = 0;  // final norm, LM head, output mix (K3)
 };
 
-RankElements CountRankElements(const ModelConfig& c, int tp) {
-  RankElements out;
+RankBytes CountRankBytes(const ModelConfig& c, int tp, int64_t weight) {
+  RankBytes out;
   out.layer.assign(static_cast<size_t>(c.num_layers), 0);
   for (const TensorSpec& spec : ExpectedTensors(c)) {
-    const int64_t held = spec.RankPart(/*rank=*/0, tp).elements;
+    const int64_t elements = spec.RankPart(/*rank=*/0, tp).elements;
+    const int64_t held =
+        weight == PlanBytes::kAsStored ? StoredBytes(spec, elements) : elements * weight;
     switch (spec.part) {
       case ModelPart::kEmbedding:
         out.embedding += held;
@@ -337,12 +340,13 @@ absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const 
                                                          {"state", bytes.state},
                                                          {"activation", bytes.activation}};
   for (const auto& [name, value] : per_element) {
-    if (value < 1 || value > 8) {
+    const bool as_stored = value == PlanBytes::kAsStored && name == std::string("weight");
+    if (!as_stored && (value < 1 || value > 8)) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " bytes per element must be 1..8, got ", value));
     }
   }
-  const RankElements elements = CountRankElements(c, tp);
+  const RankBytes held = CountRankBytes(c, tp, bytes.weight);
 
   const int64_t H_local = c.kda.num_heads / tp, d = c.kda.head_dim;
   const int64_t kda_state =
@@ -355,22 +359,22 @@ absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const 
     const bool first = range.begin == 0, last = range.end == c.num_layers;
     StageReport r;
     r.layers = range;
-    int64_t weight_elements = 0;
+    int64_t weight_bytes = 0;
     for (int64_t i = range.begin; i < range.end; ++i) {
-      weight_elements += elements.layer[static_cast<size_t>(i)];
+      weight_bytes += held.layer[static_cast<size_t>(i)];
       if (c.layer_kinds[static_cast<size_t>(i)] == LayerKind::kKda) {
         ++r.kda_layers;
       } else {
         ++r.mla_layers;
       }
     }
-    if (first) weight_elements += elements.embedding;
+    if (first) weight_bytes += held.embedding;
     if (last) {
-      weight_elements += elements.head;
+      weight_bytes += held.head;
       // Tied: the LM head is the embedding matrix, held once per stage.
-      if (c.tie_word_embeddings && !first) weight_elements += elements.embedding;
+      if (c.tie_word_embeddings && !first) weight_bytes += held.embedding;
     }
-    r.weight_bytes_per_rank = weight_elements * bytes.weight;
+    r.weight_bytes_per_rank = weight_bytes;
     r.kda_state_bytes_per_sequence = r.kda_layers * kda_state;
     r.mla_cache_bytes = r.mla_layers * mla_cache;
     if (!last) {

@@ -73,10 +73,15 @@ absl::Status ValidatePlan(const ModelConfig& config, const StagePlan& plan);
 // CheckTensorParallel (runtime/model/tp_split.h) says whether a TP size
 // divides every dimension tensor parallelism splits; ReportPlan checks it.
 
-// Bytes per element. The runtime holds weights, the MLA cache, the KDA state
-// and activations in float32 today; a bf16 plan uses weight = 2, cache = 2.
+// Bytes per element. Weights by default as each tensor is stored (StoredBytes,
+// runtime/model/weight_spec.h: BF16 2, F32 4, MXFP4 routed experts 0.5 plus a
+// scale byte per 32, as the config's quantization_config declares them);
+// weight = 1..8 counts every weight at that many bytes instead (4: all
+// converted to float32). The runtime holds the MLA cache, the KDA state and
+// activations in float32 today; a bf16 plan uses cache = 2.
 struct PlanBytes {
-  int64_t weight = 4;
+  static constexpr int64_t kAsStored = 0;
+  int64_t weight = kAsStored;
   int64_t cache = 4;
   int64_t state = 4;
   int64_t activation = 4;
@@ -86,10 +91,11 @@ struct StageReport {
   StageRange layers;
   int64_t kda_layers = 0;
   int64_t mla_layers = 0;
-  // Weights one TP rank of this stage holds, as each tensor's spec splits it
-  // (runtime/model/tp_split.h: split tensors divided by tp, replicated ones
-  // whole, routed experts whole on rank e % tp). When num_experts is not a
-  // multiple of tp this is the largest rank's (rank 0).
+  // Weight bytes one TP rank of this stage holds, as each tensor's spec splits
+  // it (runtime/model/tp_split.h: split tensors divided by tp, replicated ones
+  // whole, routed experts whole on rank e % tp) and stores it (PlanBytes).
+  // When num_experts is not a multiple of tp this is the largest rank's
+  // (rank 0).
   int64_t weight_bytes_per_rank = 0;
   // KDA recurrent state plus short-convolution tail, per sequence, per rank.
   int64_t kda_state_bytes_per_sequence = 0;
@@ -104,7 +110,7 @@ struct StageReport {
 
 // The figures of each stage of `plan` under tensor parallelism `tp`.
 // Errors: an invalid plan, tp not dividing a split dimension (named),
-// context_tokens < 0, a bytes-per-element value < 1.
+// context_tokens < 0, a bytes-per-element value outside 1..8 (weight: 0..8).
 absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& config,
                                                     const StagePlan& plan, int tp,
                                                     int64_t context_tokens, const PlanBytes& bytes);

@@ -2,10 +2,16 @@
 // and its errors on bad input (exit code non-zero, message naming the problem).
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/config.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/weight_spec.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -155,6 +161,87 @@ std::string ExpectFailure(const std::string& args) {
   EXPECT_NE(rc, 0) << output;
   EXPECT_LT(rc, 128) << "crashed: " << output;
   return output;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Every tensor of a file: name -> (dtype, shape).
+std::map<std::string, std::pair<DType, std::vector<int64_t>>> Tensors(const std::string& dir) {
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> out;
+  auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return out;
+  for (const auto& [name, view] : (*file)->tensors()) out[name] = {view.dtype, view.shape};
+  return out;
+}
+
+TEST(CliTest, MakeModelMxfp4ExpertsAsTheGoldenCheckpoint) {
+  const std::string golden = testing::GoldenPath("model/k3-tiny-mxfp4");
+  const std::string dir = testing::TempDir("make_mxfp4");
+  std::string output;
+  ASSERT_EQ(testing::RunCommand(
+                absl::StrCat(Deltaserve(), " make-model --config ", golden,
+                             "/config.json --experts mxfp4 --seed 2 --out ", dir, "/mxfp4"),
+                &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("mxfp4 routed experts"), std::string::npos) << output;
+  // The golden layout: tensors, config.json with its quantization_config.
+  EXPECT_EQ(Tensors(dir + "/mxfp4"), Tensors(golden));
+  EXPECT_EQ(nlohmann::json::parse(ReadText(dir + "/mxfp4/config.json")),
+            nlohmann::json::parse(ReadText(golden + "/config.json")));
+  auto config = LoadModelConfig(dir + "/mxfp4");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto checkpoint = Checkpoint::Open(dir + "/mxfp4");
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_TRUE(ValidateCheckpoint(*config, **checkpoint).ok());
+
+  // bf16 by default, even from a config that declares MXFP4: plain experts,
+  // no quantization_config.
+  ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " make-model --config ", golden,
+                                             "/config.json --out ", dir, "/bf16"),
+                                &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("bf16 routed experts"), std::string::npos) << output;
+  const auto bf16 = Tensors(dir + "/bf16");
+  const std::string expert = "language_model.model.layers.1.block_sparse_moe.experts.0.w2.weight";
+  ASSERT_TRUE(bf16.count(expert)) << expert;
+  EXPECT_EQ(bf16.at(expert).first, DType::kBF16);
+  EXPECT_FALSE(bf16.count(expert + "_packed"));
+  EXPECT_FALSE(nlohmann::json::parse(ReadText(dir + "/bf16/config.json"))["text_config"].contains(
+      "quantization_config"));
+
+  // What cannot be MXFP4 is refused, and nothing is written.
+  const std::string refused =
+      ExpectFailure("make-model --preset k3-tiny --experts mxfp4 --out " + dir + "/tiny");
+  EXPECT_NE(refused.find("moe_intermediate_size is 24"), std::string::npos) << refused;
+  EXPECT_FALSE(fs::exists(dir + "/tiny"));
+  const std::string unknown =
+      ExpectFailure("make-model --preset k3-tiny --experts fp8 --out " + dir + "/fp8");
+  EXPECT_NE(unknown.find("--experts"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("'fp8'"), std::string::npos) << unknown;
+  // --help says so.
+  ASSERT_EQ(testing::RunCommand(Deltaserve() + " make-model --help", &output), 0) << output;
+  EXPECT_NE(output.find("--experts"), std::string::npos) << output;
+  EXPECT_NE(output.find("mxfp4"), std::string::npos) << output;
+}
+
+// Checks the golden MXFP4 checkpoint against a config that does not declare
+// it: generate fails naming the tensor and the missing quantization_config.
+TEST(CliTest, Mxfp4CheckpointWithoutQuantizationConfigIsRefused) {
+  const std::string golden = testing::GoldenPath("model/k3-tiny-mxfp4");
+  const std::string dir = testing::TempDir("mxfp4_no_config");
+  fs::copy_file(golden + "/model.safetensors", dir + "/model.safetensors");
+  nlohmann::json config = nlohmann::json::parse(ReadText(golden + "/config.json"));
+  config["text_config"].erase("quantization_config");
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const std::string output = ExpectFailure("generate --model " + dir + " --tokens 1,2");
+  EXPECT_NE(output.find("experts.0.w1.weight_packed"), std::string::npos) << output;
+  EXPECT_NE(output.find("no quantization_config"), std::string::npos) << output;
 }
 
 TEST(CliTest, BadInputGivesClearErrors) {

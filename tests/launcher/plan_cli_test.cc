@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/model/config.h"
+#include "runtime/model/safetensors.h"
 #include "runtime/scheduler/stage_plan.h"
 #include "tests/test_util.h"
 
@@ -122,6 +123,47 @@ TEST(PlanCliTest, GoldenK3ModelWithExplicitStages) {
   ASSERT_TRUE(balanced_reports.ok());
   ExpectRowMatches(StageRow(output, 0), (*balanced_reports)[0], false);
   EXPECT_NE(output.find("attention-residual block starts"), std::string::npos) << output;
+}
+
+// MXFP4 routed experts (the golden k3-tiny-mxfp4): weights as stored, so one
+// rank of a single stage holds the checkpoint's bytes (less K3's A_log
+// padding), experts at 17/32 B a value; --weight-bytes 4 counts them as
+// float32 instead.
+TEST(PlanCliTest, Mxfp4ModelCountsStoredBytes) {
+  const std::string model = testing::GoldenPath("model/k3-tiny-mxfp4");
+  std::string output;
+  ASSERT_EQ(Plan(absl::StrCat("--model ", model, " --pp 1 --tp 1"), &output), 0) << output;
+  auto config = LoadModelConfig(model);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->quantization.mxfp4);
+  // The bytes of every tensor the checkpoint stores, less the A_log padding.
+  auto checkpoint = Checkpoint::Open(model);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  int64_t stored = 0;
+  for (const auto& [name, view] : (*checkpoint)->tensors()) {
+    stored += static_cast<int64_t>(view->nbytes);
+    if (name.ends_with("A_log")) stored -= (view->NumElements() - 4) * 4;
+  }
+  const int64_t experts = 8 * 8 * 3 * 32 * 32;  // MoE layers x experts x w1-3 x [32, 32]
+  EXPECT_NE(StageRow(output, 0).find(absl::StrCat(" (", stored, " B)")), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("weights as stored (bf16 2, f32 4, MXFP4 routed experts 0.5 + 1 per 32)"),
+            std::string::npos)
+      << output;
+  // Every weight in float32: the experts at 4 B, the rest twice their bf16.
+  ASSERT_EQ(Plan(absl::StrCat("--model ", model, " --pp 1 --tp 1 --weight-bytes 4"), &output), 0)
+      << output;
+  auto plan = StagesFromCounts(*config, {9});
+  ASSERT_TRUE(plan.ok());
+  auto f32 = ReportPlan(*config, *plan, 1, 4096, PlanBytes{.weight = 4});
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_NE(StageRow(output, 0).find(absl::StrCat(" (", (*f32)[0].weight_bytes_per_rank, " B)")),
+            std::string::npos)
+      << output;
+  auto stored_report = ReportPlan(*config, *plan, 1, 4096, PlanBytes{});
+  ASSERT_TRUE(stored_report.ok());
+  EXPECT_EQ((*stored_report)[0].weight_bytes_per_rank, stored);
+  EXPECT_GT((*f32)[0].weight_bytes_per_rank - stored, experts * (4 - 1));
 }
 
 struct BadInput {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -82,6 +83,9 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.routed_expert_hidden_size, b.routed_expert_hidden_size);
   EXPECT_EQ(a.latent_moe_use_norm, b.latent_moe_use_norm);
   EXPECT_EQ(a.attn_res_block_size, b.attn_res_block_size);
+  EXPECT_EQ(a.quantization.mxfp4, b.quantization.mxfp4);
+  EXPECT_EQ(a.quantization.targets, b.quantization.targets);
+  EXPECT_EQ(a.quantization.ignore, b.quantization.ignore);
 }
 
 TEST(ConfigTest, ParsesGoldenK3) {
@@ -449,7 +453,7 @@ TEST(ConfigTest, OptionalVariants) {
 }
 
 TEST(ConfigTest, GarbledConfigsNeverCrash) {
-  for (const char* model : {"k3-tiny", "kimi-linear-tiny"}) {
+  for (const char* model : {"k3-tiny", "kimi-linear-tiny", "k3-tiny-mxfp4"}) {
     const std::string text =
         ReadFile(testing::GoldenPath(std::string("model/") + model + "/config.json"));
     uint64_t state = 12345;
@@ -496,7 +500,7 @@ TEST(ConfigTest, LoadModelConfigErrorsNameTheFile) {
 }
 
 TEST(ConfigTest, JsonRoundTrip) {
-  for (const char* model : {"k3-tiny", "kimi-linear-tiny"}) {
+  for (const char* model : {"k3-tiny", "kimi-linear-tiny", "k3-tiny-mxfp4"}) {
     SCOPED_TRACE(model);
     auto golden = LoadModelConfig(testing::GoldenPath(std::string("model/") + model));
     ASSERT_TRUE(golden.ok()) << golden.status();
@@ -515,6 +519,8 @@ TEST(ConfigTest, JsonRoundTrip) {
       EXPECT_EQ(it.value(), e[it.key()]) << it.key();
     }
     EXPECT_EQ(written["model_type"], expected["model_type"]);
+    // The quantization block, whole: every key and value of the golden one.
+    EXPECT_EQ(w.contains("quantization_config"), e.contains("quantization_config"));
   }
   // Presets, including variants the golden files lack.
   for (const std::string& name : PresetNames()) {
@@ -533,9 +539,263 @@ TEST(ConfigTest, JsonRoundTrip) {
   variant.kda.full_rank_gate = true;
   variant.kda.conv_kernel_size = 3;
   variant.max_position_embeddings = 0;
+  variant.quantization = RoutedExpertsMxfp4();
+  variant.quantization.targets.push_back("Linear");
+  variant.quantization.ignore.clear();
   auto again = ParseModelConfig(ModelConfigToJson(variant), "variant");
   ASSERT_TRUE(again.ok()) << again.status();
   ExpectSameConfig(*again, variant);
+  // Kimi Linear keeps it at the top level.
+  EXPECT_TRUE(json::parse(ModelConfigToJson(variant)).contains("quantization_config"));
+}
+
+// --- quantization_config ---------------------------------------------------
+
+TEST(QuantizationConfigTest, ParsesGoldenMxfp4) {
+  auto config = LoadModelConfig(testing::GoldenPath("model/k3-tiny-mxfp4"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  const QuantizationConfig& q = config->quantization;
+  EXPECT_TRUE(q.mxfp4);
+  EXPECT_EQ(q.key, "text_config.quantization_config");
+  EXPECT_EQ(q.targets, std::vector<std::string>{R"(re:.*block_sparse_moe\.experts\.\d+\.w[123]$)"});
+  EXPECT_EQ(q.ignore,
+            (std::vector<std::string>{"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                                      R"(re:.*mlp\..*)", "re:.*routed_expert.*", "re:.*gate$"}));
+  // RoutedExpertsMxfp4 is that block.
+  const QuantizationConfig k3 = RoutedExpertsMxfp4();
+  EXPECT_EQ(k3.targets, q.targets);
+  EXPECT_EQ(k3.ignore, q.ignore);
+  EXPECT_EQ(config->moe_intermediate_size, 32);
+  // The bf16 sibling and Kimi Linear are plain.
+  for (const char* model : {"k3-tiny", "kimi-linear-tiny"}) {
+    auto plain = LoadModelConfig(testing::GoldenPath(std::string("model/") + model));
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_FALSE(plain->quantization.mxfp4) << model;
+    EXPECT_TRUE(plain->quantization.targets.empty()) << model;
+  }
+}
+
+TEST(QuantizationConfigTest, TopLevelOrTextConfig) {
+  const json golden = GoldenJson("k3-tiny-mxfp4");
+  const json block = golden["text_config"]["quantization_config"];
+  // At the top level of a K3 config, as transformers' wrappers write it.
+  json top = golden;
+  top["text_config"].erase("quantization_config");
+  top["quantization_config"] = block;
+  auto moved = Parse(top);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_TRUE(moved->quantization.mxfp4);
+  EXPECT_EQ(moved->quantization.key, "quantization_config");
+  EXPECT_EQ(moved->quantization.targets.size(), 1u);
+  // In both places: fine when they agree, an error naming both when not.
+  json both = golden;
+  both["quantization_config"] = block;
+  auto same = Parse(both);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(same->quantization.mxfp4);
+  both["quantization_config"]["ignore"] = json::array();
+  auto differ = Parse(both);
+  ASSERT_FALSE(differ.ok());
+  EXPECT_NE(differ.status().message().find("'quantization_config'"), std::string::npos)
+      << differ.status();
+  EXPECT_NE(differ.status().message().find("'text_config.quantization_config'"), std::string::npos)
+      << differ.status();
+  // Kimi Linear: at the top level.
+  json kimi = GoldenJson("kimi-linear-tiny");
+  kimi["quantization_config"] = block;
+  auto linear = Parse(kimi);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_TRUE(linear->quantization.mxfp4);
+  // null is no quantization_config.
+  json null_block = golden;
+  null_block["text_config"]["quantization_config"] = nullptr;
+  auto plain = Parse(null_block);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->quantization.mxfp4);
+}
+
+TEST(QuantizationConfigTest, GroupFormatOrTopLevelFormat) {
+  json j = GoldenJson("k3-tiny-mxfp4");
+  json& q = j["text_config"]["quantization_config"];
+  // A group without its own format takes the block's.
+  q["config_groups"]["group_0"].erase("format");
+  auto inherited = Parse(j);
+  ASSERT_TRUE(inherited.ok()) << inherited.status();
+  // A group's own format decides (compressed-tensors writes "mixed-precision"
+  // at the top when groups differ).
+  q["config_groups"]["group_0"]["format"] = "mxfp4-pack-quantized";
+  q["format"] = "mixed-precision";
+  auto own = Parse(j);
+  ASSERT_TRUE(own.ok()) << own.status();
+  // Several MXFP4 groups: their targets together.
+  q["config_groups"]["group_1"] = q["config_groups"]["group_0"];
+  q["config_groups"]["group_1"]["targets"] = {"re:.*shared_experts.*"};
+  auto two = Parse(j);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->quantization.targets.size(), 2u);
+}
+
+struct BadQuantization {
+  std::string key;  // dotted path below text_config.quantization_config ("" for the block)
+  json value;       // set there; a JSON null with erase = true removes the key instead
+  bool erase;
+  std::string named;  // the key the message names, below text_config.quantization_config
+  std::string says;   // and a part of the message
+};
+
+TEST(QuantizationConfigTest, EachRefusalNamesTheKeyAndValue) {
+  const std::string kRoot = "text_config.quantization_config";
+  const std::string g = "config_groups.group_0.";
+  const std::vector<BadQuantization> cases = {
+      {"", "mxfp4", false, "", "must be an object"},
+      {"", json::array({1}), false, "", "must be an object"},
+      {"quant_method", "fp8", false, "quant_method", "is 'fp8'; only 'compressed-tensors'"},
+      {"quant_method", "gptq", false, "quant_method", "is 'gptq'"},
+      {"quant_method", 3, false, "quant_method", "must be a string"},
+      {"quant_method", nullptr, true, "quant_method", "missing required key"},
+      {"format", 32, false, "format", "must be a string"},
+      {"kv_cache_scheme", {{"num_bits", 8}}, false, "kv_cache_scheme", "quantized KV cache"},
+      {"config_groups", json::object(), false, "config_groups", "is empty"},
+      {"config_groups", json::array(), false, "config_groups", "must be an object"},
+      {"config_groups", nullptr, true, "config_groups", "missing required key"},
+      {g.substr(0, g.size() - 1), 5, false, g.substr(0, g.size() - 1), "must be an object"},
+      {g + "format", "nvfp4-pack-quantized", false, g + "format",
+       "is 'nvfp4-pack-quantized'; only 'mxfp4-pack-quantized'"},
+      {g + "format", "pack-quantized", false, g + "format", "is 'pack-quantized'"},
+      {g + "format", 4, false, g + "format", "must be a string"},
+      {g + "weights", nullptr, true, g + "weights", "missing required key"},
+      {g + "weights", "mxfp4", false, g + "weights", "must be an object"},
+      {g + "weights.num_bits", 8, false, g + "weights.num_bits", "is 8; only MXFP4"},
+      {g + "weights.num_bits", "4", false, g + "weights.num_bits", "must be an integer"},
+      {g + "weights.num_bits", 4.0, false, g + "weights.num_bits", "must be an integer"},
+      {g + "weights.num_bits", nullptr, true, g + "weights.num_bits", "missing required key"},
+      {g + "weights.type", "int", false, g + "weights.type", "is 'int'; only MXFP4"},
+      {g + "weights.type", true, false, g + "weights.type", "must be a string"},
+      {g + "weights.group_size", 64, false, g + "weights.group_size",
+       "is 64; only MXFP4 with groups of 32 is supported"},
+      {g + "weights.group_size", 16, false, g + "weights.group_size", "is 16"},
+      {g + "weights.group_size", -32, false, g + "weights.group_size", "must be at least 0"},
+      {g + "weights.group_size", int64_t{1} << 40, false, g + "weights.group_size", "too large"},
+      {g + "weights.group_size", json::array({32}), false, g + "weights.group_size",
+       "must be an integer"},
+      {g + "weights.group_size", nullptr, true, g + "weights.group_size", "missing required key"},
+      {g + "weights.strategy", "channel", false, g + "weights.strategy", "is 'channel'"},
+      {g + "weights.strategy", 1, false, g + "weights.strategy", "must be a string"},
+      {g + "weights.symmetric", false, false, g + "weights.symmetric", "no zero point"},
+      {g + "weights.symmetric", "yes", false, g + "weights.symmetric", "must be true or false"},
+      {g + "weights.dynamic", true, false, g + "weights.dynamic", "stored scales"},
+      {g + "weights.dynamic", "local", false, g + "weights.dynamic", "must be true or false"},
+      {g + "input_activations",
+       {{"num_bits", 8}},
+       false,
+       g + "input_activations",
+       "only weights may be quantized"},
+      {g + "output_activations",
+       {{"num_bits", 8}},
+       false,
+       g + "output_activations",
+       "only weights may be quantized"},
+      {g + "targets", json::array(), false, g + "targets", "is empty"},
+      {g + "targets", "re:.*experts.*", false, g + "targets", "must be a list of strings"},
+      {g + "targets", json::array({1}), false, g + "targets", "must be a list of strings"},
+      {g + "targets", nullptr, true, g + "targets", "missing required key"},
+      {g + "targets", json::array({"re:(unclosed"}), false, g + "targets",
+       "'re:(unclosed' is not a regular expression"},
+      {g + "targets", json::array({"Linear", "re:(?=x)"}), false, g + "targets", "entry 1"},
+      {"ignore", "lm_head", false, "ignore", "must be a list of strings"},
+      {"ignore", json::array({nullptr}), false, "ignore", "must be a list of strings"},
+      {"ignore", json::array({"lm_head", "re:[z-a]"}), false, "ignore", "entry 1: 're:[z-a]'"},
+  };
+  const json golden = GoldenJson("k3-tiny-mxfp4");
+  for (const BadQuantization& bad : cases) {
+    const std::string path = bad.key.empty() ? kRoot : kRoot + "." + bad.key;
+    SCOPED_TRACE(path + (bad.erase ? " erased" : " = " + bad.value.dump()));
+    json j = golden;
+    const json::json_pointer pointer = Pointer(path);
+    if (bad.erase) {
+      j[pointer.parent_pointer()].erase(pointer.back());
+    } else {
+      j[pointer] = bad.value;
+    }
+    auto config = Parse(j);
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string named = bad.named.empty() ? kRoot : kRoot + "." + bad.named;
+    EXPECT_NE(config.status().message().find("'" + named + "'"), std::string::npos)
+        << config.status();
+    EXPECT_NE(config.status().message().find(bad.says), std::string::npos) << config.status();
+    EXPECT_NE(config.status().message().find("test/config.json"), std::string::npos)
+        << config.status();
+  }
+  // Neither the group nor the block says a format.
+  json j = golden;
+  j["text_config"]["quantization_config"].erase("format");
+  j["text_config"]["quantization_config"]["config_groups"]["group_0"].erase("format");
+  auto none = Parse(j);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("'" + kRoot + "." + g + "format' is missing"),
+            std::string::npos)
+      << none.status();
+  // A group without a format of its own under a block format that is not MXFP4.
+  j["text_config"]["quantization_config"]["format"] = "float-quantized";
+  auto other = Parse(j);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("'" + kRoot + ".format' is 'float-quantized'"),
+            std::string::npos)
+      << other.status();
+}
+
+// Every key of the block set to values of every JSON type: an error naming
+// the file, or a config that serialises and parses again; never a crash.
+TEST(QuantizationConfigTest, HostileValuesNeverCrash) {
+  const json golden = GoldenJson("k3-tiny-mxfp4");
+  const std::vector<json> hostile = {nullptr,
+                                     true,
+                                     0,
+                                     -1,
+                                     4,
+                                     32,
+                                     1e308,
+                                     -0.0,
+                                     "",
+                                     "re:",
+                                     "re:(",
+                                     std::string(100000, 'x'),
+                                     "re:" + std::string(5000, '(') + std::string(5000, ')'),
+                                     json::array(),
+                                     json::array({nullptr}),
+                                     json::array({"re:.*", 7}),
+                                     json::object(),
+                                     json::object({{"a", 1}}),
+                                     json::parse(std::string(200, '[') + std::string(200, ']'))};
+  std::vector<std::string> paths;
+  std::function<void(const json&, const std::string&)> walk = [&](const json& j,
+                                                                  const std::string& path) {
+    paths.push_back(path);
+    if (j.is_object()) {
+      for (auto it = j.begin(); it != j.end(); ++it) walk(it.value(), path + "/" + it.key());
+    } else if (j.is_array()) {
+      for (size_t i = 0; i < j.size(); ++i) walk(j[i], path + "/" + std::to_string(i));
+    }
+  };
+  walk(golden["text_config"]["quantization_config"], "/text_config/quantization_config");
+  int accepted = 0, tried = 0;
+  for (const std::string& path : paths) {
+    for (const json& value : hostile) {
+      json j = golden;
+      j[json::json_pointer(path)] = value;
+      auto config = ParseModelConfig(j.dump(), "hostile/config.json");
+      ++tried;
+      if (config.ok()) {
+        ++accepted;
+        EXPECT_TRUE(ParseModelConfig(ModelConfigToJson(*config), "again").ok()) << path;
+      } else {
+        EXPECT_NE(config.status().message().find("hostile/config.json"), std::string::npos)
+            << config.status();
+      }
+    }
+  }
+  std::printf("%d of %d hostile quantization_config values still parsed\n", accepted, tried);
 }
 
 TEST(PresetsTest, TinyPresetsAreTheGoldenConfigs) {

@@ -13,6 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/mxfp4.h"
+#include "nlohmann/json.hpp"
 #include "runtime/model/config.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
@@ -36,54 +38,104 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
+// A tensor as a checkpoint stores it.
+struct Stored {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  bool operator==(const Stored&) const = default;
+};
+
+// What `specs` say a checkpoint holds, in order: a kMxfp4 matrix [out, in] as
+// its packed codes U8 [out, in / 2] then its scales U8 [out, in / 32].
+std::vector<Stored> StoredLayout(const std::vector<TensorSpec>& specs) {
+  std::vector<Stored> out;
+  for (const TensorSpec& spec : specs) {
+    if (spec.stored == Storage::kMxfp4) {
+      out.push_back({spec.PackedName(), DType::kU8, {spec.shape[0], spec.shape[1] / 2}});
+      out.push_back({spec.ScaleName(), DType::kU8, {spec.shape[0], spec.shape[1] / 32}});
+    } else {
+      out.push_back({spec.name, spec.dtype, spec.shape});
+    }
+  }
+  return out;
+}
+
+// What a file holds, in data order.
+std::vector<Stored> FileLayout(const SafetensorsFile& file) {
+  std::vector<std::pair<const uint8_t*, Stored>> stored;
+  for (const auto& [name, view] : file.tensors()) {
+    stored.push_back({view.data, {name, view.dtype, view.shape}});
+  }
+  std::sort(stored.begin(), stored.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Stored> out;
+  for (auto& entry : stored) out.push_back(std::move(entry.second));
+  return out;
+}
+
+void ExpectSameLayout(const std::vector<Stored>& expected, const std::vector<Stored>& found) {
+  EXPECT_EQ(expected.size(), found.size());
+  for (size_t i = 0; i < std::min(expected.size(), found.size()); ++i) {
+    const Stored& e = expected[i];
+    const Stored& f = found[i];
+    EXPECT_EQ(e.name, f.name) << "at " << i;
+    EXPECT_EQ(e.dtype, f.dtype) << e.name << ": " << DTypeName(e.dtype) << " vs "
+                                << DTypeName(f.dtype);
+    EXPECT_EQ(e.shape, f.shape) << e.name << ": " << ShapeText(e.shape) << " vs "
+                                << ShapeText(f.shape);
+    if (!(e == f)) return;  // one mismatch tells; the rest would repeat it
+  }
+}
+
 // ExpectedTensors(golden config) is exactly the golden file: same names,
-// shapes and dtypes, and the same order (by data offset).
+// shapes, dtypes and stored forms (the MXFP4 pairs of k3-tiny-mxfp4), and the
+// same order (by data offset).
 TEST(WeightSpecTest, MatchesGoldenCheckpoints) {
-  for (const char* model : {"k3-tiny", "kimi-linear-tiny"}) {
+  for (const char* model : {"k3-tiny", "kimi-linear-tiny", "k3-tiny-mxfp4"}) {
     SCOPED_TRACE(model);
     const std::string dir = testing::GoldenPath(std::string("model/") + model);
     auto config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok()) << config.status();
     auto file = SafetensorsFile::Open(dir + "/model.safetensors");
     ASSERT_TRUE(file.ok()) << file.status();
-    const auto& tensors = (*file)->tensors();
     const std::vector<TensorSpec> specs = ExpectedTensors(*config);
     std::map<std::string, const TensorSpec*> by_name;
     for (const TensorSpec& spec : specs) {
       EXPECT_TRUE(by_name.emplace(spec.name, &spec).second) << "duplicate " << spec.name;
     }
-    for (const auto& [name, view] : tensors) {
-      auto it = by_name.find(name);
-      if (it == by_name.end()) {
-        ADD_FAILURE() << "golden tensor not in the spec: " << name;
-        continue;
-      }
-      EXPECT_EQ(it->second->shape, view.shape) << name;
-      EXPECT_EQ(it->second->dtype, view.dtype) << name << ": spec " << DTypeName(it->second->dtype)
-                                               << ", golden " << DTypeName(view.dtype);
-    }
-    for (const TensorSpec& spec : specs) {
-      EXPECT_TRUE(tensors.count(spec.name)) << "spec tensor not in golden: " << spec.name;
-    }
-    EXPECT_EQ(specs.size(), tensors.size());
-    std::vector<std::pair<const uint8_t*, std::string>> stored;
-    for (const auto& [name, view] : tensors) stored.emplace_back(view.data, name);
-    std::sort(stored.begin(), stored.end());
-    std::vector<std::string> golden_order, spec_order;
-    for (const auto& entry : stored) golden_order.push_back(entry.second);
-    for (const TensorSpec& spec : specs) spec_order.push_back(spec.name);
-    EXPECT_EQ(spec_order, golden_order);
+    ExpectSameLayout(StoredLayout(specs), FileLayout(**file));
   }
 }
 
 TEST(WeightSpecTest, GoldenCheckpointsValidate) {
-  for (const char* model : {"k3-tiny", "kimi-linear-tiny"}) {
+  for (const char* model : {"k3-tiny", "kimi-linear-tiny", "k3-tiny-mxfp4"}) {
+    SCOPED_TRACE(model);
     const std::string dir = testing::GoldenPath(std::string("model/") + model);
     auto config = LoadModelConfig(dir);
     ASSERT_TRUE(config.ok()) << config.status();
     auto checkpoint = Checkpoint::Open(dir);
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     EXPECT_TRUE(ValidateCheckpoint(*config, **checkpoint).ok()) << model;
+    auto specs = CheckpointTensors(*config, **checkpoint);
+    ASSERT_TRUE(specs.ok()) << specs.status();
+    // MXFP4 exactly where the file holds the pairs: every routed expert of
+    // k3-tiny-mxfp4 (8 MoE layers x 8 experts x w1, w2, w3), nothing else.
+    int64_t mxfp4 = 0;
+    for (const TensorSpec& spec : *specs) {
+      const bool pair = (*checkpoint)->tensors().count(spec.PackedName()) > 0;
+      EXPECT_EQ(spec.stored == Storage::kMxfp4, pair) << spec.name;
+      if (spec.stored != Storage::kMxfp4) continue;
+      ++mxfp4;
+      EXPECT_EQ(spec.split.cut, TpCut::kExpert) << spec.name;
+      auto views = GetMxfp4(**checkpoint, spec);
+      ASSERT_TRUE(views.ok()) << views.status();
+      EXPECT_EQ(views->packed->name, spec.PackedName());
+      EXPECT_EQ(views->packed->shape, (std::vector<int64_t>{32, 16}));
+      EXPECT_EQ(views->scale->name, spec.ScaleName());
+      EXPECT_EQ(views->scale->shape, (std::vector<int64_t>{32, 1}));
+    }
+    EXPECT_EQ(mxfp4, config->quantization.mxfp4 ? 8 * 8 * 3 : 0);
   }
 }
 
@@ -252,6 +304,284 @@ TEST(ValidateCheckpointTest, WrongArchitectureForCheckpoint) {
                  {"language_model.model.embed_tokens.weight", "kimi_k3"});
 }
 
+// --- MXFP4 routed experts ---------------------------------------------------
+
+ModelConfig GoldenConfig(const std::string& model) {
+  auto config = LoadModelConfig(testing::GoldenPath("model/" + model));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// Every tensor of `config` in its declared stored form, zero codes, unit
+// scales (127), zero floats.
+std::vector<TensorData> StoredZeros(const ModelConfig& config) {
+  std::vector<TensorData> out;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    if (spec.stored == Storage::kMxfp4) {
+      const int64_t rows = spec.shape[0], in = spec.shape[1];
+      out.push_back({spec.PackedName(),
+                     DType::kU8,
+                     {rows, in / 2},
+                     std::vector<uint8_t>(static_cast<size_t>(rows * (in / 2)), 0)});
+      out.push_back({spec.ScaleName(),
+                     DType::kU8,
+                     {rows, in / 32},
+                     std::vector<uint8_t>(static_cast<size_t>(rows * (in / 32)), 127)});
+      continue;
+    }
+    const std::vector<float> zeros(static_cast<size_t>(spec.NumElements()), 0.0f);
+    out.push_back(spec.dtype == DType::kF32 ? MakeF32Tensor(spec.name, spec.shape, zeros)
+                                            : MakeBF16Tensor(spec.name, spec.shape, zeros));
+  }
+  return out;
+}
+
+std::string WriteTensors(const std::string& tag, const std::vector<TensorData>& tensors) {
+  const std::string dir = testing::TempDir(tag);
+  const absl::Status status = WriteSafetensors(dir + "/model.safetensors", tensors);
+  EXPECT_TRUE(status.ok()) << status;
+  return dir;
+}
+
+TensorData* Find(std::vector<TensorData>& tensors, const std::string& name) {
+  for (TensorData& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  return nullptr;
+}
+
+void Erase(std::vector<TensorData>& tensors, const std::string& name) {
+  const size_t before = tensors.size();
+  std::erase_if(tensors, [&](const TensorData& t) { return t.name == name; });
+  EXPECT_EQ(tensors.size() + 1, before) << name;
+}
+
+absl::StatusOr<std::vector<TensorSpec>> SpecsOf(const ModelConfig& config, const std::string& dir) {
+  auto checkpoint = Checkpoint::Open(dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  return CheckpointTensors(config, **checkpoint);
+}
+
+constexpr char kExpert[] = "language_model.model.layers.2.block_sparse_moe.experts.3.w2";
+
+TEST(Mxfp4CheckpointTest, ExpertsMayBeEitherFormUnderAQuantizationConfig) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  // All float: the sibling layout, valid under the same quantization_config.
+  ModelConfig plain = config;
+  plain.quantization = QuantizationConfig{};
+  const std::string all_float = WriteTensors("mxfp4_all_float", StoredZeros(plain));
+  auto specs = SpecsOf(config, all_float);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  for (const TensorSpec& spec : *specs) EXPECT_EQ(spec.stored, Storage::kFloat) << spec.name;
+  // Mixed: one expert float, the rest MXFP4; each spec says which.
+  std::vector<TensorData> tensors = StoredZeros(config);
+  Erase(tensors, std::string(kExpert) + ".weight_packed");
+  Erase(tensors, std::string(kExpert) + ".weight_scale");
+  tensors.push_back(MakeBF16Tensor(std::string(kExpert) + ".weight", {32, 32},
+                                   std::vector<float>(32 * 32, 0.0f)));
+  specs = SpecsOf(config, WriteTensors("mxfp4_mixed", tensors));
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  int64_t mxfp4 = 0;
+  for (const TensorSpec& spec : *specs) {
+    if (spec.name == std::string(kExpert) + ".weight") {
+      EXPECT_EQ(spec.stored, Storage::kFloat);
+    } else {
+      mxfp4 += spec.stored == Storage::kMxfp4;
+    }
+  }
+  EXPECT_EQ(mxfp4, 8 * 8 * 3 - 1);
+}
+
+TEST(Mxfp4CheckpointTest, PackedWithoutQuantizationConfig) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  ModelConfig plain = config;
+  plain.quantization = QuantizationConfig{};
+  const std::string dir = WriteTensors("mxfp4_no_config", StoredZeros(config));
+  const absl::Status status = ValidateDir(plain, dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  ExpectMentions(status,
+                 {"language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed",
+                  "is MXFP4, but the config has no quantization_config", dir, "more"});
+  // The golden MXFP4 checkpoint read with its bf16 sibling's config: the
+  // same refusal, whatever else differs.
+  ModelConfig sibling = GoldenConfig("k3-tiny");
+  sibling.moe_intermediate_size = 32;
+  ExpectMentions(ValidateDir(sibling, testing::GoldenPath("model/k3-tiny-mxfp4")),
+                 {"no quantization_config"});
+}
+
+TEST(Mxfp4CheckpointTest, PackedModuleNotTargeted) {
+  ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  const std::string dir = WriteTensors("mxfp4_untargeted", StoredZeros(config));
+  config.quantization.targets = {R"(re:.*block_sparse_moe\.experts\.\d+\.w[13]$)"};
+  const absl::Status status = ValidateDir(config, dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  ExpectMentions(status,
+                 {"language_model.model.layers.1.block_sparse_moe.experts.0.w2.weight_packed",
+                  "module 'language_model.model.layers.1.block_sparse_moe.experts.0.w2' matches "
+                  "no target of text_config.quantization_config",
+                  "w[13]$"});
+  EXPECT_EQ(status.message().find("experts.0.w1.weight_packed"), std::string::npos) << status;
+}
+
+TEST(Mxfp4CheckpointTest, PackedModuleIgnored) {
+  ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  const std::string dir = WriteTensors("mxfp4_ignored", StoredZeros(config));
+  config.quantization.ignore.push_back(R"(re:.*layers\.2\.block_sparse_moe\.experts\.3\.)");
+  const absl::Status status = ValidateDir(config, dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  ExpectMentions(status, {std::string(kExpert) + ".weight_packed",
+                          std::string("module '") + kExpert + "' is in " +
+                              "text_config.quantization_config.ignore ('re:.*layers",
+                          "experts.3.w1.weight_packed", "experts.3.w3.weight_packed"});
+  EXPECT_EQ(status.message().find("more"), std::string::npos) << status;  // 3 problems
+}
+
+TEST(Mxfp4CheckpointTest, HalfOfThePairMissing) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  for (const char* half : {".weight_scale", ".weight_packed"}) {
+    SCOPED_TRACE(half);
+    std::vector<TensorData> tensors = StoredZeros(config);
+    Erase(tensors, kExpert + std::string(half));
+    const std::string dir = WriteTensors("mxfp4_half", tensors);
+    const absl::Status status = ValidateDir(config, dir);
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+    const bool scale = std::string(half) == ".weight_scale";
+    ExpectMentions(status, {"missing tensor '" + std::string(kExpert) + half + "'",
+                            scale ? "U8 [32, 1], the scales of MXFP4" : "U8 [32, 16], the codes",
+                            std::string(kExpert) + ".weight' [32, 32]",
+                            kExpert + std::string(scale ? ".weight_packed" : ".weight_scale")});
+  }
+}
+
+TEST(Mxfp4CheckpointTest, WrongDtypeOrShape) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  const std::string packed = std::string(kExpert) + ".weight_packed";
+  const std::string scale = std::string(kExpert) + ".weight_scale";
+  struct Case {
+    std::string tensor;
+    TensorData replacement;
+    std::vector<std::string> mentions;
+  };
+  const std::vector<Case> cases = {
+      {packed,
+       MakeBF16Tensor(packed, {32, 16}, std::vector<float>(32 * 16, 0.0f)),
+       {packed, "has dtype BF16, expected U8 [32, 16]"}},
+      {packed,
+       TensorData{packed, DType::kI32, {32, 16}, std::vector<uint8_t>(32 * 16 * 4)},
+       {packed, "has dtype I32"}},
+      {scale,
+       MakeF32Tensor(scale, {32, 1}, std::vector<float>(32, 1.0f)),
+       {scale, "has dtype F32, expected U8 [32, 1]"}},
+      {packed,
+       TensorData{packed, DType::kU8, {32, 32}, std::vector<uint8_t>(32 * 32)},
+       {packed, "has shape [32, 32], expected U8 [32, 16]"}},
+      {packed,
+       TensorData{packed, DType::kU8, {16, 32}, std::vector<uint8_t>(16 * 32)},
+       {packed, "has shape [16, 32], expected U8 [32, 16]"}},
+      {scale,
+       TensorData{scale, DType::kU8, {1, 32}, std::vector<uint8_t>(32)},
+       {scale, "has shape [1, 32], expected U8 [32, 1]"}},
+      {scale,
+       TensorData{scale, DType::kU8, {32, 2}, std::vector<uint8_t>(64)},
+       {scale, "has shape [32, 2]"}},
+      {scale,
+       TensorData{scale, DType::kU8, {32}, std::vector<uint8_t>(32)},
+       {scale, "has shape [32], expected U8 [32, 1]"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.replacement.name + " " + DTypeName(c.replacement.dtype) + " " +
+                 ShapeText(c.replacement.shape));
+    std::vector<TensorData> tensors = StoredZeros(config);
+    *Find(tensors, c.tensor) = c.replacement;
+    const std::string dir = WriteTensors("mxfp4_wrong", tensors);
+    const absl::Status status = ValidateDir(config, dir);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    std::vector<std::string> mentions = c.mentions;
+    mentions.push_back(dir);
+    ExpectMentions(status, mentions);
+  }
+}
+
+TEST(Mxfp4CheckpointTest, BothFormsOfOneTensor) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  std::vector<TensorData> tensors = StoredZeros(config);
+  tensors.push_back(MakeBF16Tensor(std::string(kExpert) + ".weight", {32, 32},
+                                   std::vector<float>(32 * 32, 0.0f)));
+  const absl::Status status = ValidateDir(config, WriteTensors("mxfp4_both", tensors));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  ExpectMentions(status, {std::string("tensor '") + kExpert + ".weight' is stored twice: as BF16",
+                          "and as MXFP4 '" + std::string(kExpert) + ".weight_packed'"});
+}
+
+TEST(Mxfp4CheckpointTest, RowsNotInGroupsOf32) {
+  // k3-tiny's experts are 24 wide: w2 [32, 24] cannot be MXFP4.
+  ModelConfig config = Preset("k3-tiny");
+  std::vector<TensorData> tensors = StoredZeros(config);  // all float
+  config.quantization = RoutedExpertsMxfp4();
+  const std::string w2 = std::string(kExpert) + ".weight";
+  Erase(tensors, w2);
+  tensors.push_back({w2 + "_packed", DType::kU8, {32, 12}, std::vector<uint8_t>(32 * 12)});
+  tensors.push_back({w2 + "_scale", DType::kU8, {32, 1}, std::vector<uint8_t>(32, 127)});
+  const absl::Status status = ValidateDir(config, WriteTensors("mxfp4_rows", tensors));
+  ExpectMentions(status, {w2 + "_packed", "rows of 24 values (shape [32, 24])",
+                          "do not split into groups of 32"});
+}
+
+TEST(Mxfp4CheckpointTest, OnlyRoutedExpertsMayBePacked) {
+  ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  config.quantization.targets.push_back("Linear");  // even when targeted
+  const std::string name =
+      "language_model.model.layers.4.block_sparse_moe.shared_experts.down_proj.weight";
+  std::vector<TensorData> tensors = StoredZeros(config);
+  Erase(tensors, name);
+  tensors.push_back({name + "_packed", DType::kU8, {64, 32}, std::vector<uint8_t>(64 * 32)});
+  tensors.push_back({name + "_scale", DType::kU8, {64, 2}, std::vector<uint8_t>(64 * 2, 127)});
+  const absl::Status status = ValidateDir(config, WriteTensors("mxfp4_shared", tensors));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  ExpectMentions(status, {"missing tensor '" + name + "'", name + "_packed",
+                          "only routed experts may be MXFP4"});
+}
+
+TEST(Mxfp4CheckpointTest, PatternThatDoesNotCompile) {
+  // Only a hand-made config can hold one: ParseModelConfig refuses it.
+  ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  config.quantization.ignore.push_back("re:(");
+  const std::string dir = testing::GoldenPath("model/k3-tiny-mxfp4");
+  ExpectMentions(ValidateDir(config, dir), {"'re:('", "ignore"});
+}
+
+TEST(Mxfp4CheckpointTest, GetMxfp4) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  std::vector<TensorData> tensors = StoredZeros(config);
+  // A NaN scale (255) in row 5 of one expert's scales.
+  Find(tensors, std::string(kExpert) + ".weight_scale")->bytes[5] = 255;
+  const std::string dir = WriteTensors("mxfp4_get", tensors);
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto specs = CheckpointTensors(config, **checkpoint);
+  ASSERT_TRUE(specs.ok()) << specs.status();  // structure only: scales are not read
+  for (const TensorSpec& spec : *specs) {
+    auto views = GetMxfp4(**checkpoint, spec);
+    if (spec.name == std::string(kExpert) + ".weight") {
+      ASSERT_FALSE(views.ok());
+      ExpectMentions(views.status(), {std::string(kExpert) + ".weight_scale", "NaN scale (255)",
+                                      "row 5, group 0 (columns 0..31)"});
+    } else if (spec.stored == Storage::kMxfp4) {
+      ASSERT_TRUE(views.ok()) << views.status();
+      EXPECT_EQ(views->packed->dtype, DType::kU8);
+      EXPECT_EQ(views->packed->data[0], 0);
+      EXPECT_EQ(views->scale->data[0], 127);
+    } else {
+      ASSERT_FALSE(views.ok()) << spec.name;
+      ExpectMentions(views.status(), {spec.name, "is not MXFP4"});
+    }
+  }
+  // A float expert's spec is not MXFP4 either, whatever the config declares.
+  EXPECT_FALSE(GetMxfp4(**checkpoint, ExpectedTensors(GoldenConfig("k3-tiny"))[0]).ok());
+}
+
 // Sample statistics of a stored tensor.
 struct Stats {
   double mean = 0, std = 0, min = 0, max = 0;
@@ -414,6 +744,139 @@ TEST(RandomCheckpointTest, DeterministicFromTheSeed) {
   auto y = ToFloat32(**(*part)->Get(name));
   ASSERT_TRUE(x.ok() && y.ok());
   EXPECT_EQ(*x, *y);
+}
+
+std::vector<double> Dequantized(const Checkpoint& checkpoint, const TensorSpec& spec) {
+  auto views = GetMxfp4(checkpoint, spec);
+  EXPECT_TRUE(views.ok()) << views.status();
+  if (!views.ok()) return {};
+  std::vector<float> values(static_cast<size_t>(spec.NumElements()));
+  kernels::DequantizeMxfp4(views->packed->data, views->scale->data, spec.shape[0], spec.shape[1],
+                           values.data());
+  return std::vector<double>(values.begin(), values.end());
+}
+
+// make-model --experts mxfp4 of the golden config writes exactly the golden
+// file's layout (names, dtypes, shapes, order) and its config.json, whether
+// the config brought its quantization_config or RoutedExpertsMxfp4 added it.
+TEST(RandomCheckpointTest, Mxfp4ExpertsInTheGoldenLayout) {
+  const std::string golden_dir = testing::GoldenPath("model/k3-tiny-mxfp4");
+  auto golden_file = SafetensorsFile::Open(golden_dir + "/model.safetensors");
+  ASSERT_TRUE(golden_file.ok()) << golden_file.status();
+  const nlohmann::json golden_json = nlohmann::json::parse(ReadBytes(golden_dir + "/config.json"));
+  ModelConfig plain = GoldenConfig("k3-tiny");  // bf16 sibling, 24 wide
+  plain.moe_intermediate_size = 32;
+  for (const ModelConfig& source : {GoldenConfig("k3-tiny-mxfp4"), plain}) {
+    SCOPED_TRACE(source.quantization.mxfp4 ? "own quantization_config" : "added");
+    const std::string dir = testing::TempDir("random_mxfp4");
+    ASSERT_TRUE(WriteRandomCheckpoint(WithExpertFormat(source, ExpertFormat::kMxfp4), dir, 5).ok());
+    auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    ExpectSameLayout(FileLayout(**golden_file), FileLayout(**file));
+    EXPECT_EQ(nlohmann::json::parse(ReadBytes(dir + "/config.json")), golden_json);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto specs = CheckpointTensors(*config, **checkpoint);
+    ASSERT_TRUE(specs.ok()) << specs.status();
+    int64_t mxfp4 = 0;
+    for (const TensorSpec& spec : *specs) mxfp4 += spec.stored == Storage::kMxfp4;
+    EXPECT_EQ(mxfp4, 8 * 8 * 3);
+  }
+}
+
+// The MXFP4 experts are their bf16 twins (same seed, same name) quantised:
+// each value within a third of its group's largest magnitude (a scale of at
+// least amax / 6, E2M1 steps of at most 2 scales), so of the bf16
+// initialisation's magnitude, std 1 / sqrt(fan_in); no scale is NaN.
+TEST(RandomCheckpointTest, Mxfp4ExpertsAreTheBf16OnesQuantised) {
+  const ModelConfig config = GoldenConfig("k3-tiny-mxfp4");
+  const std::string bf16_dir = testing::TempDir("random_twin_bf16");
+  const std::string mxfp4_dir = testing::TempDir("random_twin_mxfp4");
+  ASSERT_TRUE(
+      WriteRandomCheckpoint(WithExpertFormat(config, ExpertFormat::kBf16), bf16_dir, 9).ok());
+  ASSERT_TRUE(
+      WriteRandomCheckpoint(WithExpertFormat(config, ExpertFormat::kMxfp4), mxfp4_dir, 9).ok());
+  auto bf16 = Checkpoint::Open(bf16_dir);
+  auto mxfp4 = Checkpoint::Open(mxfp4_dir);
+  ASSERT_TRUE(bf16.ok() && mxfp4.ok());
+  auto specs = CheckpointTensors(config, **mxfp4);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  double sum_sq = 0, count = 0;
+  int64_t experts = 0;
+  for (const TensorSpec& spec : *specs) {
+    if (spec.stored != Storage::kMxfp4) continue;
+    ++experts;
+    const std::vector<double> q = Dequantized(**mxfp4, spec);
+    auto twin = ToFloat64(**(*bf16)->Get(spec.name));
+    ASSERT_TRUE(twin.ok()) << twin.status();
+    ASSERT_EQ(q.size(), twin->size());
+    for (size_t g = 0; g < q.size(); g += 32) {
+      double amax = 0;
+      for (size_t i = g; i < g + 32; ++i) amax = std::max(amax, std::abs((*twin)[i]));
+      for (size_t i = g; i < g + 32; ++i) {
+        // bf16 rounding of the twin: 2^-8 relative.
+        ASSERT_LE(std::abs(q[i] - (*twin)[i]), amax / 3 * (1 + 1e-2) + amax * 0x1p-8)
+            << spec.name << " [" << i << "]";
+      }
+    }
+    for (double v : q) sum_sq += v * v * static_cast<double>(spec.shape[1]);
+    count += static_cast<double>(q.size());
+  }
+  EXPECT_EQ(experts, 8 * 8 * 3);
+  // Every expert here has fan_in 32: std * sqrt(fan_in) about 1.
+  EXPECT_NEAR(std::sqrt(sum_sq / count), 1.0, 0.15);
+}
+
+TEST(RandomCheckpointTest, Mxfp4NeedsRowsOfWholeGroups) {
+  // k3-tiny's experts are 24 wide (w2 [32, 24]): refused before any write.
+  const std::string dir = testing::TempDir("random_mxfp4_24") + "/model";
+  const absl::Status status =
+      WriteRandomCheckpoint(WithExpertFormat(Preset("k3-tiny"), ExpertFormat::kMxfp4), dir, 1);
+  ExpectMentions(status, {"experts.0.w2.weight", "rows of 24 values", "moe_intermediate_size is 24",
+                          "multiple of 32"});
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  // Kimi Linear's w1 / w3 read the 64-wide hidden state, its w2 24.
+  ModelConfig kimi = Preset("kimi-linear-tiny");
+  kimi.hidden_size = 48;
+  ExpectMentions(WriteRandomCheckpoint(WithExpertFormat(kimi, ExpertFormat::kMxfp4), dir, 1),
+                 {"w1.weight", "hidden_size is 48"});
+}
+
+TEST(RandomCheckpointTest, ExpertFormats) {
+  EXPECT_EQ(*ParseExpertFormat("bf16"), ExpertFormat::kBf16);
+  EXPECT_EQ(*ParseExpertFormat("mxfp4"), ExpertFormat::kMxfp4);
+  for (const char* bad : {"", "fp4", "MXFP4", "bf16 "}) {
+    ExpectMentions(ParseExpertFormat(bad).status(), {std::string("'") + bad + "'", "mxfp4"});
+  }
+  // bf16 drops a quantization_config; mxfp4 keeps the config's own.
+  ModelConfig own = GoldenConfig("k3-tiny-mxfp4");
+  own.quantization.ignore = {"lm_head"};
+  EXPECT_FALSE(WithExpertFormat(own, ExpertFormat::kBf16).quantization.mxfp4);
+  EXPECT_EQ(WithExpertFormat(own, ExpertFormat::kMxfp4).quantization.ignore,
+            std::vector<std::string>{"lm_head"});
+  EXPECT_EQ(WithExpertFormat(Preset("k3-tiny"), ExpertFormat::kMxfp4).quantization.targets,
+            RoutedExpertsMxfp4().targets);
+}
+
+// The benchmarks' MXFP4 model: k3-small (rows of 512 and 384 values).
+TEST(RandomCheckpointTest, BenchCheckpointMxfp4) {
+  const std::string dir = testing::TempDir("bench_mxfp4") + "/model";
+  auto made = BenchCheckpoint("k3-small", dir, ExpertFormat::kMxfp4);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(*made, dir);
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->quantization.mxfp4);
+  auto checkpoint = Checkpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto specs = CheckpointTensors(*config, **checkpoint);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  int64_t mxfp4 = 0;
+  for (const TensorSpec& spec : *specs) mxfp4 += spec.stored == Storage::kMxfp4;
+  EXPECT_EQ(mxfp4, 8 * 8 * 3);  // 8 MoE layers of 8 experts
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RandomCheckpointTest, InvalidConfigWritesNothing) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <string>
@@ -14,7 +15,9 @@
 #include "gtest/gtest.h"
 #include "runtime/model/config.h"
 #include "runtime/model/presets.h"
+#include "runtime/model/safetensors.h"
 #include "runtime/model/weight_spec.h"
+#include "tests/test_util.h"
 
 namespace deltaserve {
 namespace {
@@ -309,10 +312,67 @@ TEST(ReportPlanTest, WeightsAtTp1AreTheWholeCheckpoint) {
         k3)
         << "pp " << pp;
   }
-  // float32 by default: twice the bf16 figure.
-  EXPECT_EQ(Report(KimiLinear(), Plan(KimiLinear(), 1), 1, kContext, PlanBytes{})[0]
+  // Every weight converted to float32: twice the bf16 figure.
+  EXPECT_EQ(Report(KimiLinear(), Plan(KimiLinear(), 1), 1, kContext, PlanBytes{.weight = 4})[0]
                 .weight_bytes_per_rank,
             kimi_linear * 2);
+}
+
+// As stored (the default), one TP rank of every stage holds the checkpoint's
+// bytes, counted from the golden files themselves: bf16, f32 and, in
+// k3-tiny-mxfp4, the routed experts' packed codes and scales. Only K3's A_log
+// padding beyond the heads is not held.
+TEST(ReportPlanTest, AsStoredWeightsAreTheCheckpointBytes) {
+  for (const char* model : {"k3-tiny", "kimi-linear-tiny", "k3-tiny-mxfp4"}) {
+    SCOPED_TRACE(model);
+    const std::string dir = testing::GoldenPath(std::string("model/") + model);
+    auto config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    int64_t held = 0, packed = 0;
+    for (const auto& [name, view] : (*checkpoint)->tensors()) {
+      held += static_cast<int64_t>(view->nbytes);
+      if (name.ends_with("A_log")) held -= (view->NumElements() - config->kda.num_heads) * 4;
+      if (name.ends_with(".weight_packed")) ++packed;
+    }
+    EXPECT_EQ(packed, config->quantization.mxfp4 ? 8 * 8 * 3 : 0);
+    for (int pp : {1, 2, 3}) {
+      EXPECT_EQ(Sum(Report(*config, Plan(*config, pp), 1, kContext, PlanBytes{}),
+                    &StageReport::weight_bytes_per_rank),
+                held)
+          << "pp " << pp;
+    }
+  }
+}
+
+// Real K3 with its routed experts in MXFP4: each expert value costs 4 bits
+// plus an 8-bit scale per 32 (17/32 B) instead of bf16's 2 B; nothing else
+// changes.
+TEST(ReportPlanTest, K3Mxfp4ExpertsAreSeventeenThirtySecondsOfAByte) {
+  ModelConfig mxfp4 = K3();
+  mxfp4.quantization = RoutedExpertsMxfp4();
+  const int64_t moe_layers = 92, E = 896, Z = 3584, I = 3072;
+  const int64_t expert_values = moe_layers * E * 3 * Z * I;
+  const int64_t bf16 = Sum(Report(K3(), Plan(K3(), 1), 1, kContext, PlanBytes{}),
+                           &StageReport::weight_bytes_per_rank);
+  const int64_t packed = Sum(Report(mxfp4, Plan(mxfp4, 1), 1, kContext, PlanBytes{}),
+                             &StageReport::weight_bytes_per_rank);
+  EXPECT_EQ(bf16 - packed, expert_values * 2 - expert_values / 32 * 17);
+  std::printf("K3 weights as stored: %.3f TB with bf16 experts, %.3f TB with MXFP4 experts\n",
+              bf16 * 1e-12, packed * 1e-12);
+  // Under TP 8 each rank holds its 896 / 8 experts of a layer whole (e % 8):
+  // 1/8 of the stage's saving.
+  const StagePlan plan = Counts(mxfp4, {31, 31, 31});
+  const auto bf16_tp8 = Report(K3(), plan, 8, kContext, PlanBytes{});
+  const auto mxfp4_tp8 = Report(mxfp4, plan, 8, kContext, PlanBytes{});
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const int64_t stage_moe_layers = plan.stages[s].size() - (s == 0 ? 1 : 0);
+    const int64_t rank_values = stage_moe_layers * (E / 8) * 3 * Z * I;
+    EXPECT_EQ(bf16_tp8[s].weight_bytes_per_rank - mxfp4_tp8[s].weight_bytes_per_rank,
+              rank_values * 2 - rank_values / 32 * 17)
+        << "stage " << s;
+  }
 }
 
 TEST(ReportPlanTest, WeightsPerRankShrinkWithTp) {
@@ -352,8 +412,13 @@ TEST(ReportPlanTest, TinyK3FirstStageWeightsByHand) {
                              + 2 * D   // input / post-attention norms
                              + 4 * D   // self_attention_res_*, mlp_res_*
                              + V * D;  // embedding
-  const auto r = Report(*config, Counts(*config, {1, 8}), tp, 16, PlanBytes{});
+  const auto r = Report(*config, Counts(*config, {1, 8}), tp, 16, PlanBytes{.weight = 4});
   EXPECT_EQ(r[0].weight_bytes_per_rank, (split / tp + replicated) * 4);
+  // As stored: bf16, but the convolutions, A_log, dt_bias and o_norm in f32.
+  const int64_t f32_split = 3 * HD * K + H + HD, f32_replicated = d;
+  const auto stored = Report(*config, Counts(*config, {1, 8}), tp, 16, PlanBytes{});
+  EXPECT_EQ(stored[0].weight_bytes_per_rank,
+            (split / tp + replicated) * 2 + (f32_split / tp + f32_replicated) * 2);
   EXPECT_EQ(r[0].kda_layers, 1);
   EXPECT_EQ(r[0].kda_state_bytes_per_sequence, (H / tp) * d * d * 4 + 3 * 3 * (H / tp) * d * 4);
   EXPECT_EQ(r[0].boundary_bytes_per_token, (1 + 1) * D * 4);
@@ -364,16 +429,27 @@ TEST(ReportPlanTest, RoutedExpertsAreWholeOnRankEModTp) {
   // 4 (the largest rank); with 8 it holds 0 and 4 again.
   auto base = PresetConfig("k3-tiny");
   ASSERT_TRUE(base.ok());
-  auto weights = [&](int64_t experts) {
+  auto weights = [&](int64_t experts, const PlanBytes& bytes, int64_t width = 24) {
     ModelConfig c = *base;
     c.num_experts = experts;
-    return Report(c, Counts(c, {9}), 4, 16, PlanBytes{})[0].weight_bytes_per_rank;
+    c.moe_intermediate_size = width;
+    if (bytes.weight == PlanBytes::kAsStored) c.quantization = RoutedExpertsMxfp4();
+    return Report(c, Counts(c, {9}), 4, 16, bytes)[0].weight_bytes_per_rank;
   };
   const int64_t moe_layers = 8, D = 64, Z = 32, I = 24;
   const int64_t expert = 3 * Z * I;
   const int64_t router = D + 1;  // gate.weight row + correction bias, replicated
-  EXPECT_EQ(weights(5) - weights(4), moe_layers * (expert + router) * 4);
-  EXPECT_EQ(weights(8) - weights(5), moe_layers * 3 * router * 4);
+  const PlanBytes f32{.weight = 4};
+  EXPECT_EQ(weights(5, f32) - weights(4, f32), moe_layers * (expert + router) * 4);
+  EXPECT_EQ(weights(8, f32) - weights(5, f32), moe_layers * 3 * router * 4);
+  // MXFP4 as stored (width 32, so rows of whole groups): an expert of
+  // 3 * 32 * 32 values is 3 * 32 * (16 code bytes + 1 scale byte); the router
+  // row bf16, its bias f32.
+  const int64_t mxfp4_expert = 3 * 32 * (16 + 1), stored_router = D * 2 + 4;
+  EXPECT_EQ(weights(5, PlanBytes{}, 32) - weights(4, PlanBytes{}, 32),
+            moe_layers * (mxfp4_expert + stored_router));
+  EXPECT_EQ(weights(8, PlanBytes{}, 32) - weights(5, PlanBytes{}, 32),
+            moe_layers * 3 * stored_router);
 }
 
 // --- cost model ------------------------------------------------------------
@@ -542,7 +618,9 @@ TEST(ReportPlanTest, TpMustDivideTheSplitDimensions) {
   // An invalid plan is refused.
   StagePlan gap{{StageRange{0, 10}, StageRange{11, 27}}};
   EXPECT_FALSE(ReportPlan(KimiLinear(), gap, 1, kContext, PlanBytes{}).ok());
-  EXPECT_FALSE(ReportPlan(KimiLinear(), plan, 1, kContext, PlanBytes{.weight = 0}).ok());
+  EXPECT_FALSE(ReportPlan(KimiLinear(), plan, 1, kContext, PlanBytes{.weight = -1}).ok());
+  EXPECT_FALSE(ReportPlan(KimiLinear(), plan, 1, kContext, PlanBytes{.weight = 9}).ok());
+  EXPECT_FALSE(ReportPlan(KimiLinear(), plan, 1, kContext, PlanBytes{.cache = 0}).ok());
 }
 
 TEST(StagesFromCountsTest, ExplicitSplits) {
