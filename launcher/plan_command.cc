@@ -296,8 +296,9 @@ absl::Status RunPlan(const Args& args) {
   const std::string weights =
       bytes.weight == PlanBytes::kAsStored
           ? std::string(config.quantization.mxfp4
-                            ? "as stored (bf16 2, f32 4, MXFP4 routed experts 0.5 + 1 per 32)"
-                            : "as stored (bf16 2, f32 4)")
+                            ? "as held (matrices as stored: bf16 2, f32 4, MXFP4 routed experts "
+                              "0.5 + 1 per 32; vectors f32 4)"
+                            : "as held (matrices as stored: bf16 2, f32 4; vectors f32 4)")
           : absl::StrCat(bytes.weight);
   std::printf("  bytes per element: weights %s, MLA cache %" PRId64 ", KDA state %" PRId64
               ", activations %" PRId64 "\n",

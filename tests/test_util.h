@@ -80,6 +80,9 @@ inline const std::string kGoldenModels[] = {"k3-tiny", "kimi-linear-tiny"};
 // (docs/numerics.md). The tests that compare with the golden logits run these
 // too; the engine tests, whose code paths no epsilon changes, do not.
 inline const std::string kEpsGoldenModels[] = {"k3-tiny-eps", "kimi-linear-tiny-eps"};
+// K3 with its routed experts in MXFP4, as the published checkpoint stores
+// them; its golden logits come from the dequantised weights in float64.
+inline const std::string kMxfp4GoldenModels[] = {"k3-tiny-mxfp4"};
 std::string GoldenTestName(const ::testing::TestParamInfo<std::string>& info);
 
 // Path of a built executable (build/bin/<name>).

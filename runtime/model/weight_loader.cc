@@ -6,7 +6,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/mxfp4.h"
 #include "runtime/common/status_macros.h"
@@ -121,14 +120,15 @@ absl::StatusOr<Weight> WeightLoader::Matrix(const std::string& name) const {
     return absl::InternalError(absl::StrCat("'", full, "' is split as a vector, not a matrix"));
   }
 
-  // MXFP4: the checkpoint holds the codes and scales in place of the matrix.
-  if (checkpoint.tensors().count(full) == 0 && absl::EndsWith(full, ".weight")) {
-    const std::string packed_name = full + "_packed", scale_name = full + "_scale";
-    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* packed, checkpoint.Get(packed_name));
-    DELTASERVE_ASSIGN_OR_RETURN(const TensorView* scales, checkpoint.Get(scale_name));
+  // MXFP4: the checkpoint holds the codes and scales in place of the matrix
+  // (GetMxfp4 has refused a NaN scale).
+  if (spec->stored == Storage::kMxfp4) {
+    DELTASERVE_ASSIGN_OR_RETURN(const Mxfp4Views views, GetMxfp4(checkpoint, *spec));
+    const TensorView* packed = views.packed;
+    const TensorView* scales = views.scale;
     if (cut == TpCut::kColumns) {
-      return absl::UnimplementedError(
-          absl::StrCat("'", packed_name, "': a column split of an MXFP4 tensor is not supported"));
+      return absl::UnimplementedError(absl::StrCat(
+          "'", spec->PackedName(), "': a column split of an MXFP4 tensor is not supported"));
     }
     const int64_t cols = packed->shape[1] * 2;
     const int64_t r0 = cut == TpCut::kRows ? part.begin : 0;
@@ -140,14 +140,6 @@ absl::StatusOr<Weight> WeightLoader::Matrix(const std::string& name) const {
                             r1 - r0,
                             cols};
     const int64_t groups = t.rows * t.ScaleRowBytes();
-    const int64_t nan = kernels::FindNanScale(t.scales, groups);
-    if (nan >= 0) {
-      const int64_t row = r0 + nan / t.ScaleRowBytes(), group = nan % t.ScaleRowBytes();
-      return absl::InvalidArgumentError(
-          absl::StrCat(scale_name, " in ", scales->file, ": scale byte 255 (E8M0 NaN) at row ", row,
-                       ", group ", group, " (columns ", group * kernels::kMxfp4Group, "-",
-                       (group + 1) * kernels::kMxfp4Group - 1, "); the checkpoint is corrupt"));
-    }
     if (shared_->bytes_read != nullptr) *shared_->bytes_read += t.rows * t.RowBytes() + groups;
     return Weight(t, shared_->checkpoint, /*mapped=*/true);
   }

@@ -24,8 +24,8 @@ namespace deltaserve {
 
 class WeightLoader {
  public:
-  // Tensors of `checkpoint` as `specs` (ExpectedTensors of its config)
-  // declare them, for TP rank `tp_rank` of `tp_size`; *bytes_read
+  // Tensors of `checkpoint` as `specs` (CheckpointTensors of its config: the
+  // form each is stored in) declare them, for TP rank `tp_rank` of `tp_size`; *bytes_read
   // (optional) accumulates the bytes read. The checkpoint must have passed
   // ValidateCheckpoint; mapped weights keep it alive.
   WeightLoader(std::shared_ptr<const Checkpoint> checkpoint, const std::vector<TensorSpec>& specs,
@@ -43,8 +43,8 @@ class WeightLoader {
   // This rank's part of matrix `name` ("....weight") in its stored dtype: a
   // float32 or bf16 tensor as such (f16 and f64 widened or rounded to
   // float32), or the MXFP4 pair `....weight_packed` + `....weight_scale`
-  // where the checkpoint holds that instead; a scale byte of 255 (NaN) is an
-  // error naming the tensor. Empty when the rank holds none of it.
+  // where the checkpoint holds that instead (a scale byte of 255, NaN, is
+  // an error naming the tensor). Empty when the rank holds none of it.
   absl::StatusOr<Weight> Matrix(const std::string& name) const;
   // Several matrices of one dtype and width split alike, their rows
   // concatenated (q/k/v, gate/up, w1/w3) so one GEMM serves them.

@@ -263,6 +263,12 @@ int64_t StoredBytes(const TensorSpec& spec, int64_t elements) {
   return rows * ((in + 1) / 2 + (in + kernels::kMxfp4Group - 1) / kernels::kMxfp4Group);
 }
 
+bool HeldAsMatrix(const TensorSpec& spec) { return spec.shape.size() == 2 && spec.shape[0] > 1; }
+
+int64_t HeldBytes(const TensorSpec& spec, int64_t elements) {
+  return HeldAsMatrix(spec) ? StoredBytes(spec, elements) : elements * 4;
+}
+
 absl::StatusOr<std::vector<TensorSpec>> CheckpointTensors(const ModelConfig& config,
                                                           const Checkpoint& checkpoint) {
   // Compiled once for the whole model; the error of a hand-made config whose

@@ -105,6 +105,15 @@ ParameterCount CountParameters(const ModelConfig& config);
 // of a row, kFloat DTypeSize(dtype) a value (BF16 2, F32 4).
 int64_t StoredBytes(const TensorSpec& spec, int64_t elements);
 
+// Whether the loader keeps the tensor as a matrix in its stored dtype (2-D
+// with more than one row: what Linear multiplies) rather than as a float32
+// vector (norm gains, biases, convolution taps, A_log, dt_bias, K3's [1, D]
+// residual-mix projections). runtime/model/weights.h says why.
+bool HeldAsMatrix(const TensorSpec& spec);
+// Bytes a loaded model holds for `elements` values of `spec`: matrices as
+// stored (StoredBytes), vectors 4 a value.
+int64_t HeldBytes(const TensorSpec& spec, int64_t elements);
+
 // ExpectedTensors(config), each with `stored` set to the form `checkpoint`
 // holds, once every check below passed: the one place a checkpoint is checked
 // against its config, before anything is loaded.

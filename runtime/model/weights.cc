@@ -136,8 +136,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
                                          std::shared_ptr<const Checkpoint> checkpoint,
                                          const ModelShard& shard, int64_t* bytes_read) {
   const ModelArchitecture& arch = ArchitectureOf(config);
-  const WeightLoader top(std::move(checkpoint), ExpectedTensors(config), shard.tp_rank,
-                         shard.tp_size, bytes_read);
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<TensorSpec> specs,
+                              CheckpointTensors(config, *checkpoint));
+  const WeightLoader top(std::move(checkpoint), specs, shard.tp_rank, shard.tp_size, bytes_read);
   const WeightLoader model = top.Under(config.ModelPrefix());
   ModelWeights w;
   if (shard.HasEmbedding()) {

@@ -65,7 +65,8 @@ double FfnMacsPerToken(const ModelConfig& c, int64_t layer) {
 
 // Weight bytes of each part of the model one TP rank (rank 0, the largest
 // when the experts do not divide evenly) holds, as each tensor's spec splits
-// it: as stored (`weight` == PlanBytes::kAsStored) or `weight` bytes a value.
+// it: as the loader holds it (`weight` == PlanBytes::kAsStored: matrices in
+// their stored dtype, vectors float32; HeldBytes) or `weight` bytes a value.
 struct RankBytes {
   std::vector<int64_t> layer;  // [num_layers]
   int64_t embedding = 0;
@@ -78,7 +79,7 @@ RankBytes CountRankBytes(const ModelConfig& c, int tp, int64_t weight) {
   for (const TensorSpec& spec : ExpectedTensors(c)) {
     const int64_t elements = spec.RankPart(/*rank=*/0, tp).elements;
     const int64_t held =
-        weight == PlanBytes::kAsStored ? StoredBytes(spec, elements) : elements * weight;
+        weight == PlanBytes::kAsStored ? HeldBytes(spec, elements) : elements * weight;
     switch (spec.part) {
       case ModelPart::kEmbedding:
         out.embedding += held;

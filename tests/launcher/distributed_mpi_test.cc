@@ -193,6 +193,8 @@ TEST_P(DistributedTest, GenerateStreamsTheSameTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, DistributedTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(GoldenMxfp4, DistributedTest,
+                         ::testing::ValuesIn(testing::kMxfp4GoldenModels), testing::GoldenTestName);
 
 TEST(DistributedErrorsTest, LayoutNotMatchingTheWorldIsRefused) {
   const std::string model = testing::GoldenPath("model/k3-tiny");

@@ -77,6 +77,8 @@ TEST_P(ModelGoldenTest, Bf16CacheStaysNearFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(GoldenMxfp4, ModelGoldenTest,
+                         ::testing::ValuesIn(testing::kMxfp4GoldenModels), testing::GoldenTestName);
 INSTANTIATE_TEST_SUITE_P(GoldenEps, ModelGoldenTest, ::testing::ValuesIn(testing::kEpsGoldenModels),
                          testing::GoldenTestName);
 

@@ -145,6 +145,8 @@ TEST_P(InvarianceTest, BadInputLeavesStateUntouched) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, InvarianceTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(GoldenMxfp4, InvarianceTest,
+                         ::testing::ValuesIn(testing::kMxfp4GoldenModels), testing::GoldenTestName);
 
 }  // namespace
 }  // namespace deltaserve

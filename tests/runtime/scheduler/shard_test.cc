@@ -16,13 +16,14 @@
 namespace deltaserve {
 namespace {
 
-// Elements the loader holds, without what it derives (the transposed MLA
-// key up-projection is a copy of kv_b_proj rows).
-int64_t HeldElements(const ModelWeights& w) {
-  int64_t n = 0;
-  ForEachMatrix(w, [&n](const Weight& m) { n += m.elements(); });
-  for (const LayerWeights& l : w.layers) n -= l.mla.w_uk_t.elements();
-  n += w.norm.size() + w.output_res.norm.size() + w.output_res.proj.size();
+// Bytes the loader holds (matrices as stored, vectors float32), without what
+// it derives (the transposed MLA key up-projection is a copy of kv_b_proj
+// rows).
+int64_t HeldBytes(const ModelWeights& w) {
+  int64_t bytes = 0;
+  ForEachMatrix(w, [&bytes](const Weight& m) { bytes += m.bytes(); });
+  for (const LayerWeights& l : w.layers) bytes -= l.mla.w_uk_t.bytes();
+  int64_t n = w.norm.size() + w.output_res.norm.size() + w.output_res.proj.size();
   for (const LayerWeights& l : w.layers) {
     n += l.input_norm.size() + l.post_attention_norm.size();
     n += l.attn_res.norm.size() + l.attn_res.proj.size() + l.mlp_res.norm.size() +
@@ -33,7 +34,7 @@ int64_t HeldElements(const ModelWeights& w) {
       n += f->size();
     }
   }
-  return n;
+  return bytes + n * static_cast<int64_t>(sizeof(float));
 }
 
 class ShardTest : public ::testing::TestWithParam<std::string> {};
@@ -60,7 +61,7 @@ TEST_P(ShardTest, LoadedShardsMatchThePlan) {
       auto plan = PlanStages(*config, pp, context);
       ASSERT_TRUE(plan.ok()) << plan.status();
       // The loader holds every weight in float32.
-      auto report = ReportPlan(*config, *plan, tp, context, PlanBytes{.weight = 4});
+      auto report = ReportPlan(*config, *plan, tp, context, PlanBytes{});
       ASSERT_TRUE(report.ok()) << report.status();
       int64_t read_by_all = 0;
       for (int stage = 0; stage < pp; ++stage) {
@@ -78,7 +79,7 @@ TEST_P(ShardTest, LoadedShardsMatchThePlan) {
           read_by_all += bytes_read;
           // The golden models have as many experts as any tp here divides,
           // so every rank holds what the report says rank 0 does.
-          EXPECT_EQ(HeldElements(*weights) * 4, (*report)[stage].weight_bytes_per_rank)
+          EXPECT_EQ(HeldBytes(*weights), (*report)[stage].weight_bytes_per_rank)
               << "stage " << stage << " rank " << rank;
           SequenceState state(LocalConfig(*config, *shard), *shard);
           EXPECT_EQ(state.KdaBytes(), (*report)[stage].kda_state_bytes_per_sequence);
@@ -96,6 +97,8 @@ TEST_P(ShardTest, LoadedShardsMatchThePlan) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, ShardTest, ::testing::ValuesIn(testing::kGoldenModels),
+                         testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(GoldenMxfp4, ShardTest, ::testing::ValuesIn(testing::kMxfp4GoldenModels),
                          testing::GoldenTestName);
 
 TEST(ShardTest, RefusesWhatCannotBeSplit) {

@@ -320,8 +320,9 @@ TEST(ReportPlanTest, WeightsAtTp1AreTheWholeCheckpoint) {
 
 // As stored (the default), one TP rank of every stage holds the checkpoint's
 // bytes, counted from the golden files themselves: bf16, f32 and, in
-// k3-tiny-mxfp4, the routed experts' packed codes and scales. Only K3's A_log
-// padding beyond the heads is not held.
+// k3-tiny-mxfp4, the routed experts' packed codes and scales; except that
+// vectors (1-D, one-row or 3-D tensors) are held as float32 (HeldAsMatrix),
+// and K3's A_log padding beyond the heads is not held.
 TEST(ReportPlanTest, AsStoredWeightsAreTheCheckpointBytes) {
   for (const char* model : {"k3-tiny", "kimi-linear-tiny", "k3-tiny-mxfp4"}) {
     SCOPED_TRACE(model);
@@ -332,7 +333,8 @@ TEST(ReportPlanTest, AsStoredWeightsAreTheCheckpointBytes) {
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     int64_t held = 0, packed = 0;
     for (const auto& [name, view] : (*checkpoint)->tensors()) {
-      held += static_cast<int64_t>(view->nbytes);
+      const bool matrix = view->shape.size() == 2 && view->shape[0] > 1;
+      held += matrix ? static_cast<int64_t>(view->nbytes) : view->NumElements() * 4;
       if (name.ends_with("A_log")) held -= (view->NumElements() - config->kda.num_heads) * 4;
       if (name.ends_with(".weight_packed")) ++packed;
     }
@@ -414,8 +416,10 @@ TEST(ReportPlanTest, TinyK3FirstStageWeightsByHand) {
                              + V * D;  // embedding
   const auto r = Report(*config, Counts(*config, {1, 8}), tp, 16, PlanBytes{.weight = 4});
   EXPECT_EQ(r[0].weight_bytes_per_rank, (split / tp + replicated) * 4);
-  // As stored: bf16, but the convolutions, A_log, dt_bias and o_norm in f32.
-  const int64_t f32_split = 3 * HD * K + H + HD, f32_replicated = d;
+  // As held: matrices bf16 as stored; vectors float32: the convolutions,
+  // A_log, dt_bias and o_norm (stored so), the norms and residual mixes
+  // (stored bf16, widened at load).
+  const int64_t f32_split = 3 * HD * K + H + HD, f32_replicated = d + 2 * D + 4 * D;
   const auto stored = Report(*config, Counts(*config, {1, 8}), tp, 16, PlanBytes{});
   EXPECT_EQ(stored[0].weight_bytes_per_rank,
             (split / tp + replicated) * 2 + (f32_split / tp + f32_replicated) * 2);
