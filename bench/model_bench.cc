@@ -3,8 +3,8 @@
 // sgemm rate (for model-FLOP utilisation) and the memory bandwidth
 // (for decode, which reads every active weight once per token).
 //
-//   build/bin/model_bench [--model DIR] [--prompts 4096,32768] [--decode 32]
-//                         [--threads N]
+//   build/bin/model_bench [--model DIR] [--experts bf16|mxfp4] [--prompts 4096,32768]
+//                         [--decode 32] [--threads N]
 // Prints a markdown report for docs/performance.md.
 #include <algorithm>
 #include <chrono>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/isa.h"
 #include "kernels/sampling.h"
 #include "kernels/threads.h"
 #include "runtime/model/model.h"
@@ -29,15 +30,21 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Best-of-3 sgemm FLOP/s for y[m,n] = x[m,k]·w[n,k]ᵀ: the same call the model
-// makes for its projections.
-double SgemmFlops(int64_t m, int64_t n, int64_t k) {
+// Best-of-3 FLOP/s of y[m,n] = x[m,k]·w[n,k]ᵀ, the call the model makes for
+// its projections, with float32 weights (oneDNN's sgemm as it is) or bf16
+// weights (widened a panel at a time, then the same sgemm).
+double LinearFlops(int64_t m, int64_t n, int64_t k, kernels::DType dtype) {
   std::vector<float> x(m * k, 0.5f), w(n * k, 0.25f), y(m * n);
-  kernels::Linear(x.data(), kernels::Tensor::F32(w.data(), n, k), m, y.data());  // warm-up
+  std::vector<uint16_t> w16(n * k, 0x3e80);  // 0.25 in bf16
+  const kernels::Tensor t =
+      dtype == kernels::DType::kBF16
+          ? kernels::Tensor{w16.data(), nullptr, dtype, kernels::Device::kCpu, n, k}
+          : kernels::Tensor::F32(w.data(), n, k);
+  kernels::Linear(x.data(), t, m, y.data());  // warm-up
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
-    kernels::Linear(x.data(), kernels::Tensor::F32(w.data(), n, k), m, y.data());
+    kernels::Linear(x.data(), t, m, y.data());
     best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
   }
   return best;
@@ -86,6 +93,22 @@ absl::StatusOr<std::vector<float>> Forward(const Model& model, SequenceState& st
   return model.Forward(std::span(&input, 1));
 }
 
+// Bytes of weights each decode token reads, as the model holds them (bf16,
+// MXFP4 experts, float32 vectors): every matrix but the embedding (a lookup
+// of one row), the routed experts at the share a token is sent to.
+double ActiveWeightBytes(const ModelConfig& c) {
+  double bytes = 0;
+  for (const TensorSpec& spec : ExpectedTensors(c)) {
+    if (spec.part == ModelPart::kEmbedding && !c.tie_word_embeddings) continue;
+    double b = static_cast<double>(HeldBytes(spec, spec.NumElements()));
+    if (spec.name.find(".experts.") != std::string::npos) {
+      b *= static_cast<double>(c.num_experts_per_token) / static_cast<double>(c.num_experts);
+    }
+    bytes += b;
+  }
+  return bytes;
+}
+
 double PrefillFlops(const ModelConfig& c, double T) {
   double flops = 2 * ActiveMatmulParams(c) * T;
   int64_t mla = 0, kda = 0;
@@ -103,12 +126,14 @@ double PrefillFlops(const ModelConfig& c, double T) {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: model_bench [--model DIR] [--prompts 4096,32768] [--decode 32] [--threads N]\n"
+    "usage: model_bench [--model DIR] [--experts bf16|mxfp4] [--prompts 4096,32768] [--decode 32]\n"
+    "                   [--threads N]\n"
     "\n"
     "Prefill and decode speed of one process next to the sgemm rate and the memory bandwidth\n"
     "measured in the same run; prints markdown for docs/performance.md.\n"
     "\n"
     "  --model DIR       the model (default: a k3-small made once in the temp directory)\n"
+    "  --experts FORMAT  the default model's routed experts: bf16 or mxfp4 (default: bf16)\n"
     "  --prompts LIST    prompt lengths to prefill (default: 4096,32768)\n"
     "  --decode N        tokens decoded after each prompt (default: 32)\n"
     "  --threads N       compute threads (default: 0, OpenMP's default)\n"
@@ -132,10 +157,18 @@ int main(int argc, char** argv) {
   std::vector<int64_t> prompts = {4096, 32768};
   int64_t decode_tokens = 32;
   int threads = 0;
+  ExpertFormat experts = ExpertFormat::kBf16;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model") {
       model_dir = value;
+    } else if (flag == "--experts") {
+      auto parsed = ParseExpertFormat(value);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "model_bench: %s\n", std::string(parsed.status().message()).c_str());
+        return 2;
+      }
+      experts = *parsed;
     } else if (flag == "--prompts") {
       prompts.clear();
       for (size_t p = 0; p < value.size();) {
@@ -154,7 +187,7 @@ int main(int argc, char** argv) {
     }
   }
   kernels::SetNumThreads(threads);
-  if (auto dir = BenchCheckpoint("k3-small", model_dir); dir.ok()) {
+  if (auto dir = BenchCheckpoint("k3-small", model_dir, experts); dir.ok()) {
     model_dir = *dir;
   } else {
     std::fprintf(stderr, "make k3-small: %s\n", std::string(dir.status().message()).c_str());
@@ -168,11 +201,16 @@ int main(int argc, char** argv) {
   const ModelConfig& config = (*model)->config();
   const double active = ActiveMatmulParams(config);
 
-  const double sgemm = SgemmFlops(4096, 1024, 1024);
+  const double sgemm = LinearFlops(4096, 1024, 1024, kernels::DType::kF32);
+  const double bf16_gemm = LinearFlops(4096, 1024, 1024, kernels::DType::kBF16);
   const double bandwidth = ReadBandwidth();
-  std::printf("## model_bench: %s, %d threads\n\n", model_dir.c_str(), kernels::NumThreads());
+  std::printf("## model_bench: %s, %d threads, CPU level %s\n\n", model_dir.c_str(),
+              kernels::NumThreads(), kernels::IsaName(kernels::ActiveIsa()));
   std::printf("- active matmul parameters per token: %.1f M\n", active / 1e6);
-  std::printf("- sgemm (oneDNN) [4096 x 1024] x [1024 x 1024]: %.1f GFLOP/s\n", sgemm / 1e9);
+  std::printf("- sgemm (oneDNN, float32 weights) [4096 x 1024] x [1024 x 1024]: %.1f GFLOP/s\n",
+              sgemm / 1e9);
+  std::printf("- the same product on bf16 weights (widened panels, then sgemm): %.1f GFLOP/s\n",
+              bf16_gemm / 1e9);
   std::printf("- memory read bandwidth: %.1f GB/s\n\n", bandwidth / 1e9);
 
   std::printf("| prompt tokens | prefill s | tokens/s | model GFLOP/s | MFU (vs sgemm) |\n");
@@ -206,7 +244,7 @@ int main(int argc, char** argv) {
     token = kernels::Sample(logits->data(), config.vocab_size, {}, rng);
   }
   const double s = Seconds(t0, Clock::now());
-  const double bytes_per_token = active * sizeof(float);
+  const double bytes_per_token = ActiveWeightBytes(config);
   std::printf("\n| decode | tokens/s | weight bytes/token | achieved GB/s | of read bandwidth |\n");
   std::printf("|---|---|---|---|---|\n");
   std::printf("| %lld steps after 128 tokens | %.1f | %.0f MB | %.1f | %.1f%% |\n",

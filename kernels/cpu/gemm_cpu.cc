@@ -3,7 +3,7 @@
 // Many rows (a prefill chunk) go to oneDNN's sgemm, which packs W and runs
 // kernels generated for this CPU at run time. A float32 W goes in as it is;
 // bf16 and MXFP4 weights are widened to float32 a block of rows at a time
-// into a scratch panel of about 1 MiB, never a whole matrix. The widening
+// into a scratch panel of 4 MiB, never a whole matrix. The widening
 // reads each weight once per call and costs O(n·k) against the GEMM's
 // O(m·n·k), under 1% of the time at a chunk's hundreds of rows.
 //
@@ -29,9 +29,10 @@
 namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
-// Row blocks of a widened W, in floats (about 1 MiB: stays in L2 while the
-// GEMM packs it).
-constexpr int64_t kPanelFloats = int64_t{1} << 18;
+// Row blocks of a widened W, in floats (4 MiB): large enough that a
+// projection of a small model is one panel, so one widening and one sgemm,
+// each one OpenMP region, serve a call; sgemm packs its own cache blocks.
+constexpr int64_t kPanelFloats = int64_t{1} << 20;
 
 inline float Bf16Value(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;

@@ -120,9 +120,9 @@ TEST_P(LinearTest, MatchesReference) {
   }
 }
 
-// Many rows and a matrix wider than one widened panel (1 MiB of float32).
+// Many rows and a matrix larger than one widened panel (4 MiB of float32).
 TEST_P(LinearTest, LargeMatchesReference) {
-  const int64_t m = 40, n = 1100, k = 320;
+  const int64_t m = 40, n = 3300, k = 352;
   const auto x = RandomFloats(m * k, 77);
   const TestWeight w = MakeWeight(GetParam(), n, k, 78);
   auto y = NaNs(m * n);
