@@ -154,13 +154,55 @@ void SkinnyTile(const float* x, int64_t ldx, const Tensor& w, int64_t r0, float*
   }
 }
 
+// One row r of W against MR <= 2 rows of x, 32 columns a step in four
+// independent sums: W is then read as one sequential stream per thread,
+// which the hardware prefetchers follow best (interleaving four rows of 2 KiB
+// each measured at half the bandwidth for decode).
+template <DType D, int MR>
+void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+               bool accumulate) {
+  const int64_t k = w.cols;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
+  const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+  __m256 acc[4][MR];
+  for (int u = 0; u < 4; ++u)
+    for (int i = 0; i < MR; ++i) acc[u][i] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    for (int u = 0; u < 4; ++u) {
+      const __m256 wv = Load8<D>(row, scales, c + 8 * u);
+      for (int i = 0; i < MR; ++i) {
+        acc[u][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ldx + c + 8 * u), acc[u][i]);
+      }
+    }
+  }
+  for (; c + 8 <= k; c += 8) {
+    const __m256 wv = Load8<D>(row, scales, c);
+    for (int i = 0; i < MR; ++i) {
+      acc[0][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ldx + c), acc[0][i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    const __m256 sum4 =
+        _mm256_add_ps(_mm256_add_ps(acc[0][i], acc[1][i]), _mm256_add_ps(acc[2][i], acc[3][i]));
+    float sum = simd::HorizontalSum(sum4);
+    for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * At<D>(row, scales, t);
+    float& out = y[i * ldy + r];
+    out = accumulate ? out + sum : sum;
+  }
+}
+
 // Rows [i0, i0 + MR) of x against rows [j0, j1) of W.
 template <DType D, int MR>
 void SkinnyRows(const float* x, int64_t ldx, const Tensor& w, int64_t j0, int64_t j1, float* y,
                 int64_t ldy, bool accumulate) {
-  int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) SkinnyTile<D, 4, MR>(x, ldx, w, j, y, ldy, accumulate);
-  for (; j < j1; ++j) SkinnyTile<D, 1, MR>(x, ldx, w, j, y, ldy, accumulate);
+  if constexpr (MR <= 2) {
+    for (int64_t j = j0; j < j1; ++j) SkinnyRow<D, MR>(x, ldx, w, j, y, ldy, accumulate);
+  } else {
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) SkinnyTile<D, 4, MR>(x, ldx, w, j, y, ldy, accumulate);
+    for (; j < j1; ++j) SkinnyTile<D, 1, MR>(x, ldx, w, j, y, ldy, accumulate);
+  }
 }
 
 // Threads split W's rows; each thread takes x four rows at a time over its
