@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash deploy/setup.sh
 bash deploy/build.sh
 cd build
-# One test at a time: each already uses every core (OpenMP + OpenBLAS), and two
+# One test at a time: each already uses every core (OpenMP, oneDNN on the same pool), and two
 # side by side make each other's thread teams wait for a time slice at every
 # barrier, which is far slower than running them in turn.
 ctest --output-on-failure --timeout 900 "$@"
