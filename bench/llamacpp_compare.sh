@@ -6,13 +6,15 @@
 #
 #   bash bench/llamacpp_compare.sh [--threads 2] [--deltaserve-build build]
 #        [--model DIR] [--prompts 512,2048,8192] [--decode 64] [--depth 128]
-#        [--reps 1] [--rounds 3] [--max-rel-l2 1e-3] [--goldens DIR]
-#        [--setup-only]
+#        [--reps 1] [--rounds 3] [--quiet-max 10] [--quiet-wait 1200]
+#        [--max-rel-l2 1e-3] [--goldens DIR] [--setup-only]
 #
 # --model: a checkpoint of either architecture (default: a random k3-small
 # made once in the cache). --goldens DIR: also run llama.cpp on every
 # DIR/*/ holding expected_logits.safetensors (../shared/golden/model) and print
-# its error against those float64 logits.
+# its error against those float64 logits. Before each timed command the
+# script waits until the machine is quiet (other work under --quiet-max percent
+# of the CPU over 3 s; at most --quiet-wait seconds in all, then it warns).
 #
 # Setup is idempotent and lives outside the repository, in
 # ${DELTASERVE_LLAMACPP_DIR:-$HOME/.cache/deltaserve/llama.cpp}: the
@@ -42,12 +44,14 @@ decode=64
 depth=128
 reps=1
 rounds=3
+quiet_max=10
+quiet_wait=1200
 max_rel_l2=1e-3
 goldens=
 setup_only=0
 jobs=${JOBS:-2}
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "llamacpp_compare: $*" >&2
   exit 1
@@ -66,7 +70,7 @@ while (($#)); do
     -h | --help) usage; exit 0 ;;
     --setup-only) setup_only=1; shift; continue ;;
     --threads | --deltaserve-build | --model | --prompts | --decode | --depth | --reps | \
-      --rounds | --max-rel-l2 | --goldens)
+      --rounds | --quiet-max | --quiet-wait | --max-rel-l2 | --goldens)
       (($# >= 2)) || bad_usage "$1 needs a value" ;;
     *) bad_usage "unknown argument $1" ;;
   esac
@@ -79,6 +83,8 @@ while (($#)); do
     --depth) depth=$2 ;;
     --reps) reps=$2 ;;
     --rounds) rounds=$2 ;;
+    --quiet-max) quiet_max=$2 ;;
+    --quiet-wait) quiet_wait=$2 ;;
     --max-rel-l2) max_rel_l2=$2 ;;
     --goldens) goldens=$(folder "$1" "$2") ;;
   esac
@@ -263,19 +269,46 @@ timed() {
   shift
   "$@" >"$out.out" 2>"$out.log" || { tail -20 "$out.log" >&2; die "$* failed"; }
 }
+# Percent of all CPU time busy over 3 s (/proc/stat), while nothing of ours runs.
+busy_percent() {
+  local a b busy idle
+  read -ra a </proc/stat
+  sleep 3
+  read -ra b </proc/stat
+  busy=$((b[1] + b[2] + b[3] + b[6] + b[7] + b[8] - a[1] - a[2] - a[3] - a[6] - a[7] - a[8]))
+  idle=$((b[4] + b[5] - a[4] - a[5]))
+  echo $((100 * busy / (busy + idle + 1)))
+}
+# Waits until other load is at most --quiet-max percent, for --quiet-wait
+# seconds in all over the run; then measures anyway, and says so.
+wait_deadline=$((SECONDS + quiet_wait))
+other_load=()
+wait_quiet() {
+  local pct
+  while pct=$(busy_percent) && ((pct > quiet_max)); do
+    if ((SECONDS >= wait_deadline)); then
+      echo "warning: the machine is ${pct}% busy with other work; measuring anyway" >&2
+      break
+    fi
+  done
+  other_load+=("$pct%")
+}
 results=()
 for ((round = 1; round <= rounds; round++)); do
-  step "round $round/$rounds, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  step "round $round/$rounds"
+  wait_quiet
   timed "$log/pp-$round" "${cmd_pp[@]}"
+  wait_quiet
   timed "$log/tg-$round" "${cmd_tg[@]}"
+  wait_quiet
   timed "$log/ds-$round" "${cmd_ds[@]}"
   results+=("$log/pp-$round.out" "$log/tg-$round.out" "$log/ds-$round.out")
 done
-echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$py" "$repo/bench/llamacpp_check.py" table --prompts "$prompts" --decode "$decode" \
   --depth "$depth" --threads "$threads" "${results[@]}"
 
 echo
+echo "other CPU load over 3 s before each command (llama.cpp prefill, decode, deltaserve; each round): ${other_load[*]}"
 echo "commands (each round):"
 echo "  ${cmd_pp[*]}"
 echo "  ${cmd_tg[*]}"
