@@ -162,8 +162,9 @@ py=$venv/bin/python
 if [[ ! -f $venv/.deltaserve-ready ]]; then
   step "making the converter's venv in $venv (torch, transformers, numpy, safetensors)"
   quiet venv python3 -m venv "$venv"
-  # The versions llama.cpp's requirements name where PyPI still has them;
-  # torch from PyPI (its CPU index is not reachable everywhere).
+  # transformers as llama.cpp's requirements pin it; torch 2.15.0 (the one
+  # this was run with) from PyPI, as the CPU index those requirements name is
+  # not reachable everywhere: PyPI's Linux wheel is the CUDA build, ~5 GB.
   quiet venv-pip "$py" -m pip install torch==2.15.0 transformers==4.57.6 numpy safetensors \
     sentencepiece "protobuf>=4.21,<5" pyyaml tqdm requests
   touch "$venv/.deltaserve-ready"
