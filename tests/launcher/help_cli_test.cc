@@ -104,7 +104,8 @@ TEST(HelpTest, BenchmarkProgramsPrintUsageInsteadOfRunning) {
        {testing::BinPath("model_bench") + " --help", testing::BinPath("kda_bench") + " --help",
         std::string("bash bench/pipeline_bench.sh --help"),
         std::string("bash bench/serve_bench.sh --help"),
-        std::string("bash bench/coordinator_pipeline_bench.sh -h")}) {
+        std::string("bash bench/coordinator_pipeline_bench.sh -h"),
+        std::string("bash bench/llamacpp_compare.sh --help")}) {
     SCOPED_TRACE(program);
     const auto start = std::chrono::steady_clock::now();
     int rc = 0;
