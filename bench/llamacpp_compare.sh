@@ -7,7 +7,12 @@
 #   bash bench/llamacpp_compare.sh [--threads 2] [--deltaserve-build build]
 #        [--model DIR] [--prompts 512,2048,8192] [--decode 64] [--depth 128]
 #        [--reps 1] [--rounds 3] [--quiet-max 10] [--quiet-wait 1200]
-#        [--max-rel-l2 1e-3] [--goldens DIR] [--setup-only]
+#        [--max-rel-l2 1e-3] [--goldens DIR] [--compute-dtype f32|bf16]
+#        [--setup-only]
+#
+# --compute-dtype: deltaserve's GEMM precision on the bf16 weights (default
+# f32, exact; bf16 rounds activations to bf16 for oneDNN's bf16 matmul, the
+# precision class of llama.cpp's bf16 matmuls, which round them too).
 #
 # --model: a checkpoint of either architecture (default: a random k3-small
 # made once in the cache). --goldens DIR: also run llama.cpp on every
@@ -48,10 +53,11 @@ quiet_max=10
 quiet_wait=1200
 max_rel_l2=1e-3
 goldens=
+compute=f32
 setup_only=0
 jobs=${JOBS:-2}
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
 die() {
   echo "llamacpp_compare: $*" >&2
   exit 1
@@ -70,7 +76,7 @@ while (($#)); do
     -h | --help) usage; exit 0 ;;
     --setup-only) setup_only=1; shift; continue ;;
     --threads | --deltaserve-build | --model | --prompts | --decode | --depth | --reps | \
-      --rounds | --quiet-max | --quiet-wait | --max-rel-l2 | --goldens)
+      --rounds | --quiet-max | --quiet-wait | --max-rel-l2 | --goldens | --compute-dtype)
       (($# >= 2)) || bad_usage "$1 needs a value" ;;
     *) bad_usage "unknown argument $1" ;;
   esac
@@ -87,6 +93,9 @@ while (($#)); do
     --quiet-wait) quiet_wait=$2 ;;
     --max-rel-l2) max_rel_l2=$2 ;;
     --goldens) goldens=$(folder "$1" "$2") ;;
+    --compute-dtype)
+      [[ $2 == f32 || $2 == bf16 ]] || bad_usage "--compute-dtype must be f32 or bf16"
+      compute=$2 ;;
   esac
   shift 2
 done
@@ -261,7 +270,7 @@ cmd_pp=("$llama_bench" -m "$gguf" -t "$threads" -p "$prompts" -n 0 -r "$reps" -o
 cmd_tg=("$llama_bench" -m "$gguf" -t "$threads" -p 0 -n "$decode" -d "$depth" -r "$reps" -o json)
 first=${prompts%%,*}
 cmd_ds=("$model_bench" --model "$model" --threads "$threads" --prompts "$first,$prompts"
-  --decode "$decode")
+  --decode "$decode" --compute-dtype "$compute")
 ((depth == 128)) || echo "note: model_bench decodes after a 128-token prompt; llama-bench after --depth $depth" >&2
 
 # Runs "${@:2}" with its stdout in $1.out and stderr in $1.log.

@@ -33,13 +33,14 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 // Best-of-3 FLOP/s of y[m,n] = x[m,k]·w[n,k]ᵀ, the call the model makes for
 // its projections, with float32 weights (oneDNN's sgemm as it is) or bf16
 // weights (widened a panel at a time, then the same sgemm).
-double LinearFlops(int64_t m, int64_t n, int64_t k, kernels::DType dtype) {
+double LinearFlops(int64_t m, int64_t n, int64_t k, kernels::DType dtype,
+                   kernels::DType compute = kernels::DType::kF32) {
   std::vector<float> x(m * k, 0.5f), w(n * k, 0.25f), y(m * n);
   std::vector<uint16_t> w16(n * k, 0x3e80);  // 0.25 in bf16
-  const kernels::Tensor t =
-      dtype == kernels::DType::kBF16
-          ? kernels::Tensor{w16.data(), nullptr, dtype, kernels::Device::kCpu, n, k}
-          : kernels::Tensor::F32(w.data(), n, k);
+  kernels::Tensor t = dtype == kernels::DType::kBF16
+                          ? kernels::Tensor{w16.data(), nullptr, dtype, kernels::Device::kCpu, n, k}
+                          : kernels::Tensor::F32(w.data(), n, k);
+  t.compute = compute;
   kernels::Linear(x.data(), t, m, y.data());  // warm-up
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
@@ -126,14 +127,15 @@ double PrefillFlops(const ModelConfig& c, double T) {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: model_bench [--model DIR] [--experts bf16|mxfp4] [--prompts 4096,32768] [--decode 32]\n"
-    "                   [--threads N]\n"
+    "usage: model_bench [--model DIR] [--experts bf16|mxfp4] [--compute-dtype f32|bf16]\n"
+    "                   [--prompts 4096,32768] [--decode 32] [--threads N]\n"
     "\n"
     "Prefill and decode speed of one process next to the sgemm rate and the memory bandwidth\n"
     "measured in the same run; prints markdown for docs/performance.md.\n"
     "\n"
     "  --model DIR       the model (default: a k3-small made once in the temp directory)\n"
     "  --experts FORMAT  the default model's routed experts: bf16 or mxfp4 (default: bf16)\n"
+    "  --compute-dtype D GEMM precision on bf16 weights: f32 or bf16 (default: f32)\n"
     "  --prompts LIST    prompt lengths to prefill (default: 4096,32768)\n"
     "  --decode N        tokens decoded after each prompt (default: 32)\n"
     "  --threads N       compute threads (default: 0, OpenMP's default)\n"
@@ -158,10 +160,13 @@ int main(int argc, char** argv) {
   int64_t decode_tokens = 32;
   int threads = 0;
   ExpertFormat experts = ExpertFormat::kBf16;
+  ModelOptions options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model") {
       model_dir = value;
+    } else if (flag == "--compute-dtype" && (value == "f32" || value == "bf16")) {
+      options.compute_dtype = value == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
     } else if (flag == "--experts") {
       auto parsed = ParseExpertFormat(value);
       if (!parsed.ok()) {
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "make k3-small: %s\n", std::string(dir.status().message()).c_str());
     return 1;
   }
-  auto model = Model::Load(model_dir);
+  auto model = Model::Load(model_dir, {}, nullptr, options);
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", std::string(model.status().message()).c_str());
     return 1;
@@ -203,17 +208,33 @@ int main(int argc, char** argv) {
 
   const double sgemm = LinearFlops(4096, 1024, 1024, kernels::DType::kF32);
   const double bf16_gemm = LinearFlops(4096, 1024, 1024, kernels::DType::kBF16);
+  const bool bf16_compute =
+      options.compute_dtype == kernels::DType::kBF16 && kernels::Bf16ComputeAvailable();
+  const double bf16_matmul =
+      bf16_compute ? LinearFlops(4096, 1024, 1024, kernels::DType::kBF16, kernels::DType::kBF16)
+                   : 0.0;
+  // Model-FLOP utilisation is against the GEMM rate of the precision in use.
+  const double gemm_limit = bf16_compute ? bf16_matmul : sgemm;
   const double bandwidth = ReadBandwidth();
-  std::printf("## model_bench: %s, %d threads, CPU level %s\n\n", model_dir.c_str(),
-              kernels::NumThreads(), kernels::IsaName(kernels::ActiveIsa()));
+  std::printf("## model_bench: %s, %d threads, CPU level %s, compute %s\n\n", model_dir.c_str(),
+              kernels::NumThreads(), kernels::IsaName(kernels::ActiveIsa()),
+              options.compute_dtype == kernels::DType::kBF16
+                  ? (kernels::Bf16ComputeAvailable() ? "bf16 (oneDNN bf16 matmul)"
+                                                     : "bf16 requested, float32 (no bf16 matmul)")
+                  : "f32");
   std::printf("- active matmul parameters per token: %.1f M\n", active / 1e6);
   std::printf("- sgemm (oneDNN, float32 weights) [4096 x 1024] x [1024 x 1024]: %.1f GFLOP/s\n",
               sgemm / 1e9);
   std::printf("- the same product on bf16 weights (widened panels, then sgemm): %.1f GFLOP/s\n",
               bf16_gemm / 1e9);
+  if (bf16_compute) {
+    std::printf("- bf16 compute (oneDNN bf16 matmul, activations rounded): %.1f GFLOP/s\n",
+                bf16_matmul / 1e9);
+  }
   std::printf("- memory read bandwidth: %.1f GB/s\n\n", bandwidth / 1e9);
 
-  std::printf("| prompt tokens | prefill s | tokens/s | model GFLOP/s | MFU (vs sgemm) |\n");
+  std::printf("| prompt tokens | prefill s | tokens/s | model GFLOP/s | MFU (vs %s) |\n",
+              bf16_compute ? "bf16 matmul" : "sgemm");
   std::printf("|---|---|---|---|---|\n");
   kernels::Rng rng(1);
   for (int64_t T : prompts) {
@@ -229,7 +250,7 @@ int main(int argc, char** argv) {
     }
     const double flops = PrefillFlops(config, static_cast<double>(T)) / s;
     std::printf("| %lld | %.2f | %.0f | %.1f | %.1f%% |\n", static_cast<long long>(T), s, T / s,
-                flops / 1e9, 100 * flops / sgemm);
+                flops / 1e9, 100 * flops / gemm_limit);
     std::fflush(stdout);
   }
 

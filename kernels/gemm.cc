@@ -4,6 +4,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/onednn.h"
 
 namespace deltaserve::kernels {
 
@@ -15,5 +16,7 @@ void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, floa
                    (w.cols % 32 == 0 && (w.scales != nullptr || w.empty())));
   DELTASERVE_CPU_DISPATCH(LinearStrided)(x, ldx, w, m, y, ldy, accumulate);
 }
+
+bool Bf16ComputeAvailable() { return onednn::HasBf16Matmul(); }
 
 }  // namespace deltaserve::kernels

@@ -18,6 +18,10 @@ namespace deltaserve::kernels {
 void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
                    bool accumulate = false);
 
+// Whether a bf16 weight with compute kBF16 (tensor.h) gets the bf16 matmul on
+// this CPU (oneDNN on AVX512-BF16 or AMX); elsewhere it computes in float32.
+bool Bf16ComputeAvailable();
+
 // Contiguous x [m, k] and y [m, n].
 inline void Linear(const float* x, const Tensor& w, int64_t m, float* y, bool accumulate = false) {
   LinearStrided(x, w.cols, w, m, y, w.rows, accumulate);

@@ -30,9 +30,14 @@ struct Tensor {
   DType dtype = DType::kF32;
   Device device = Device::kCpu;
   int64_t rows = 0, cols = 0;
+  // The precision a product with this weight may use: kF32 (the default:
+  // float32 activations against the exactly widened weight), or kBF16 (opt-in,
+  // a bf16 weight only: activations rounded to bf16 so bf16 units, AVX512-BF16
+  // or AMX, multiply natively; docs/numerics.md bounds its error).
+  DType compute = DType::kF32;
 
   static Tensor F32(const float* data, int64_t rows, int64_t cols) {
-    return Tensor{data, nullptr, DType::kF32, Device::kCpu, rows, cols};
+    return Tensor{data, nullptr, DType::kF32, Device::kCpu, rows, cols, DType::kF32};
   }
 
   bool empty() const { return rows == 0 || cols == 0; }

@@ -23,6 +23,10 @@ const std::vector<FlagSpec>& DeploymentFlags() {
       {"threads", "N", "compute threads of this process (0: OpenMP's default)", "0"},
       {"kv-cache-dtype", "f32|bf16",
        "dtype of the MLA latent cache (bf16: half the bytes; docs/numerics.md)", "f32"},
+      {"compute-dtype", "f32|bf16",
+       "GEMM precision on bf16 weights (bf16: activations rounded for bf16 units; "
+       "docs/numerics.md)",
+       "f32"},
       {"pp", "N", "pipeline stages; with --tp, runs as an MPI job of pp x tp ranks (mpirun/srun)",
        "1"},
       {"tp", "M", "tensor-parallel ranks per stage", "1"},
@@ -45,12 +49,15 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   kernels::SetNumThreads(static_cast<int>(threads));
   DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
   ModelOptions options;
-  const std::string cache_dtype = flags.GetString("kv-cache-dtype", "f32");
-  if (cache_dtype == "bf16") {
-    options.kv_cache_dtype = kernels::DType::kBF16;
-  } else if (cache_dtype != "f32") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-cache-dtype is '", cache_dtype, "'; it must be f32 or bf16"));
+  for (const auto& [flag, dtype] : {std::pair{"kv-cache-dtype", &options.kv_cache_dtype},
+                                    std::pair{"compute-dtype", &options.compute_dtype}}) {
+    const std::string value = flags.GetString(flag, "f32");
+    if (value == "bf16") {
+      *dtype = kernels::DType::kBF16;
+    } else if (value != "f32") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " is '", value, "'; it must be f32 or bf16"));
+    }
   }
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));

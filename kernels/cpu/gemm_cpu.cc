@@ -7,6 +7,9 @@
 // reads each weight once per call and costs O(n·k) against the GEMM's
 // O(m·n·k), under 1% of the time at a chunk's hundreds of rows.
 //
+// With the opt-in bf16 compute (Tensor::compute), many rows on bf16 weights
+// go instead to oneDNN's bf16 matmul, activations rounded to bf16.
+//
 // A few rows (decode, a batch of decode steps) are bound by reading W, not by
 // arithmetic: sgemm would spend more time packing W than multiplying. The
 // skinny kernel below streams W once, widening each group of eight weights
@@ -25,6 +28,7 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
 #include "kernels/mxfp4.h"
+#include "kernels/onednn.h"
 
 namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
@@ -271,6 +275,13 @@ void LinearOf(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y,
 #if DELTASERVE_CPU_AVX2
   if (m <= kMaxSkinnyRows) return SkinnyLinear<D>(x, ldx, w, m, y, ldy, accumulate);
 #endif
+  // The opt-in bf16 compute (Tensor::compute), where oneDNN has a bf16 matmul
+  // for this CPU; else the exact float32 path.
+  if (D == DType::kBF16 && w.compute == DType::kBF16 &&
+      onednn::Bf16Matmul(x, ldx, static_cast<const uint16_t*>(w.data), m, w.rows, w.cols, y, ldy,
+                         accumulate)) {
+    return;
+  }
   WideLinear<D>(x, ldx, w, m, y, ldy, accumulate);
 }
 

@@ -28,10 +28,12 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communi
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const ModelShard& requested, Communicator* tp,
                                                    const ModelOptions& options) {
-  if (options.kv_cache_dtype != kernels::DType::kF32 &&
-      options.kv_cache_dtype != kernels::DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("the MLA cache can be f32 or bf16, not ",
-                                                   kernels::DTypeName(options.kv_cache_dtype)));
+  for (const auto& [what, dtype] : {std::pair{"the MLA cache", options.kv_cache_dtype},
+                                    std::pair{"the compute dtype", options.compute_dtype}}) {
+    if (dtype != kernels::DType::kF32 && dtype != kernels::DType::kBF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " can be f32 or bf16, not ", kernels::DTypeName(dtype)));
+    }
   }
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
@@ -44,6 +46,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   int64_t bytes_read = 0;
   DELTASERVE_ASSIGN_OR_RETURN(ModelWeights weights,
                               LoadWeights(config, std::move(checkpoint), shard, &bytes_read));
+  if (options.compute_dtype == kernels::DType::kBF16) {
+    ForEachMatrix(&weights, [](Weight& w) {
+      if (w.tensor().dtype == kernels::DType::kBF16) w.set_compute(kernels::DType::kBF16);
+    });
+  }
   return std::unique_ptr<Model>(
       new Model(std::move(config), shard, std::move(weights), tp, bytes_read, options));
 }

@@ -26,6 +26,10 @@ struct ModelOptions {
   // The MLA latent cache's dtype: kF32 or kBF16 (half the bytes per token;
   // docs/numerics.md measures its effect).
   kernels::DType kv_cache_dtype = kernels::DType::kF32;
+  // The GEMMs' precision on bf16 weights: kF32 (exact widening, the default)
+  // or kBF16 (activations rounded to bf16 for oneDNN's bf16 matmul on prefill
+  // chunks; docs/numerics.md bounds its error).
+  kernels::DType compute_dtype = kernels::DType::kF32;
 };
 
 struct ForwardInput {

@@ -168,28 +168,40 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelConfig& config,
   return w;
 }
 
-void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn) {
+namespace {
+
+// Both ForEachMatrix: W is ModelWeights or const ModelWeights.
+template <typename W, typename Fn>
+void VisitMatrices(W& w, const Fn& fn) {
   fn(w.embed);
   fn(w.lm_head);
-  for (const LayerWeights& l : w.layers) {
-    const KdaWeights& k = l.kda;
-    for (const Weight* m :
-         {&k.qkv_proj, &k.f_a, &k.f_b, &k.b_proj, &k.g_proj, &k.g_a, &k.g_b, &k.o_proj}) {
+  for (auto& l : w.layers) {
+    auto& k = l.kda;
+    for (auto* m : {&k.qkv_proj, &k.f_a, &k.f_b, &k.b_proj, &k.g_proj, &k.g_a, &k.g_b, &k.o_proj}) {
       fn(*m);
     }
-    const MlaWeights& a = l.mla;
-    for (const Weight* m :
-         {&a.q_a, &a.q_b, &a.q_proj, &a.kv_a, &a.kv_b, &a.w_uk_t, &a.g_proj, &a.o_proj}) {
+    auto& a = l.mla;
+    for (auto* m : {&a.q_a, &a.q_b, &a.q_proj, &a.kv_a, &a.kv_b, &a.w_uk_t, &a.g_proj, &a.o_proj}) {
       fn(*m);
     }
-    const FfnWeights& f = l.ffn;
-    for (const Weight* m : {&f.gate_up, &f.down, &f.router, &f.shared_gate_up, &f.shared_down,
-                            &f.latent_down, &f.latent_up}) {
+    auto& f = l.ffn;
+    for (auto* m : {&f.gate_up, &f.down, &f.router, &f.shared_gate_up, &f.shared_down,
+                    &f.latent_down, &f.latent_up}) {
       fn(*m);
     }
-    for (const Weight& e : f.expert_w13) fn(e);
-    for (const Weight& e : f.expert_w2) fn(e);
+    for (auto& e : f.expert_w13) fn(e);
+    for (auto& e : f.expert_w2) fn(e);
   }
+}
+
+}  // namespace
+
+void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn) {
+  VisitMatrices(w, fn);
+}
+
+void ForEachMatrix(ModelWeights* w, const std::function<void(Weight&)>& fn) {
+  VisitMatrices(*w, fn);
 }
 
 WeightBytes CountWeightBytes(const ModelWeights& w) {

@@ -44,6 +44,8 @@ class Weight {
   int64_t bytes() const { return tensor_.rows * (tensor_.RowBytes() + tensor_.ScaleRowBytes()); }
   // A view of the mapped checkpoint rather than a copy.
   bool mapped() const { return mapped_; }
+  // The precision products with it may use (kernels::Tensor::compute).
+  void set_compute(kernels::DType compute) { tensor_.compute = compute; }
 
   // A weight with bytes of its own for [rows, cols] of `dtype`, to be filled
   // through MutableData / MutableScales (kMxfp4 only) before use.
@@ -126,6 +128,7 @@ struct ModelWeights {
 
 // Every matrix of `w` (empty ones included), for totals by dtype.
 void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn);
+void ForEachMatrix(ModelWeights* w, const std::function<void(Weight&)>& fn);
 // What a rank's weights hold: bytes of the matrices by dtype name ("bf16",
 // "mxfp4", "f32") and of the float32 vectors under "f32 vectors"; and of the
 // matrices, how many bytes are views of the mapped checkpoint and how many

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -201,6 +202,45 @@ TEST_P(LinearTest, WidenRowsIsExact) {
   DELTASERVE_CPU_DISPATCH(WidenRows)(w.tensor, 2, 5, out.data());
   const std::vector<double> want(w.values.begin() + 2 * k, w.values.begin() + 5 * k);
   EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
+}
+
+// The opt-in bf16 compute on bf16 weights: above the skinny sizes, x is
+// rounded to bf16 and the products summed in float32, so the float64
+// reference on the rounded x bounds it as tightly as the float32 path. On a
+// CPU without a bf16 matmul the same call computes in float32.
+TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
+  const bool bf16 = Bf16ComputeAvailable();
+  std::printf("bf16 matmul on this CPU: %s\n", bf16 ? "yes" : "no (float32 instead)");
+  uint64_t seed = 5000;
+  for (int64_t m : {17, 64, 130}) {
+    for (int64_t n : {1, 33, 300}) {
+      for (int64_t k : {16, 100, 512}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
+          const auto x = RandomFloats(m * k, ++seed);
+          TestWeight w = MakeWeight(DType::kBF16, n, k, ++seed);
+          w.tensor.compute = DType::kBF16;
+          std::vector<float> xr = x;
+          if (bf16) {
+            for (float& v : xr) {
+              uint32_t bits;
+              std::memcpy(&bits, &v, 4);
+              bits += 0x7fffu + ((bits >> 16) & 1u);
+              bits &= 0xffff0000u;
+              std::memcpy(&v, &bits, 4);
+            }
+          }
+          auto y = accumulate ? RandomFloats(m * n, ++seed) : NaNs(m * n);
+          auto want = Reference(xr, w.values, m, n, k);
+          if (accumulate) {
+            for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
+          }
+          Linear(x.data(), w.tensor, m, y.data(), accumulate);
+          EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, LinearTest,
