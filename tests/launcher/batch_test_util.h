@@ -3,7 +3,10 @@
 // two outputs, and a job killed and resumed until it completes.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -277,6 +280,21 @@ inline void ExpectMixedRecordsMatchAlone(const std::string& input_text,
 // Whether any process of the group `pgid` is left.
 inline bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0; }
 
+// Whether `path` can be locked (flock, as `deltaserve batch` locks its
+// output) within `limit`; a file that does not exist counts as unlocked.
+inline bool WaitUnlocked(const std::string& path, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  do {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return true;
+    const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);  // releases the lock if taken
+    if (free) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (std::chrono::steady_clock::now() < end);
+  return false;
+}
+
 inline int64_t CountLines(const std::string& path) {
   const std::string text = ReadFile(path);
   return std::count(text.begin(), text.end(), '\n');
@@ -315,11 +333,15 @@ inline int KillAndResume(const std::string& command, const std::string& output, 
     }
     job->Signal(SIGKILL);
     job->Wait(std::chrono::seconds(30));
-    // Every process of the job gone (an MPI job's ranks too), and with them
-    // the lock on the output.
+    // Every process of the job gone, and with them the lock on the output.
+    // An MPI job's ranks can outlive the launcher's process group (Open MPI
+    // may start them in groups of their own) until they notice it died, so
+    // the lock itself is what is waited for.
     for (int i = 0; i < 500 && GroupAlive(job->pid()); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    EXPECT_TRUE(WaitUnlocked(output, std::chrono::seconds(60)))
+        << output << " still locked a minute after the job was killed";
     std::printf("run %d killed after %lld new records and %d ms\n", attempt,
                 static_cast<long long>(CountLines(output) - before), ms);
     ++killed;

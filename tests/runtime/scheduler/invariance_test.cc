@@ -56,8 +56,14 @@ TEST_P(InvarianceTest, PiecesEqualOneShot) {
 }
 
 // With a bf16 MLA cache the new rows are rounded before any query reads them,
-// in every form, so however the prompt is cut each token attends to the same
-// rounded keys and the float32 bound holds against the bf16-cache one-shot.
+// in every form, so however the prompt is cut each token attends to rounded
+// keys. Cutting the prompt differently changes the float32 rounding of a row
+// before its bf16 rounding, and a value near a bf16 rounding boundary then
+// moves by 2^-9: on k3-tiny, which amplifies rounding most, chunks of 100
+// measured 4.8e-2 from one-shot at the generic CPU level (0 at avx512). The
+// bound is the bf16 cache's own against float64 (model_golden_test).
+constexpr double kBf16CacheTolerance = 0.1;
+
 TEST_P(InvarianceTest, Bf16CachePiecesEqualOneShot) {
   ModelOptions options;
   options.kv_cache_dtype = kernels::DType::kBF16;
@@ -67,7 +73,7 @@ TEST_P(InvarianceTest, Bf16CachePiecesEqualOneShot) {
   const auto reference = testing::ToDouble(testing::OneShotLogits(**model, tokens));
   for (int64_t chunk : {1, 7, 100}) {
     const std::vector<float> logits = testing::EngineLogits(**model, tokens, chunk);
-    EXPECT_LE(testing::RelL2(logits, reference), kTolerance) << "chunk " << chunk;
+    EXPECT_LE(testing::RelL2(logits, reference), kBf16CacheTolerance) << "chunk " << chunk;
   }
 }
 
