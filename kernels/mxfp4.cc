@@ -4,6 +4,8 @@
 #include <limits>
 
 #include "kernels/check.h"
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/tensor.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -28,16 +30,9 @@ float E8m0Scale(uint8_t s) {
 void DequantizeMxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
                      float* out) {
   DELTASERVE_CHECK(rows >= 0 && cols >= 0 && cols % kMxfp4Group == 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* p = packed + r * (cols / 2);
-    const uint8_t* s = scales + r * (cols / kMxfp4Group);
-    float* o = out + r * cols;
-    for (int64_t c = 0; c < cols; c += 2) {
-      const float scale = E8m0Scale(s[c / kMxfp4Group]);
-      o[c] = kE2m1[p[c / 2] & 15] * scale;
-      o[c + 1] = kE2m1[p[c / 2] >> 4] * scale;
-    }
-  }
+  // The decoder the GEMMs use, at this machine's CPU level.
+  const Tensor w{packed, scales, DType::kMxfp4, Device::kCpu, rows, cols};
+  DELTASERVE_CPU_DISPATCH(WidenRows)(w, 0, rows, out);
 }
 
 int64_t FindNanScale(const uint8_t* scales, int64_t count) {

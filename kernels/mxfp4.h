@@ -21,7 +21,9 @@ float E8m0Scale(uint8_t s);
 // out[rows, cols] = the float32 values of packed [rows, cols / 2] with
 // scales [rows, cols / 32]; cols a multiple of 32. A product past float32's
 // range (scales of 2^127 with codes of 4 and 6) is +-inf, as rounding the
-// exact value gives.
+// exact value gives. It is the decoder the GEMMs widen MXFP4 weights with
+// (kernels/cpu/gemm_cpu.h, WidenRows), at this machine's CPU level; scales
+// must not be NaN (255).
 void DequantizeMxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
                      float* out);
 
