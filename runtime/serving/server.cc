@@ -3,10 +3,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/random.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
@@ -293,7 +296,17 @@ class GenerationService final : public v1::Generation::Service {
                      absl::StrCat(given.size(), " bytes, over the limit of ", kMaxRequestIdBytes));
     }
     if (!given.empty()) return given;
-    return absl::StrCat("req-", next_id_.fetch_add(1));
+    // 128 random bits, so that no client can guess, and Abort, another's.
+    uint8_t bits[16];
+    size_t got = 0;
+    while (got < sizeof(bits)) {
+      const ssize_t n = ::getrandom(bits + got, sizeof(bits) - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return absl::InternalError("getrandom failed: no request id could be made");
+      got += static_cast<size_t>(n);
+    }
+    return absl::StrCat("req-", absl::BytesToHexString(absl::string_view(
+                                    reinterpret_cast<const char*>(bits), sizeof(bits))));
   }
 
   void CancelFor(const grpc::ServerContext& context, const RequestHandle& handle) {
@@ -304,7 +317,6 @@ class GenerationService final : public v1::Generation::Service {
 
   Coordinator& coordinator_;
   const int64_t max_request_bytes_;
-  std::atomic<uint64_t> next_id_{1};
 };
 
 // Writes on one worker stream, from the scheduler thread; Close() makes

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 #include "runtime/engine/step_executor.h"
@@ -107,6 +108,16 @@ TEST_P(ServeTest, ScoreGivesTheModelsLogProbs) {
     total += expected;
   }
   EXPECT_NEAR(response.total_logprob(), total, 1e-3 * std::abs(total));
+
+  // A request without an id gets one the server made: 128 random bits, a
+  // fresh one each time (a client must not guess another's, which Abort takes).
+  const std::regex made("req-[0-9a-f]{32}");
+  EXPECT_TRUE(std::regex_match(response.request_id(), made)) << response.request_id();
+  grpc::ClientContext again_context;
+  v1::ScoreResponse again;
+  ASSERT_TRUE(server.stub->Score(&again_context, req, &again).ok());
+  EXPECT_TRUE(std::regex_match(again.request_id(), made)) << again.request_id();
+  EXPECT_NE(again.request_id(), response.request_id());
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, ServeTest, ::testing::ValuesIn(testing::kGoldenModels),
