@@ -1,6 +1,7 @@
 #include "runtime/serving/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
@@ -323,12 +324,61 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
   return w->id;
 }
 
-void Coordinator::OnStepResult(uint64_t worker, StepResult result) {
+absl::Status CheckPeerResult(const StepResult& result, int64_t vocab_size) {
+  const auto bad_time = [](double s) { return !std::isfinite(s) || s < 0; };
+  if (bad_time(result.wall_s)) {
+    return absl::InvalidArgumentError(absl::StrCat("wall_s is ", result.wall_s));
+  }
+  for (size_t i = 0; i < result.stage_compute_s.size(); ++i) {
+    if (bad_time(result.stage_compute_s[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage_compute_s[", i, "] is ", result.stage_compute_s[i]));
+    }
+  }
+  const auto bad_logprob = [](float p) { return std::isnan(p) || p == INFINITY; };
+  for (size_t o = 0; o < result.outputs.size(); ++o) {
+    const SequenceResult& r = result.outputs[o];
+    const std::string where = absl::StrCat("output ", o, " (sequence ", r.sequence_id, ")");
+    if (r.token < -1 || r.token >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": token ", r.token, " outside a vocabulary of ", vocab_size));
+    }
+    if (r.top_ids.size() != r.top_logprobs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", r.top_ids.size(), " top ids but ",
+                                                     r.top_logprobs.size(), " top log-probs"));
+    }
+    for (int32_t id : r.top_ids) {
+      if (id < 0 || id >= vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": top id ", id, " outside a vocabulary of ", vocab_size));
+      }
+    }
+    if (bad_logprob(r.logprob)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": logprob is ", r.logprob));
+    }
+    for (const std::vector<float>* list : {&r.top_logprobs, &r.target_logprobs}) {
+      for (float p : *list) {
+        if (bad_logprob(p)) {
+          return absl::InvalidArgumentError(absl::StrCat(where, ": a log-prob is ", p));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
-  if (it == workers_.end()) return;
+  if (it == workers_.end()) return absl::OkStatus();
+  if (absl::Status ok = CheckPeerResult(result, config_.vocab_size); !ok.ok()) {
+    LoseWorkerLocked(it->second, absl::StrCat("it sent a malformed result: ", ok.message()));
+    work_cv_.notify_all();
+    return ok;
+  }
   TakeResultLocked(*it->second, std::move(result));
   work_cv_.notify_all();
+  return absl::OkStatus();
 }
 
 void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {

@@ -106,6 +106,14 @@ struct WorkerInfo {
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
                           const std::string& description);
 
+// A step result from a worker process is untrusted input: OK only if every
+// field the coordinator reads makes sense for a model of `vocab_size` tokens:
+// sampled and top token ids in the vocabulary (a sampled -1 only where the
+// output carries no token), top ids and top log-probs of equal length,
+// log-probs not NaN or +inf, timings finite and not negative. The error
+// names the field, the output and the value.
+absl::Status CheckPeerResult(const StepResult& result, int64_t vocab_size);
+
 // The link the scheduler sends steps down; made for each attached worker.
 class WorkerConnection {
  public:
@@ -150,7 +158,9 @@ class Coordinator {
   // worker whose model differs from ours.
   absl::StatusOr<uint64_t> AttachWorker(const WorkerInfo& info,
                                         std::shared_ptr<WorkerConnection> connection);
-  void OnStepResult(uint64_t worker, StepResult result);
+  // A remote worker's result. One that fails CheckPeerResult drops the worker
+  // (its requests as DetachWorker says) and comes back as that error.
+  absl::Status OnStepResult(uint64_t worker, StepResult result);
   void DetachWorker(uint64_t worker, const std::string& why);
   // Called with true when a worker attaches, false when it goes.
   void SetServingCallback(std::function<void(bool)> callback);

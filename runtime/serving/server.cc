@@ -378,7 +378,11 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
         why = "it sent something other than a step result";
         break;
       }
-      coordinator_.OnStepResult(*worker, ResultFromProto(message.result()));
+      if (absl::Status ok = coordinator_.OnStepResult(*worker, ResultFromProto(message.result()));
+          !ok.ok()) {
+        why = absl::StrCat("it sent a malformed result: ", ok.message());
+        break;
+      }
     }
     if (context->IsCancelled()) why = "its connection broke";
     coordinator_.DetachWorker(*worker, why);

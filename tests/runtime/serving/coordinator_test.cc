@@ -4,7 +4,10 @@
 // without a model in tests/runtime/scheduler/scheduler_test.cc.
 #include "runtime/serving/coordinator.h"
 
+#include <cmath>
+#include <functional>
 #include <mutex>
+#include <string>
 
 #include "tests/engine_runs.h"
 #include "tests/test_util.h"
@@ -249,6 +252,52 @@ TEST_F(CoordinatorTest, CancellingFreesTheStateWithTheNextStep) {
   ASSERT_FALSE(plans.empty());
   ASSERT_EQ(plans.back().release.size(), 1u);
   EXPECT_EQ(plans.back().release[0], 1u);
+}
+
+}  // namespace
+}  // namespace deltaserve
+
+namespace deltaserve {
+namespace {
+
+// What a worker process sends is checked before any request sees it.
+TEST(CheckPeerResultTest, RefusesEachMalformedField) {
+  StepResult good;
+  good.wall_s = 0.5;
+  good.stage_compute_s = {0.2, 0.3};
+  SequenceResult sampled;
+  sampled.sequence_id = 7;
+  sampled.token = 255;
+  sampled.logprob = -1.5f;
+  sampled.top_ids = {255, 3};
+  sampled.top_logprobs = {-1.5f, -2.0f};
+  SequenceResult scored;
+  scored.sequence_id = 8;
+  scored.target_logprobs = {-0.5f, -INFINITY};  // a zero probability is a log-prob
+  good.outputs = {sampled, scored};
+  EXPECT_TRUE(CheckPeerResult(good, 256).ok());
+
+  struct Bad {
+    std::function<void(StepResult&)> change;
+    std::string message;
+  };
+  const Bad bad[] = {
+      {[](StepResult& r) { r.outputs[0].token = 256; }, "token 256 outside a vocabulary of 256"},
+      {[](StepResult& r) { r.outputs[0].token = -2; }, "token -2"},
+      {[](StepResult& r) { r.outputs[0].top_ids.push_back(1); }, "3 top ids but 2 top log-probs"},
+      {[](StepResult& r) { r.outputs[0].top_ids[1] = -1; }, "top id -1"},
+      {[](StepResult& r) { r.outputs[0].logprob = NAN; }, "logprob is nan"},
+      {[](StepResult& r) { r.outputs[1].target_logprobs[0] = INFINITY; }, "a log-prob is inf"},
+      {[](StepResult& r) { r.wall_s = -1; }, "wall_s is -1"},
+      {[](StepResult& r) { r.stage_compute_s[1] = NAN; }, "stage_compute_s[1] is nan"},
+  };
+  for (const Bad& b : bad) {
+    StepResult r = good;
+    b.change(r);
+    const absl::Status status = CheckPeerResult(r, 256);
+    EXPECT_FALSE(status.ok()) << b.message;
+    EXPECT_NE(status.message().find(b.message), std::string::npos) << status;
+  }
 }
 
 }  // namespace
