@@ -1,0 +1,97 @@
+// A process that attaches to `deltaserve coordinator` as a worker and answers
+// its first step with a malformed result (two top ids, one top log-prob):
+// the coordinator drops it, the request it held ends with UNAVAILABLE, and
+// the coordinator keeps serving: a real worker attaches and its requests
+// complete.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/comm/world_layout.h"
+#include "runtime/model/config.h"
+#include "runtime/serving/worker_codec.h"
+#include "tests/runtime/serving/serving_test_util.h"
+
+namespace deltaserve {
+namespace {
+
+std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
+
+bool WaitForHealth(const std::string& address, const std::string& want) {
+  for (int i = 0; i < 300; ++i) {
+    if (testing::Probe("health " + address) == want + "\n") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  ASSERT_NE(coordinator.stub, nullptr);
+  auto config = LoadModelConfig(K3Tiny());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto layout = WorldLayout::Make(1, 1, 1);
+  ASSERT_TRUE(layout.ok());
+
+  // The forger: a valid hello, then a result that does not add up.
+  auto channel = grpc::CreateChannel(coordinator.address, grpc::InsecureChannelCredentials());
+  auto link = v1::WorkerLink::NewStub(channel);
+  grpc::ClientContext link_context;
+  auto stream = link->Attach(&link_context);
+  v1::WorkerMessage hello;
+  *hello.mutable_hello() = MakeWorkerHello(*config, *layout, "forger");
+  ASSERT_TRUE(stream->Write(hello));
+  ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << coordinator.process->Log();
+
+  auto held = std::async(std::launch::async, [&] {
+    return testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 60);
+  });
+  v1::CoordinatorMessage plan;
+  ASSERT_TRUE(stream->Read(&plan));
+  ASSERT_TRUE(plan.has_step());
+  v1::WorkerMessage forged;
+  v1::StepResult* result = forged.mutable_result();
+  result->set_step_id(plan.step().step_id());
+  for (const auto& work : plan.step().work()) {
+    v1::SequenceOutput* out = result->add_outputs();
+    out->set_sequence_id(work.sequence_id());
+    out->set_token(5);
+    out->add_top_ids(5);
+    out->add_top_ids(6);
+    out->add_top_logprobs(-0.1f);
+  }
+  ASSERT_TRUE(stream->Write(forged));
+  // The coordinator ends the forger's stream.
+  v1::CoordinatorMessage more;
+  while (stream->Read(&more)) {
+  }
+  stream->Finish();
+
+  const testing::Streamed lost = held.get();
+  EXPECT_EQ(lost.status.error_code(), grpc::StatusCode::UNAVAILABLE) << lost.status.error_message();
+  EXPECT_TRUE(lost.ids.empty());
+  EXPECT_TRUE(WaitForHealth(coordinator.address, "NOT_SERVING"));
+  const std::string log = coordinator.process->Log();
+  EXPECT_NE(log.find("malformed result"), std::string::npos) << log;
+  EXPECT_NE(log.find("2 top ids but 1 top log-probs"), std::string::npos) << log;
+
+  // A real worker attaches and serves.
+  const std::string dir = testing::TempDir("forged_worker");
+  auto worker = testing::ChildProcess::Start(testing::BinPath("deltaserve") +
+                                                 " worker --coordinator " + coordinator.address +
+                                                 " --model " + K3Tiny() + " --threads 1",
+                                             dir + "/worker.log");
+  ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
+  const testing::Streamed served =
+      testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 120);
+  EXPECT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.ids.size(), 8u);
+  worker->Signal(SIGTERM);
+  worker->Wait(std::chrono::seconds(30));
+}
+
+}  // namespace
+}  // namespace deltaserve
