@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/tokenizer/text_stream.h"
@@ -317,8 +318,11 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
   workers_[w->id] = w;
   UpdateGaugesLocked();
   if (workers_.size() == 1 && serving_callback_) serving_callback_(true);
-  std::fprintf(stderr, "coordinator: worker %llu attached: %s\n",
-               static_cast<unsigned long long>(w->id), info.description.c_str());
+  // The description is the peer's text: escaped and cut short in the log, so
+  // that it cannot forge lines or drive the terminal.
+  std::fprintf(stderr, "coordinator: worker %llu attached: \"%s\"\n",
+               static_cast<unsigned long long>(w->id),
+               absl::CHexEscape(info.description.substr(0, 256)).c_str());
   schedulers_.emplace_back([this, w] { SchedulerLoop(w); });
   work_cv_.notify_all();
   return w->id;

@@ -2,7 +2,7 @@
 // its first step with a malformed result (two top ids, one top log-prob):
 // the coordinator drops it, the request it held ends with UNAVAILABLE, and
 // the coordinator keeps serving: a real worker attaches and its requests
-// complete.
+// complete. The forger's own text reaches the log escaped.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -42,7 +42,8 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   grpc::ClientContext link_context;
   auto stream = link->Attach(&link_context);
   v1::WorkerMessage hello;
-  *hello.mutable_hello() = MakeWorkerHello(*config, *layout, "forger");
+  // A description that would forge a log line and clear the screen.
+  *hello.mutable_hello() = MakeWorkerHello(*config, *layout, "forger\ncoordinator: ok\x1b[2J");
   ASSERT_TRUE(stream->Write(hello));
   ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << coordinator.process->Log();
 
@@ -77,6 +78,9 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   const std::string log = coordinator.process->Log();
   EXPECT_NE(log.find("malformed result"), std::string::npos) << log;
   EXPECT_NE(log.find("2 top ids but 1 top log-probs"), std::string::npos) << log;
+  // Its text is quoted in the log, escaped.
+  EXPECT_NE(log.find("attached: \"forger\\ncoordinator: ok\\x1b[2J\""), std::string::npos) << log;
+  EXPECT_EQ(log.find("\x1b"), std::string::npos) << log;
 
   // A real worker attaches and serves.
   const std::string dir = testing::TempDir("forged_worker");
