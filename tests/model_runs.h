@@ -22,6 +22,25 @@ inline std::vector<float> OneShotLogits(const Model& model, const std::vector<in
   return logits.ok() ? *logits : std::vector<float>{};
 }
 
+// Logits [T, vocab] of `tokens` fed to one sequence in pieces of the given
+// sizes (which must add up to T), one Model::Forward call each.
+inline std::vector<float> PiecewiseLogits(const Model& model, const std::vector<int32_t>& tokens,
+                                          const std::vector<size_t>& pieces) {
+  auto state = model.NewSequence();
+  std::vector<float> logits;
+  size_t begin = 0;
+  for (size_t piece : pieces) {
+    const ForwardInput input{state.get(), std::span(tokens).subspan(begin, piece), true};
+    auto part = model.Forward(std::span(&input, 1));
+    EXPECT_TRUE(part.ok()) << part.status();
+    if (!part.ok()) return {};
+    logits.insert(logits.end(), part->begin(), part->end());
+    begin += piece;
+  }
+  EXPECT_EQ(begin, tokens.size());
+  return logits;
+}
+
 // The tokens `prompt` generates, by the plainest loop: Model::Forward and
 // kernels::Sample with the sequence's own seeded generator (no end tokens).
 inline std::vector<int32_t> ReferenceGenerate(const Model& model,

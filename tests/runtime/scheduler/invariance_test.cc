@@ -41,17 +41,9 @@ TEST_P(InvarianceTest, PiecesEqualOneShot) {
     EXPECT_LE(testing::RelL2(logits, reference), kTolerance) << "chunk " << chunk;
   }
   // Mixed piece sizes, straight through the model.
-  auto state = model_->NewSequence();
-  std::vector<float> logits;
-  size_t begin = 0;
-  for (size_t piece : {1, 7, 64, 100, 3, 1, 50, 74}) {
-    const ForwardInput input{state.get(), std::span(tokens).subspan(begin, piece), true};
-    auto part = model_->Forward(std::span(&input, 1));
-    ASSERT_TRUE(part.ok()) << part.status();
-    logits.insert(logits.end(), part->begin(), part->end());
-    begin += piece;
-  }
-  ASSERT_EQ(begin, tokens.size());
+  const std::vector<float> logits =
+      testing::PiecewiseLogits(*model_, tokens, {1, 7, 64, 100, 3, 1, 50, 74});
+  ASSERT_EQ(logits.size(), reference.size());
   EXPECT_LE(testing::RelL2(logits, reference), kTolerance);
 }
 

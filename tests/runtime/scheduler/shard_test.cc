@@ -21,20 +21,9 @@ namespace {
 // rows).
 int64_t HeldBytes(const ModelWeights& w) {
   int64_t bytes = 0;
-  ForEachMatrix(w, [&bytes](const Weight& m) { bytes += m.bytes(); });
+  for (const auto& [dtype, n] : CountWeightBytes(w).by_dtype) bytes += n;
   for (const LayerWeights& l : w.layers) bytes -= l.mla.w_uk_t.bytes();
-  int64_t n = w.norm.size() + w.output_res.norm.size() + w.output_res.proj.size();
-  for (const LayerWeights& l : w.layers) {
-    n += l.input_norm.size() + l.post_attention_norm.size();
-    n += l.attn_res.norm.size() + l.attn_res.proj.size() + l.mlp_res.norm.size() +
-         l.mlp_res.proj.size();
-    for (const Floats* f :
-         {&l.kda.qkv_conv, &l.kda.a_log, &l.kda.dt_bias, &l.kda.o_norm, &l.mla.q_a_norm,
-          &l.mla.kv_a_norm, &l.ffn.router_bias, &l.ffn.latent_norm}) {
-      n += f->size();
-    }
-  }
-  return bytes + n * static_cast<int64_t>(sizeof(float));
+  return bytes;
 }
 
 class ShardTest : public ::testing::TestWithParam<std::string> {};
