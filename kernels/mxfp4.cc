@@ -8,14 +8,8 @@
 #include "kernels/tensor.h"
 
 namespace deltaserve::kernels {
-namespace {
 
-constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-}  // namespace
-
-float Mxfp4Code(uint8_t code) { return kE2m1[code & 15]; }
+float Mxfp4Code(uint8_t code) { return kMxfp4Values[code & 15]; }
 
 float E8m0Scale(uint8_t s) {
   if (s == kE8m0Nan) return std::numeric_limits<float>::quiet_NaN();

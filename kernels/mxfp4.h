@@ -11,6 +11,9 @@
 namespace deltaserve::kernels {
 
 inline constexpr int64_t kMxfp4Group = 32;
+// The value of each 4-bit E2M1 code.
+inline constexpr float kMxfp4Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 inline constexpr uint8_t kE8m0Nan = 255;
 
 // The value of a 4-bit code (the low nibble of `code`).

@@ -2,20 +2,13 @@
 
 #include <omp.h>
 
-#include <cstring>
 #include <dnnl.hpp>
 #include <memory>
 
+#include "kernels/bf16.h"
+
 namespace deltaserve::kernels::onednn {
 namespace {
-
-uint16_t RoundToBf16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // to nearest, ties to even
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 const dnnl::engine& Engine() {
   static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -43,7 +36,7 @@ bool Bf16Matmul(const float* x, int64_t ldx, const uint16_t* w, int64_t m, int64
     auto xb = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(m * k));
 #pragma omp parallel for schedule(static) if (m * k >= (1 << 15))
     for (int64_t i = 0; i < m; ++i) {
-      for (int64_t c = 0; c < k; ++c) xb[i * k + c] = RoundToBf16(x[i * ldx + c]);
+      for (int64_t c = 0; c < k; ++c) xb[i * k + c] = FloatToBf16(x[i * ldx + c]);
     }
     dnnl::memory src(src_md, Engine(), xb.get());
     dnnl::memory wei(wei_md, Engine(), const_cast<uint16_t*>(w));

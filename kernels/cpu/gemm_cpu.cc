@@ -54,9 +54,6 @@ inline float Scale(uint8_t s) {
   return out;
 }
 
-constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
 // Value c of a weight row: data row `row`, scale row `scales` (MXFP4).
 template <DType D>
 inline float At(const uint8_t* row, const uint8_t* scales, int64_t c) {
@@ -70,7 +67,7 @@ inline float At(const uint8_t* row, const uint8_t* scales, int64_t c) {
     return Bf16Value(bits);
   } else {
     const uint8_t byte = row[c / 2];
-    return kE2m1[c % 2 == 0 ? byte & 15 : byte >> 4] * Scale(scales[c / kMxfp4Group]);
+    return kMxfp4Values[c % 2 == 0 ? byte & 15 : byte >> 4] * Scale(scales[c / kMxfp4Group]);
   }
 }
 

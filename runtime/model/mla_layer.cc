@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/bf16.h"
 #include "kernels/gemm.h"
 #include "kernels/mla_attention.h"
 #include "kernels/norm.h"
 #include "runtime/model/layers.h"
-#include "runtime/model/safetensors.h"
 
 namespace deltaserve {
 namespace {
@@ -138,12 +138,13 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
       // so chunking does not change what a token attends to.
       std::vector<uint16_t>& cache = state.cache_bf16;
       const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
-      for (int64_t i = 0; i < t * m.CacheWidth(); ++i) cache.push_back(FloatToBF16(rows_b[i]));
+      for (int64_t i = 0; i < t * m.CacheWidth(); ++i)
+        cache.push_back(kernels::FloatToBf16(rows_b[i]));
       if (AbsorbedIsCheaper(m, prefix, t)) {
         AttendAbsorbed(w, m, prefix, t, qb, cache.data(), kernels::DType::kBF16, scale, ob);
       } else {
         std::vector<float> wide(cache.size());
-        for (size_t i = 0; i < cache.size(); ++i) wide[i] = BF16ToFloat(cache[i]);
+        for (size_t i = 0; i < cache.size(); ++i) wide[i] = kernels::Bf16ToFloat(cache[i]);
         AttendPrefill(w, m, prefix, t, qb, wide.data(), scale, ob);
       }
       continue;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
@@ -145,20 +146,9 @@ int64_t TensorView::NumElements() const {
   return n;
 }
 
-float BF16ToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
+float BF16ToFloat(uint16_t bits) { return kernels::Bf16ToFloat(bits); }
 
-uint16_t FloatToBF16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
+uint16_t FloatToBF16(float value) { return kernels::FloatToBf16(value); }
 
 float F16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
