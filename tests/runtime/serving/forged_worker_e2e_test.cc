@@ -37,7 +37,8 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   ASSERT_TRUE(layout.ok());
 
   // The forger: a valid hello, then a result that does not add up.
-  auto channel = grpc::CreateChannel(coordinator.address, grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(coordinator.worker_address, grpc::InsecureChannelCredentials());
   auto link = v1::WorkerLink::NewStub(channel);
   grpc::ClientContext link_context;
   auto stream = link->Attach(&link_context);
@@ -84,10 +85,10 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
 
   // A real worker attaches and serves.
   const std::string dir = testing::TempDir("forged_worker");
-  auto worker = testing::ChildProcess::Start(testing::BinPath("deltaserve") +
-                                                 " worker --coordinator " + coordinator.address +
-                                                 " --model " + K3Tiny() + " --threads 1",
-                                             dir + "/worker.log");
+  auto worker = testing::ChildProcess::Start(
+      testing::BinPath("deltaserve") + " worker --coordinator " + coordinator.worker_address +
+          " --model " + K3Tiny() + " --threads 1",
+      dir + "/worker.log");
   ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
   const testing::Streamed served =
       testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 120);

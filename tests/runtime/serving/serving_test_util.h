@@ -25,7 +25,8 @@ namespace deltaserve::testing {
 struct ServerUnderTest {
   std::unique_ptr<ChildProcess> process;
   int port = 0, metrics_port = -1;
-  std::string address;  // 127.0.0.1:port
+  std::string address;         // 127.0.0.1:port, the client API
+  std::string worker_address;  // where workers attach (--coordinator of `deltaserve worker`)
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
@@ -52,6 +53,7 @@ inline ServerUnderTest StartServer(const std::string& command_and_flags) {
   std::ifstream in(port_file);
   in >> s.port >> s.metrics_port;
   s.address = "127.0.0.1:" + std::to_string(s.port);
+  s.worker_address = s.address;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);

@@ -51,7 +51,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   EXPECT_FALSE(testing::Status(*coordinator.stub).worker_attached());
 
   const std::string dir = testing::TempDir("worker");
-  auto worker = StartWorker(coordinator.address, dir + "/worker1.log");
+  auto worker = StartWorker(coordinator.worker_address, dir + "/worker1.log");
   ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
 
   const std::vector<int32_t> prompt = testing::RandomTokens(3000, 21);
@@ -149,7 +149,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
       std::chrono::seconds(5)));
 
   // A new worker job attaches: the queued request runs, and new ones too.
-  auto second = StartWorker(coordinator.address, dir + "/worker2.log");
+  auto second = StartWorker(coordinator.worker_address, dir + "/worker2.log");
   waiting.join();
   ASSERT_TRUE(queued.status.ok()) << queued.status.error_message() << second->Log();
   EXPECT_EQ(queued.ids, first.ids);
@@ -160,10 +160,10 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
 
   // A second worker job (one process) is a second replica: requests spread
   // over both, and losing one ends only the streams it held.
-  auto replica = testing::ChildProcess::Start(testing::BinPath("deltaserve") +
-                                                  " worker --threads 1 --coordinator " +
-                                                  coordinator.address + " --model " + K3Tiny(),
-                                              dir + "/replica.log");
+  auto replica = testing::ChildProcess::Start(
+      testing::BinPath("deltaserve") + " worker --threads 1 --coordinator " +
+          coordinator.worker_address + " --model " + K3Tiny(),
+      dir + "/replica.log");
   ASSERT_TRUE(testing::WaitForStatus(
       *coordinator.stub, [](const v1::ServerStatus& st) { return st.workers() == 2; },
       std::chrono::seconds(30)))
@@ -213,7 +213,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   // A worker with another model is refused, naming the mismatch.
   std::string output;
   EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " worker --coordinator " +
-                                    coordinator.address + " --model " +
+                                    coordinator.worker_address + " --model " +
                                     testing::GoldenPath("model/kimi-linear-tiny"),
                                 &output),
             0);
@@ -246,7 +246,7 @@ TEST(WorkerJobTest, TensorAndPipelineParallelWorkersGiveGenerateTokens) {
     auto worker = testing::ChildProcess::Start(
         "mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -np " +
             std::to_string(ranks) + " " + testing::BinPath("deltaserve") +
-            " worker --coordinator " + coordinator.address + " --model " + model + " --pp " +
+            " worker --coordinator " + coordinator.worker_address + " --model " + model + " --pp " +
             std::to_string(pp) + " --tp " + std::to_string(tp) + " --threads 1",
         dir + "/worker" + std::to_string(ranks) + ".log");
     ASSERT_TRUE(testing::WaitForStatus(
