@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
@@ -300,9 +301,8 @@ const CommandSpec& ScoreSpec() {
                       "print each rank's traffic, the tokens/s and the largest logits buffer"},
                  }),
       .examples =
-          {"deltaserve score --model /tmp/k3-tiny --tokens-file doc.txt --logprobs-out "
-           "lp.safetensors "
-           "--top-k 5",
+          {"deltaserve score --model /tmp/k3-tiny --tokens-file doc.txt --top-k 5 "
+           "--logprobs-out lp.safetensors",
            "deltaserve score --model /tmp/k3-tiny --tokens 1,2,3 --logits-out out.safetensors"},
       .details = absl::StrCat(
           "A long document: --logprobs-out computes each piece's logits, keeps the target's "
@@ -393,12 +393,18 @@ absl::Status RunScore(const Args& args) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (flags.Has("stats")) {
     PrintPipelineStats(deployment);
-    const int64_t peak = deployment.executor->stage().stats().peak_logits_bytes;
-    std::fprintf(stderr,
-                 "score: %lld tokens in %.3f s (%.1f tokens/s); largest logits buffer %lld bytes "
-                 "(%.1f rows of %lld)\n",
+    // The logits live on the last stage: this rank's count when it is that
+    // stage (one process, or pp 1).
+    std::string logits_note;
+    if (deployment.executor->is_output()) {
+      const int64_t peak = deployment.executor->stage().stats().peak_logits_bytes;
+      logits_note =
+          absl::StrCat("; largest logits buffer ", peak, " bytes (",
+                       absl::StrFormat("%.1f", peak / (4.0 * vocab)), " rows of ", vocab, ")");
+    }
+    std::fprintf(stderr, "score: %lld tokens in %.3f s (%.1f tokens/s)%s\n",
                  static_cast<long long>(T), seconds, T / std::max(seconds, 1e-9),
-                 static_cast<long long>(peak), peak / (4.0 * vocab), static_cast<long long>(vocab));
+                 logits_note.c_str());
   }
   const std::vector<uint8_t> token_bytes =
       LittleEndianBytes(std::vector<int64_t>(tokens.begin(), tokens.end()));
