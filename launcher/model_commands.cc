@@ -305,10 +305,10 @@ const CommandSpec& ScoreSpec() {
            "--logprobs-out lp.safetensors",
            "deltaserve score --model /tmp/k3-tiny --tokens 1,2,3 --logits-out out.safetensors"},
       .details = absl::StrCat(
-          "A long document: --logprobs-out computes each piece's logits, keeps the target's "
-          "log-prob (and the top K) and drops the rest, so memory does not grow with T x vocab. "
-          "--logits-out writes all of them and refuses when T x vocab x 4 bytes is above "
-          "--max-logits-bytes (docs/numerics.md).\n",
+          "A long document: --logprobs-out computes each piece's logits, keeps the targets'\n"
+          "log-probs (and the top K) and drops the rest, so memory does not grow with T x vocab.\n"
+          "--logits-out holds all of them and refuses when T x vocab x 4 bytes is above\n"
+          "--max-logits-bytes (docs/numerics.md).\n\n",
           kDistributedNote),
   };
   return *spec;
