@@ -7,7 +7,7 @@
 namespace deltaserve::kernels {
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0 = greedy (argmax, lowest id on ties)
+  float temperature = 0.0f;  // <= 0 or NaN = greedy (argmax, lowest id on ties)
   int64_t top_k = 0;         // 0 = no limit
   float top_p = 1.0f;        // in (0, 1]; 1 = no limit
 };
@@ -26,6 +26,12 @@ class Rng {
 // to the top_k highest logits, then to the smallest set of highest
 // probabilities whose sum reaches top_p, renormalised. probs: [vocab].
 // Greedy (temperature 0) gives a one-hot distribution.
+//
+// A model's logits should be finite, and the engine refuses rows that are not
+// before sampling, but any input gives a distribution and an id in [0, vocab)
+// with no access out of range: NaN counts as -infinity, and when the highest
+// (scaled) logit is infinite (some +inf, or all -inf) the tokens at that value
+// share the mass equally, the softmax's limit.
 void SamplingDistribution(const float* logits, int64_t vocab, const SamplingParams& params,
                           double* probs);
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
@@ -235,40 +236,129 @@ absl::Status RunGenerate(const Args& args) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// --logits-out holds [T, vocab] float32 whole (and writes it); above this it
+// refuses and points to --logprobs-out, which holds one piece at a time.
+constexpr int64_t kDefaultMaxLogitsBytes = int64_t{1} << 30;
+// --logprobs-out's pieces when --prefill-chunk is 0: as many tokens as keep
+// a piece's logits [piece, vocab] float32 within this, and at least
+// kMinScorePiece tokens (so that a large vocabulary still prefills in
+// pieces worth a step).
+constexpr int64_t kScorePieceLogitsBytes = int64_t{4} << 20;
+constexpr int64_t kMinScorePiece = 64;
+
+// T x vocab x 4, or nullopt when that product overflows int64.
+std::optional<int64_t> LogitsBytes(int64_t tokens, int64_t vocab) {
+  int64_t values = 0, bytes = 0;
+  if (__builtin_mul_overflow(tokens, vocab, &values) ||
+      __builtin_mul_overflow(values, int64_t{4}, &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+std::vector<uint8_t> LittleEndianBytes(const std::vector<int64_t>& values) {
+  std::vector<uint8_t> bytes(values.size() * 8);
+  for (size_t i = 0; i < values.size(); ++i) std::memcpy(bytes.data() + 8 * i, &values[i], 8);
+  return bytes;
+}
+
+}  // namespace
+
 const CommandSpec& ScoreSpec() {
   static const auto* spec = new CommandSpec{
       .name = "score",
-      .summary = "the logits of every prompt position, to a safetensors file",
-      .usage = "--model DIR (--tokens IDS | --tokens-file F) --logits-out OUT.safetensors [flags]",
+      .summary =
+          "per-token log-probs, or the logits of every prompt position, to a safetensors file",
+      .usage =
+          "--model DIR (--tokens IDS | --tokens-file F) (--logprobs-out F | --logits-out F) "
+          "[flags]",
       .flags =
           Concat(DeploymentFlags(),
                  {
                      {"tokens", "IDS", "the tokens to score: 1,2,3 (commas and/or spaces)"},
                      {"tokens-file", "F", "the tokens from a file"},
-                     {"logits-out", "FILE", "writes `logits` [T, vocab] F32, `tokens` [T] I64"},
-                     {"prefill-chunk", "N", "prefill in pieces of N tokens (0: one piece)", "0"},
+                     {"logprobs-out", "FILE",
+                      "writes `logprobs` [T-1] F32 (log p(token i+1 | tokens 0..i)), `tokens` "
+                      "[T] I64, and with --top-k `top_ids` [T-1, K] I32 and `top_logprobs` "
+                      "[T-1, K] F32; holds one piece's logits at a time"},
+                     {"top-k", "K",
+                      "with --logprobs-out: the K most likely tokens at each "
+                      "position too (0: none)",
+                      "0"},
+                     {"logits-out", "FILE",
+                      "writes `logits` [T, vocab] F32, `tokens` [T] I64 (held whole: refused "
+                      "above --max-logits-bytes)"},
+                     {"max-logits-bytes", "B",
+                      "the most --logits-out may hold (T x vocab x 4 bytes)", "1073741824"},
+                     {"prefill-chunk", "N",
+                      "prefill in pieces of N tokens (0: one piece for --logits-out; for "
+                      "--logprobs-out pieces whose logits fit in 4 MiB, at least 64 tokens)",
+                      "0"},
                      {"decode-from", "K", "prefill the first K tokens, then one per step", "0"},
-                     {"stats", "", "print each rank's traffic and the tokens/s"},
+                     {"stats", "",
+                      "print each rank's traffic, the tokens/s and the largest logits buffer"},
                  }),
       .examples =
-          {"deltaserve score --model /tmp/k3-tiny --tokens 1,2,3 --logits-out out.safetensors"},
-      .details = kDistributedNote,
+          {"deltaserve score --model /tmp/k3-tiny --tokens-file doc.txt --top-k 5 "
+           "--logprobs-out lp.safetensors",
+           "deltaserve score --model /tmp/k3-tiny --tokens 1,2,3 --logits-out out.safetensors"},
+      .details = absl::StrCat(
+          "A long document: --logprobs-out computes each piece's logits, keeps the targets'\n"
+          "log-probs (and the top K) and drops the rest, so memory does not grow with T x vocab.\n"
+          "--logits-out holds all of them and refuses when T x vocab x 4 bytes is above\n"
+          "--max-logits-bytes (docs/numerics.md).\n\n",
+          kDistributedNote),
   };
   return *spec;
 }
 
 absl::Status RunScore(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ScoreSpec(), args));
-  DELTASERVE_ASSIGN_OR_RETURN(std::string out, flags.Required("logits-out"));
+  if (flags.Has("logits-out") == flags.Has("logprobs-out")) {
+    return absl::InvalidArgumentError("give exactly one of --logprobs-out, --logits-out");
+  }
+  const bool want_logits = flags.Has("logits-out");
+  const std::string out = flags.GetString(want_logits ? "logits-out" : "logprobs-out");
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   SequenceRequest request;
-  request.kind = SequenceKind::kLogits;
+  request.kind = want_logits ? SequenceKind::kLogits : SequenceKind::kScore;
   DELTASERVE_ASSIGN_OR_RETURN(request.prompt, PromptTokens(flags, config));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t chunk, flags.GetInt("prefill-chunk", 0));
   DELTASERVE_ASSIGN_OR_RETURN(request.decode_from, flags.GetInt("decode-from", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t top_k, flags.GetInt("top-k", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t max_logits_bytes,
+                              flags.GetInt("max-logits-bytes", kDefaultMaxLogitsBytes));
   if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
   if (request.decode_from < 0) return absl::InvalidArgumentError("--decode-from must be >= 0");
+  if (max_logits_bytes < 0) return absl::InvalidArgumentError("--max-logits-bytes must be >= 0");
+  if (top_k < 0 || top_k > config.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k must be in [0, vocab_size ", config.vocab_size, "]"));
+  }
+  if (top_k > 0 && want_logits) {
+    return absl::InvalidArgumentError("--top-k goes with --logprobs-out, not --logits-out");
+  }
+  request.top_logprobs = static_cast<int32_t>(top_k);
   const int64_t T = static_cast<int64_t>(request.prompt.size());
+  const int64_t vocab = config.vocab_size;
+  if (want_logits) {
+    const std::optional<int64_t> bytes = LogitsBytes(T, vocab);
+    if (!bytes || *bytes > max_logits_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "--logits-out would hold ",
+          bytes ? absl::StrCat(*bytes, " bytes") : std::string("more than 2^63 bytes"),
+          " of logits (T x vocab = ", T, " x ", vocab, " float32), above --max-logits-bytes ",
+          max_logits_bytes,
+          "; --logprobs-out FILE writes each token's log-prob (and --top-k K alternatives) "
+          "holding one piece's logits at a time"));
+    }
+  }
+  if (chunk == 0) {
+    chunk = want_logits ? std::max<int64_t>(T, 1)
+                        : std::max(kMinScorePiece, kScorePieceLogitsBytes / (4 * vocab));
+  }
   DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, T));
   Replica& replica = *deployment.replica;
   if (!replica.is_leader()) {
@@ -277,20 +367,25 @@ absl::Status RunScore(const Args& args) {
     return absl::OkStatus();
   }
   SchedulerOptions options;
-  options.step_tokens = chunk > 0 ? chunk : std::max<int64_t>(T, 1);
-  options.fixed_chunk = options.step_tokens;
+  options.step_tokens = chunk;
+  options.fixed_chunk = chunk;
   options.pipeline_stages = deployment.layout.pp;
   OfflineEngine engine(replica, config, options);
   const std::vector<int32_t> tokens = request.prompt;
   engine.Add(std::move(request));
   const auto start = std::chrono::steady_clock::now();
-  std::vector<float> logits;
-  logits.reserve(static_cast<size_t>(T * config.vocab_size));
+  std::vector<float> logits, logprobs, top_logprobs;
+  std::vector<int32_t> top_ids;
+  if (want_logits) logits.reserve(static_cast<size_t>(T * vocab));
   absl::Status failed = absl::OkStatus();
   DELTASERVE_RETURN_IF_ERROR(engine.Run([&](const SchedulerEvent& e) {
     if (e.kind == SchedulerEvent::Kind::kFailed) failed = e.status;
     if (e.kind != SchedulerEvent::Kind::kPiece) return;
-    logits.insert(logits.end(), e.output.logits.begin(), e.output.logits.end());
+    const SequenceResult& r = e.output;
+    logits.insert(logits.end(), r.logits.begin(), r.logits.end());
+    logprobs.insert(logprobs.end(), r.target_logprobs.begin(), r.target_logprobs.end());
+    top_ids.insert(top_ids.end(), r.top_ids.begin(), r.top_ids.end());
+    top_logprobs.insert(top_logprobs.end(), r.top_logprobs.begin(), r.top_logprobs.end());
   }));
   DELTASERVE_RETURN_IF_ERROR(replica.Stop());
   DELTASERVE_RETURN_IF_ERROR(failed);
@@ -298,16 +393,44 @@ absl::Status RunScore(const Args& args) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (flags.Has("stats")) {
     PrintPipelineStats(deployment);
-    std::fprintf(stderr, "score: %lld tokens in %.3f s (%.1f tokens/s)\n",
-                 static_cast<long long>(T), seconds, T / std::max(seconds, 1e-9));
+    // The logits live on the last stage: this rank's count when it is that
+    // stage (one process, or pp 1).
+    std::string logits_note;
+    if (deployment.executor->is_output()) {
+      const int64_t peak = deployment.executor->stage().stats().peak_logits_bytes;
+      logits_note =
+          absl::StrCat("; largest logits buffer ", peak, " bytes (",
+                       absl::StrFormat("%.1f", peak / (4.0 * vocab)), " rows of ", vocab, ")");
+    }
+    std::fprintf(stderr, "score: %lld tokens in %.3f s (%.1f tokens/s)%s\n",
+                 static_cast<long long>(T), seconds, T / std::max(seconds, 1e-9),
+                 logits_note.c_str());
   }
-  std::vector<uint8_t> token_bytes(T * 8);
-  for (int64_t i = 0; i < T; ++i) {
-    const int64_t v = tokens[i];
-    std::memcpy(token_bytes.data() + 8 * i, &v, 8);
+  const std::vector<uint8_t> token_bytes =
+      LittleEndianBytes(std::vector<int64_t>(tokens.begin(), tokens.end()));
+  if (want_logits) {
+    return WriteSafetensors(out, {MakeF32Tensor("logits", {T, vocab}, logits),
+                                  TensorData{"tokens", DType::kI64, {T}, token_bytes}});
   }
-  return WriteSafetensors(out, {MakeF32Tensor("logits", {T, config.vocab_size}, logits),
-                                TensorData{"tokens", DType::kI64, {T}, token_bytes}});
+  // A row per prompt token; the last has no next token to score.
+  const int64_t scored = std::max<int64_t>(T - 1, 0);
+  if (static_cast<int64_t>(logprobs.size()) != T ||
+      static_cast<int64_t>(top_ids.size()) != T * top_k) {
+    return absl::InternalError(absl::StrCat("score: ", logprobs.size(), " log-probs and ",
+                                            top_ids.size(), " top ids for ", T, " tokens"));
+  }
+  logprobs.resize(scored);
+  top_ids.resize(scored * top_k);
+  top_logprobs.resize(scored * top_k);
+  std::vector<TensorData> tensors = {MakeF32Tensor("logprobs", {scored}, logprobs),
+                                     TensorData{"tokens", DType::kI64, {T}, token_bytes}};
+  if (top_k > 0) {
+    std::vector<uint8_t> id_bytes(top_ids.size() * 4);
+    std::memcpy(id_bytes.data(), top_ids.data(), id_bytes.size());
+    tensors.push_back(TensorData{"top_ids", DType::kI32, {scored, top_k}, std::move(id_bytes)});
+    tensors.push_back(MakeF32Tensor("top_logprobs", {scored, top_k}, top_logprobs));
+  }
+  return WriteSafetensors(out, tensors);
 }
 
 }  // namespace deltaserve

@@ -4,12 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/sampling.h"
 #include "runtime/model/model.h"
+#include "runtime/model/safetensors.h"
+#include "tests/test_util.h"
 
 namespace deltaserve::testing {
 
@@ -60,6 +65,33 @@ inline std::vector<int32_t> ReferenceGenerate(const Model& model,
     next = {out.back()};
   }
   return out;
+}
+
+// A copy of the golden model `name` whose final norm weight is NaN, so that
+// every logit is: what a corrupt checkpoint gives.
+inline std::string NanModel(const std::string& name) {
+  const std::string from = GoldenPath("model/" + name);
+  const std::string dir = TempDir("nan_model");
+  std::filesystem::copy_file(from + "/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto checkpoint = Checkpoint::Open(from);
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status();
+  if (!checkpoint.ok()) return dir;
+  std::vector<TensorData> tensors;
+  for (const auto& [tensor, view] : (*checkpoint)->tensors()) {
+    TensorData t{tensor, view->dtype, view->shape,
+                 std::vector<uint8_t>(view->data, view->data + view->nbytes)};
+    if (absl::EndsWith(tensor, "model.norm.weight")) {
+      EXPECT_EQ(t.dtype, DType::kBF16);
+      for (size_t i = 0; i + 1 < t.bytes.size(); i += 2) {
+        t.bytes[i] = 0xC0;  // bf16 quiet NaN 0x7FC0, little-endian
+        t.bytes[i + 1] = 0x7F;
+      }
+    }
+    tensors.push_back(std::move(t));
+  }
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  return dir;
 }
 
 }  // namespace deltaserve::testing

@@ -15,11 +15,18 @@
 namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
 
+// The value a logit is ordered and weighed by: NaN counts as -infinity, so
+// every comparison below is a strict total order (std::sort and nth_element
+// may run out of range under one that is not).
+double Key(float logit) {
+  return std::isnan(logit) ? -std::numeric_limits<double>::infinity() : logit;
+}
+
 // Lowest id among the maxima.
 int32_t Argmax(const float* logits, int64_t vocab) {
   int64_t best = 0;
   for (int64_t i = 1; i < vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
+    if (Key(logits[i]) > Key(logits[best])) best = i;
   }
   return static_cast<int32_t>(best);
 }
@@ -42,8 +49,8 @@ void Renormalise(std::vector<Entry>& kept) {
 
 // Exponent and top two mantissa bits of a probability in [0, 1]: monotone in
 // p, at most 4093 values, a bucket never spans more than a factor 1.25.
-// Clamped, so that even a NaN from non-finite logits (outside the contract,
-// which callers check) never indexes past the histogram.
+// KeptDistribution's probabilities are in [0, 1] for any input; the clamp
+// keeps an index in range even if that ever stopped being so.
 constexpr int kBucketShift = 50;
 constexpr size_t kBuckets = (size_t{0x3ff} << 2) + 1;
 size_t Bucket(double p) {
@@ -88,7 +95,7 @@ std::vector<Entry> KeptDistribution(const float* logits, int64_t vocab,
                                     const SamplingParams& params) {
   std::vector<Entry> kept(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
-    kept[i] = {static_cast<double>(logits[i]), static_cast<int32_t>(i)};
+    kept[i] = {Key(logits[i]), static_cast<int32_t>(i)};
   }
   bool id_order = true;
   // top_k: the k highest logits (an nth_element, O(vocab)). The softmax then
@@ -102,10 +109,13 @@ std::vector<Entry> KeptDistribution(const float* logits, int64_t vocab,
   const double temperature = params.temperature;
   double zmax = -std::numeric_limits<double>::infinity();
   for (Entry& e : kept) {
-    e.p /= temperature;
+    if (std::isfinite(e.p)) e.p /= temperature;  // inf / inf would be NaN
     zmax = std::max(zmax, e.p);
   }
-  for (Entry& e : kept) e.p = std::exp(e.p - zmax);
+  // An infinite maximum (every logit -inf or NaN, or some +inf): the tokens
+  // at it share the mass, the softmax's limit. Either way the weights are
+  // finite, in [0, 1], and at least one is 1, so the sum is >= 1.
+  for (Entry& e : kept) e.p = std::isinf(zmax) ? (e.p == zmax ? 1.0 : 0.0) : std::exp(e.p - zmax);
   Renormalise(kept);
   // top_p applies to the top_k-renormalised distribution (as in HF / vLLM).
   if (params.top_p < 1.0f) {
@@ -125,7 +135,7 @@ void SamplingDistribution(const float* logits, int64_t vocab, const SamplingPara
                           double* probs) {
   DELTASERVE_CHECK(vocab > 0);
   std::fill(probs, probs + vocab, 0.0);
-  if (params.temperature <= 0.0f) {
+  if (!(params.temperature > 0.0f)) {
     probs[Argmax(logits, vocab)] = 1.0;
     return;
   }
@@ -134,7 +144,7 @@ void SamplingDistribution(const float* logits, int64_t vocab, const SamplingPara
 
 int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {
   DELTASERVE_CHECK(vocab > 0);
-  if (params.temperature <= 0.0f) return Argmax(logits, vocab);
+  if (!(params.temperature > 0.0f)) return Argmax(logits, vocab);
   const std::vector<Entry> kept = KeptDistribution(logits, vocab, params);
   // Inverse CDF over the kept tokens in ascending id; scaling u by the actual
   // total keeps rounding from running past the last token.

@@ -2,18 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
 namespace deltaserve::kernels::ref {
 namespace {
 
-int32_t Argmax(const double* logits, int64_t vocab) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
+// NaN orders and weighs as -infinity.
+std::vector<double> Keys(const double* logits, int64_t vocab) {
+  std::vector<double> keys(logits, logits + vocab);
+  for (double& k : keys) {
+    if (std::isnan(k)) k = -std::numeric_limits<double>::infinity();
   }
-  return static_cast<int32_t>(best);
+  return keys;
+}
+
+int32_t Argmax(const double* logits, int64_t vocab) {
+  const std::vector<double> keys = Keys(logits, vocab);
+  return static_cast<int32_t>(std::max_element(keys.begin(), keys.end()) - keys.begin());
 }
 
 void Renormalise(double* probs, int64_t vocab) {
@@ -26,16 +33,24 @@ void Renormalise(double* probs, int64_t vocab) {
 
 void SamplingDistribution(const double* logits, int64_t vocab, const SamplingParams& params,
                           double* probs) {
-  if (params.temperature <= 0.0f) {
+  if (!(params.temperature > 0.0f)) {
     for (int64_t i = 0; i < vocab; ++i) probs[i] = 0.0;
     probs[Argmax(logits, vocab)] = 1.0;
     return;
   }
+  const std::vector<double> keys = Keys(logits, vocab);
   const double temperature = params.temperature;
-  double zmax = logits[0] / temperature;
-  for (int64_t i = 1; i < vocab; ++i) zmax = std::max(zmax, logits[i] / temperature);
+  std::vector<double> z(vocab);
   for (int64_t i = 0; i < vocab; ++i) {
-    probs[i] = std::exp(logits[i] / temperature - zmax);
+    z[i] = std::isinf(keys[i]) ? keys[i] : keys[i] / temperature;
+  }
+  const double zmax = *std::max_element(z.begin(), z.end());
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (std::isinf(zmax)) {
+      probs[i] = z[i] == zmax ? 1.0 : 0.0;  // the limit of the softmax
+    } else {
+      probs[i] = std::exp(z[i] - zmax);
+    }
   }
   Renormalise(probs, vocab);
 
@@ -43,7 +58,7 @@ void SamplingDistribution(const double* logits, int64_t vocab, const SamplingPar
   if (params.top_k > 0 && params.top_k < vocab) {
     std::iota(ids.begin(), ids.end(), 0);
     std::stable_sort(ids.begin(), ids.end(),
-                     [logits](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+                     [&keys](int32_t a, int32_t b) { return keys[a] > keys[b]; });
     for (int64_t r = params.top_k; r < vocab; ++r) probs[ids[r]] = 0.0;
     Renormalise(probs, vocab);
   }
@@ -63,7 +78,7 @@ void SamplingDistribution(const double* logits, int64_t vocab, const SamplingPar
 }
 
 int32_t Sample(const double* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {
-  if (params.temperature <= 0.0f) return Argmax(logits, vocab);
+  if (!(params.temperature > 0.0f)) return Argmax(logits, vocab);
   std::vector<double> probs(vocab);
   SamplingDistribution(logits, vocab, params, probs.data());
   double total = 0.0;

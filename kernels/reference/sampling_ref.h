@@ -11,7 +11,9 @@ namespace deltaserve::kernels::ref {
 // softmax(logits / temperature) over the whole vocabulary; keep the top_k
 // highest logits (ties: lower id) and renormalise; keep the smallest prefix of
 // that, sorted by probability descending (ties: lower id), whose sum reaches
-// top_p, and renormalise. Temperature <= 0: one-hot at the argmax (lowest id).
+// top_p, and renormalise. Temperature <= 0 or NaN: one-hot at the argmax
+// (lowest id). Non-finite logits as kernels/sampling.h says: NaN is -infinity,
+// and an infinite maximum shares the mass among the tokens at it.
 void SamplingDistribution(const double* logits, int64_t vocab, const SamplingParams& params,
                           double* probs);
 

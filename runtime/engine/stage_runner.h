@@ -29,6 +29,9 @@ struct PipelineStats {
   double busy_wall_s = 0;   // wall time inside StepExecutor::Run
   int64_t fork_bytes = 0;   // sequence state copied to fork new sequences
   double fork_s = 0;        // time those copies took
+  // The most a step's logits buffer held on this rank (capacity, bytes):
+  // rows x vocab x 4 of the largest step on the last stage, 0 elsewhere.
+  int64_t peak_logits_bytes = 0;
 };
 
 class StageRunner {

@@ -30,7 +30,7 @@ struct SequenceWork {
   kernels::SamplingParams sampling;  // read with start
   uint64_t seed = 0;                 // read with start
   bool logprobs = false;             // kSample: the sampled token's log-prob
-  int32_t top_logprobs = 0;          // kSample: that many alternatives
+  int32_t top_logprobs = 0;          // kSample, kScore: that many alternatives (per row)
   std::vector<int32_t> targets;      // kScore: the token after each (-1: none)
   // With start: the new state is a copy of this sequence's state as it was
   // before the step (a prefix computed once, forked for several requests).
@@ -50,7 +50,8 @@ struct SequenceResult {
   uint64_t sequence_id = 0;
   int32_t token = -1;  // kSample
   float logprob = 0;
-  std::vector<int32_t> top_ids;  // highest first
+  // Highest first; kScore: [tokens, top_logprobs], a row per target.
+  std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
   std::vector<float> target_logprobs;  // kScore, one per target (0 for -1)
   std::vector<float> logits;           // kLogits, [tokens, vocab]

@@ -25,6 +25,28 @@ std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
   return out;
 }
 
+namespace {
+
+// Appends the n most likely ids of one row (highest first, lower id on ties)
+// and their log-probs (logit - log_z) to `r`. `order` is scratch, reused
+// across rows so that scoring a piece allocates one vocabulary's worth.
+void AppendTop(const float* logits, int64_t vocab, double log_z, int64_t n,
+               std::vector<int32_t>& order, SequenceResult& r) {
+  n = std::min(n, vocab);
+  if (n <= 0) return;
+  order.resize(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    r.top_ids.push_back(order[i]);
+    r.top_logprobs.push_back(static_cast<float>(logits[order[i]] - log_z));
+  }
+}
+
+}  // namespace
+
 StepExecutor::StepExecutor(const Model& model, const WorldLayout& layout, Communicator& world)
     : stage_(model, layout, world) {}
 
@@ -122,7 +144,13 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   std::vector<SequenceResult> results;
   if (!is_output()) return results;
 
+  // Scoring a long document holds one step's rows at a time, never [T, vocab]:
+  // the largest buffer is what --stats reports and the score test bounds.
+  PipelineStats& stats = stage_.stats();
+  stats.peak_logits_bytes = std::max<int64_t>(
+      stats.peak_logits_bytes, static_cast<int64_t>(logits.capacity() * sizeof(float)));
   const int64_t vocab = model.config().vocab_size;
+  std::vector<int32_t> order;  // AppendTop's scratch
   const float* row = logits.data();
   for (const SequenceWork& w : step.work) {
     Sequence& seq = sequences_.at(w.sequence_id);
@@ -140,35 +168,29 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
             std::find_if_not(row, row + rows * vocab, [](float x) { return std::isfinite(x); });
         bad != row + rows * vocab) {
       const int64_t position = seq.state->length - rows + (bad - row) / vocab;
-      r.error = absl::StrCat("the model's logits are not finite at position ", position, " (", *bad,
-                             " for token id ", (bad - row) % vocab, ")");
+      r.error = absl::StrCat("sequence ", w.sequence_id,
+                             ": the model's logits are not finite at token position ", position,
+                             " (", *bad, " for token id ", (bad - row) % vocab, ")");
     } else if (w.output == WorkOutput::kSample) {
       r.token = kernels::Sample(row, vocab, seq.sampling, seq.rng);
       if (w.logprobs || w.top_logprobs > 0) {
-        const std::vector<double> lp = LogSoftmax(row, vocab);
-        r.logprob = static_cast<float>(lp[r.token]);
-        const int64_t n = std::min<int64_t>(w.top_logprobs, vocab);
-        std::vector<int32_t> order(vocab);
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
-          return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
-        });
-        for (int64_t i = 0; i < n; ++i) {
-          r.top_ids.push_back(order[i]);
-          r.top_logprobs.push_back(static_cast<float>(lp[order[i]]));
-        }
+        const double log_z = LogSumExp(row, vocab);
+        r.logprob = static_cast<float>(row[r.token] - log_z);
+        AppendTop(row, vocab, log_z, w.top_logprobs, order, r);
       }
     } else if (w.output == WorkOutput::kLogits) {
       r.logits.assign(row, row + rows * vocab);
     } else {
+      // kScore: per row the target's log-prob and, when asked, the top
+      // alternatives ([rows, top_logprobs] in top_ids / top_logprobs); only
+      // these leave the step, never the rows themselves.
       for (int64_t t = 0; t < rows; ++t) {
-        const int32_t target = w.targets[t];
-        if (target < 0 || target >= vocab) {
-          r.target_logprobs.push_back(0.0f);
-          continue;
-        }
         const float* logits = row + t * vocab;
-        r.target_logprobs.push_back(static_cast<float>(logits[target] - LogSumExp(logits, vocab)));
+        const double log_z = LogSumExp(logits, vocab);
+        const int32_t target = w.targets[t];
+        r.target_logprobs.push_back(
+            target < 0 || target >= vocab ? 0.0f : static_cast<float>(logits[target] - log_z));
+        AppendTop(logits, vocab, log_z, w.top_logprobs, order, r);
       }
     }
     row += rows * vocab;

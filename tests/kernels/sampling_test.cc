@@ -263,21 +263,64 @@ TEST(SampleTest, EmpiricalFrequencies) {
   }
 }
 
-// Outside the contract (callers check for non-finite logits first), NaN and
-// infinite logits still give an id in range at every setting, never an
-// access past the top-p histogram.
-TEST(SamplingTest, NonFiniteLogitsStayInRange) {
-  const int64_t vocab = 1000;
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                    -std::numeric_limits<float>::infinity()}) {
-    std::vector<float> logits(vocab, bad);
-    logits[7] = 1.0f;
-    for (const SamplingParams& params :
-         {SamplingParams{}, SamplingParams{1.0f, 0, 0.9f}, SamplingParams{0.7f, 50, 0.5f}}) {
-      Rng rng(3);
-      const int32_t id = Sample(logits.data(), vocab, params, rng);
-      EXPECT_GE(id, 0);
-      EXPECT_LT(id, vocab);
+// Non-finite logits (the engine refuses them before sampling, but a kernel
+// must stay in range for any input) give the reference's distribution, with
+// NaN as -inf and an infinite maximum sharing the mass, and the same draws.
+// Sizes span the top-p histogram's one-bucket and many-bucket cases, and the
+// rows mix every kind of value, so a comparison that is not a strict order
+// (NaN) would reach std::sort and nth_element. Run at every CPU level.
+TEST(SamplingTest, NonFiniteLogitsFollowTheReference) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> rows;
+  for (int64_t vocab : {1, 2, 7, 64, 1000, 5000}) {
+    for (float bad : {kNaN, kInf, -kInf}) {
+      rows.push_back(std::vector<float>(vocab, bad));  // all bad
+      std::vector<float> mixed = RandomFloats(vocab, 11 * vocab, -4.0f, 4.0f);
+      for (int64_t i = 0; i < vocab; i += 3) mixed[i] = bad;  // a third bad
+      rows.push_back(mixed);
+      std::vector<float> one = RandomFloats(vocab, 13 * vocab, -4.0f, 4.0f);
+      one[vocab / 2] = bad;
+      rows.push_back(one);
+    }
+    std::vector<float> all_kinds = RandomFloats(vocab, 17 * vocab, -4.0f, 4.0f);
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (i % 4 == 1) all_kinds[i] = kNaN;
+      if (i % 4 == 2) all_kinds[i] = i % 8 == 2 ? kInf : -kInf;
+    }
+    rows.push_back(all_kinds);
+  }
+  // Rows of equal values make uniform distributions; a top_p that is not a
+  // multiple of 1 / (tokens kept) for any size here keeps the cut off an
+  // exact tie of rounded sums, where the two summation orders may differ.
+  const std::vector<SamplingParams> settings = {Params(0.0f),
+                                                Params(1.0f),
+                                                Params(0.7f, 5),
+                                                Params(1.3f, 0, 0.9013f),
+                                                Params(0.7f, 50, 0.3771f),
+                                                Params(2.0f, 3, 0.0537f),
+                                                Params(kInf, 0, 0.8131f),
+                                                Params(kNaN, 4, 0.5f),
+                                                Params(1.0f, -1, kNaN)};
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::vector<float>& logits = rows[r];
+    const int64_t vocab = static_cast<int64_t>(logits.size());
+    for (size_t s = 0; s < settings.size(); ++s) {
+      SCOPED_TRACE(::testing::Message()
+                   << "row " << r << " (vocab " << vocab << "), setting " << s);
+      const std::vector<double> got = Dist(logits, settings[s]);
+      EXPECT_TRUE(SameDistribution(got, RefDist(logits, settings[s])));
+      double sum = 0.0;
+      for (double p : got) sum += p;
+      EXPECT_NEAR(sum, 1.0, 1e-12);
+      for (uint64_t seed = 1; seed <= 5; ++seed) {
+        Rng rng(seed), twin(seed);
+        const int32_t id = Sample(logits.data(), vocab, settings[s], rng);
+        ASSERT_GE(id, 0);
+        ASSERT_LT(id, vocab);
+        EXPECT_GT(got[id], 0.0) << "drew a token outside the distribution";
+        EXPECT_EQ(id, ref::Sample(ToDouble(logits).data(), vocab, settings[s], twin));
+      }
     }
   }
 }

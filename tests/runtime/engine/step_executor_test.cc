@@ -3,7 +3,9 @@
 // and log-probs as each run alone by the plainest loop over the model.
 #include "runtime/engine/step_executor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "runtime/comm/single_communicator.h"
 #include "tests/model_runs.h"
@@ -139,6 +141,62 @@ TEST_P(StepExecutorTest, ScoreGivesLogSoftmaxOfTheNextToken) {
     EXPECT_NEAR(scored[i], expected, 1e-4 * (1 + std::abs(expected))) << "token " << i;
   }
   EXPECT_EQ(scored.back(), 0.0f);
+}
+
+// Scoring with top-k: a row of K alternatives per token, highest first (ties:
+// lower id), each the log-softmax of that row; and the step's logits buffer,
+// counted by the stage, is this step's rows x vocab, not the document's.
+TEST_P(StepExecutorTest, ScoreTopKPerRowAndTheLogitsBufferIsOneStep) {
+  const auto tokens = testing::RandomTokens(40, 9);
+  const std::vector<float> all = testing::OneShotLogits(*model_, tokens);
+  ASSERT_FALSE(all.empty());
+  const int64_t V = model_->config().vocab_size, K = 4;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_lp;
+  int64_t largest_step_rows = 0;
+  for (const auto& [begin, end] : {std::pair<size_t, size_t>{0, 25}, {25, 40}}) {
+    SequenceWork w;
+    w.sequence_id = 1;
+    w.start = begin == 0;
+    w.tokens.assign(tokens.begin() + begin, tokens.begin() + end);
+    w.output = WorkOutput::kScore;
+    w.top_logprobs = K;
+    for (size_t i = begin; i < end; ++i) {
+      w.targets.push_back(i + 1 < tokens.size() ? tokens[i + 1] : -1);
+    }
+    Step step;
+    step.work.push_back(w);
+    auto results = executor_->Run(step);
+    ASSERT_TRUE(results.ok()) << results.status();
+    const SequenceResult& r = (*results)[0];
+    ASSERT_EQ(r.top_ids.size(), (end - begin) * K);
+    ASSERT_EQ(r.top_logprobs.size(), r.top_ids.size());
+    top_ids.insert(top_ids.end(), r.top_ids.begin(), r.top_ids.end());
+    top_lp.insert(top_lp.end(), r.top_logprobs.begin(), r.top_logprobs.end());
+    largest_step_rows = std::max<int64_t>(largest_step_rows, end - begin);
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::vector<double> lp = LogSoftmax(all.data() + i * V, V);
+    std::vector<int32_t> order(V);
+    for (int32_t v = 0; v < V; ++v) order[v] = v;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return lp[a] > lp[b]; });
+    for (int64_t j = 0; j < K; ++j) {
+      // Pieces round differently from one shot (5e-5 relative): ids where
+      // no neighbour is that close.
+      EXPECT_NEAR(top_lp[i * K + j], lp[order[j]], 1e-4 * (1 + std::abs(lp[order[j]])))
+          << "token " << i;
+      if (lp[order[j]] - lp[order[j + 1]] > 1e-3 &&
+          (j == 0 || lp[order[j - 1]] - lp[order[j]] > 1e-3)) {
+        EXPECT_EQ(top_ids[i * K + j], order[j]) << "token " << i << ", rank " << j;
+      }
+    }
+  }
+  const int64_t peak = executor_->stage().stats().peak_logits_bytes;
+  EXPECT_GE(peak, largest_step_rows * V * 4);
+  // A vector's capacity may round up a little, never to the document.
+  EXPECT_LT(peak, 2 * largest_step_rows * V * 4);
+  EXPECT_LT(peak, static_cast<int64_t>(tokens.size()) * V * 4);
 }
 
 SequenceWork Work(uint64_t id, bool start, std::vector<int32_t> tokens,
