@@ -11,6 +11,7 @@
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "launcher/batch_runners.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/serving/credentials.h"
 #include "runtime/serving/grpc_status.h"
 
 namespace deltaserve {
@@ -140,8 +141,9 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args));
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                              OpenChannel(options.server, options.security, args));
+  auto stub = v1::Generation::NewStub(channel);
   bool has_text = false;
   {
     // The server answers before any work is handed out.
