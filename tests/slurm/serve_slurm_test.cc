@@ -70,8 +70,8 @@ class ServeSlurmTest : public testing::SlurmTest {
     std::istringstream addresses(testing::ReadWholeFile(address_file));
     addresses >> address_ >> worker_address_;
     // Secure by default: the tokens are the job's user's alone.
-    for (const std::string& name : {"client.token", "worker.token"}) {
-      const std::string path = secrets_ + "/" + name;
+    for (const char* name : {"client.token", "worker.token"}) {
+      const std::string path = secrets_ + "/" + std::string(name);
       EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
                 std::filesystem::perms::owner_read | std::filesystem::perms::owner_write)
           << path;

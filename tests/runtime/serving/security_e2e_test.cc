@@ -182,9 +182,9 @@ testing::Streamed Generate(v1::Generation::Stub& stub, int max_tokens) {
 }
 
 TEST_F(SecurityTest, TokensGuardBothPortsAndEachPortServesOnlyItsOwnServices) {
-  auto coordinator =
-      testing::StartServer("coordinator --model " + K3Tiny() + " --client-tokens-file " +
-                           File("clients") + " --worker-token-file " + File("workers"));
+  auto coordinator = testing::StartServer(
+      "coordinator --model " + K3Tiny() + " --metrics-port 0 --client-tokens-file " +
+      File("clients") + " --worker-token-file " + File("workers"));
   ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
   ASSERT_NE(coordinator.worker_address, coordinator.address);
   auto alice = Client(coordinator.address, Token("alice"));
@@ -249,10 +249,11 @@ TEST_F(SecurityTest, TokensGuardBothPortsAndEachPortServesOnlyItsOwnServices) {
   EXPECT_EQ(PythonGenerate(coordinator.address, "", &output), 1) << output;
   EXPECT_NE(output.find("UNAUTHENTICATED"), std::string::npos) << output;
 
-  // Only the announced ports listen: the client port and the worker port
-  // (there is no metrics port here).
+  // Only the announced ports listen: the client port, the worker port and
+  // the metrics port.
   EXPECT_EQ(ListeningPorts(coordinator.process->pid()),
-            (std::set<int>{coordinator.port, std::stoi(coordinator.worker_address.substr(10))}));
+            (std::set<int>{coordinator.port, std::stoi(coordinator.worker_address.substr(10)),
+                           coordinator.metrics_port}));
 }
 
 TEST_F(SecurityTest, ARequestIsAbortedOnlyByThePrincipalThatSentIt) {
