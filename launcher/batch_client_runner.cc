@@ -153,6 +153,13 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
                          std::chrono::milliseconds(static_cast<int64_t>(options.retry_s * 1e3)));
     v1::ModelInfo info;
     const grpc::Status status = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("the server at ", options.server,
+                                       " refused this client (--token-file, --tls-cert): ",
+                                       status.error_message()));
+    }
     if (!status.ok()) {
       return absl::UnavailableError(absl::StrCat("the server at ", options.server,
                                                  " does not answer: ", status.error_message()));

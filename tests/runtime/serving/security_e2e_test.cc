@@ -31,6 +31,12 @@ void WriteSecret(const std::string& path, const std::string& text) {
   ASSERT_EQ(chmod(path.c_str(), 0600), 0) << path;
 }
 
+std::string Slurp(const std::string& path) {
+  std::ostringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
 void Shell(const std::string& command) {
   std::string output;
   ASSERT_EQ(testing::RunCommand(command, &output), 0) << command << "\n" << output;
@@ -248,6 +254,19 @@ TEST_F(SecurityTest, TokensGuardBothPortsAndEachPortServesOnlyItsOwnServices) {
       << output;
   EXPECT_EQ(PythonGenerate(coordinator.address, "", &output), 1) << output;
   EXPECT_NE(output.find("UNAUTHENTICATED"), std::string::npos) << output;
+  // So does `deltaserve batch --server`; without it the job stops, naming why.
+  const std::string batch = testing::BinPath("deltaserve") + " batch --server " +
+                            coordinator.address + " --retry-s 5 --quiet --input " +
+                            File("in.jsonl");
+  std::ofstream(File("in.jsonl")) << "{\"id\": \"b\", \"tokens\": [1, 2, 3], \"max_tokens\": 4}\n";
+  EXPECT_EQ(
+      testing::RunCommand(
+          batch + " --output " + File("out.jsonl") + " --token-file " + File("alice"), &output),
+      0)
+      << output;
+  EXPECT_NE(Slurp(File("out.jsonl")).find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_NE(testing::RunCommand(batch + " --output " + File("refused.jsonl"), &output), 0);
+  EXPECT_NE(output.find("refused this client"), std::string::npos) << output;
 
   // Only the announced ports listen: the client port, the worker port and
   // the metrics port.
