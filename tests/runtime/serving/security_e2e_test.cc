@@ -144,8 +144,9 @@ class SecurityTest : public ::testing::Test {
 std::string* SecurityTest::dir_ = nullptr;
 
 // The TCP ports `pid` listens on: its sockets' inodes matched against
-// /proc/PID/net/tcp and tcp6 (state 0A is LISTEN).
-std::set<int> ListeningPorts(pid_t pid) {
+// /proc/PID/net/tcp and tcp6 (state 0A is LISTEN). *all_loopback: whether
+// every one of them is bound to 127.0.0.1 (or its IPv4-mapped IPv6 form).
+std::set<int> ListeningPorts(pid_t pid, bool* all_loopback) {
   const std::string proc = "/proc/" + std::to_string(pid);
   std::set<std::string> inodes;
   for (const auto& entry : fs::directory_iterator(proc + "/fd")) {
@@ -156,6 +157,7 @@ std::set<int> ListeningPorts(pid_t pid) {
     }
   }
   std::set<int> ports;
+  *all_loopback = true;
   for (const std::string table : {"/net/tcp", "/net/tcp6"}) {
     std::ifstream in(proc + table);
     std::string line;
@@ -166,7 +168,11 @@ std::set<int> ListeningPorts(pid_t pid) {
       fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
           timeout >> inode;
       if (state == "0A" && inodes.count(inode)) {
-        ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+        const size_t colon = local.find(':');
+        ports.insert(std::stoi(local.substr(colon + 1), nullptr, 16));
+        // /proc prints addresses as 32-bit words in host order.
+        const std::string address = local.substr(0, colon);
+        *all_loopback &= address == "0100007F" || address == "0000000000000000FFFF00000100007F";
       }
     }
   }
@@ -270,9 +276,11 @@ TEST_F(SecurityTest, TokensGuardBothPortsAndEachPortServesOnlyItsOwnServices) {
 
   // Only the announced ports listen: the client port, the worker port and
   // the metrics port.
-  EXPECT_EQ(ListeningPorts(coordinator.process->pid()),
+  bool all_loopback = false;
+  EXPECT_EQ(ListeningPorts(coordinator.process->pid(), &all_loopback),
             (std::set<int>{coordinator.port, std::stoi(coordinator.worker_address.substr(10)),
                            coordinator.metrics_port}));
+  EXPECT_TRUE(all_loopback);
 }
 
 TEST_F(SecurityTest, ARequestIsAbortedOnlyByThePrincipalThatSentIt) {
@@ -441,6 +449,23 @@ TEST_F(SecurityTest, ANonLoopbackHostNeedsTlsOrTokensOrInsecure) {
       << output;
   EXPECT_NE(output.find("chmod 600"), std::string::npos) << output;
 
+  // With no --host at all, every port (gRPC and metrics) binds loopback.
+  {
+    const std::string port_file = *dir_ + "/default-port";
+    auto server = testing::ChildProcess::Start(
+        testing::BinPath("deltaserve") + " coordinator --model " + K3Tiny() +
+            " --port 0 --worker-port 0 --metrics-port 0 --port-file " + port_file,
+        *dir_ + "/default.log");
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(port_file) && std::chrono::steady_clock::now() < end &&
+           !server->Wait(std::chrono::milliseconds(20))) {
+    }
+    ASSERT_TRUE(fs::exists(port_file)) << server->Log();
+    bool all_loopback = false;
+    EXPECT_EQ(ListeningPorts(server->pid(), &all_loopback).size(), 3u);
+    EXPECT_TRUE(all_loopback);
+  }
+
   for (const std::string& flags :
        {std::string(" --insecure"),
         " --client-tokens-file " + File("clients") + " --worker-token-file " + File("workers")}) {
@@ -453,6 +478,10 @@ TEST_F(SecurityTest, ANonLoopbackHostNeedsTlsOrTokensOrInsecure) {
            !server->Wait(std::chrono::milliseconds(20))) {
     }
     EXPECT_TRUE(fs::exists(port_file)) << flags << ": " << server->Log();
+    // Its two gRPC ports bind every address, as asked.
+    bool all_loopback = true;
+    EXPECT_EQ(ListeningPorts(server->pid(), &all_loopback).size(), 2u);
+    EXPECT_FALSE(all_loopback);
     server->Signal(SIGTERM);
     EXPECT_EQ(server->Wait(std::chrono::seconds(30)), 0) << server->Log();
   }
