@@ -346,12 +346,19 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   auto alice = Client(coordinator.address, Tls("ca", "alice"));
   v1::ServerStatus status;
   ASSERT_TRUE(StatusCall(*alice, &status).ok());
+  // The certificate names localhost too: --tls-server-name picks the name.
+  ChannelSecurity by_name = Tls("ca", "alice");
+  by_name.server_name = "localhost";
+  EXPECT_TRUE(StatusCall(*Client(coordinator.address, by_name)).ok());
+  ChannelSecurity wrong_name = by_name;
+  wrong_name.server_name = "coordinator.example";
 
   // Plaintext to a TLS port; TLS without a client certificate; a certificate
   // of a CA the server does not trust; a server certificate this client does
-  // not trust: no call gets through.
+  // not trust, or that does not carry the name asked for: no call gets
+  // through.
   for (const ChannelSecurity& refused :
-       {ChannelSecurity(), Tls("ca"), Tls("ca", "mallory"), Tls("rogue-ca", "alice")}) {
+       {ChannelSecurity(), Tls("ca"), Tls("ca", "mallory"), Tls("rogue-ca", "alice"), wrong_name}) {
     auto stub = Client(coordinator.address, refused);
     const grpc::Status s = StatusCall(*stub);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
