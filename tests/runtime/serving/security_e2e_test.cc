@@ -189,6 +189,47 @@ int PythonGenerate(const std::string& address, const std::string& flags, std::st
                              output);
 }
 
+// The owner's long request "job-1" streams; `other`'s Abort of that id does
+// not find it and the request keeps streaming; the owner's Abort ends it.
+void ExpectAbortOnlyByOwner(v1::Generation::Stub& owner, v1::Generation::Stub& other) {
+  std::atomic<int> tokens{0};
+  grpc::Status owner_status;
+  std::thread stream([&] {
+    v1::GenerateRequest req = testing::TokensRequest({1, 2, 3, 4}, 100000);
+    req.set_request_id("job-1");
+    req.set_ignore_eos(true);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = owner.Generate(&context, req);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) tokens += response.tokens_size();
+    owner_status = reader->Finish();
+  });
+  auto abort = [](v1::Generation::Stub& stub) {
+    grpc::ClientContext context;
+    v1::AbortRequest req;
+    req.set_request_id("job-1");
+    v1::AbortResponse reply;
+    EXPECT_TRUE(stub.Abort(&context, req, &reply).ok());
+    return reply.found();
+  };
+  auto wait_for_tokens = [&](int more) {
+    const int target = tokens + more;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (tokens < target && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return tokens >= target;
+  };
+  EXPECT_TRUE(wait_for_tokens(1));
+  EXPECT_FALSE(abort(other));
+  EXPECT_TRUE(wait_for_tokens(5)) << "the request stopped after another principal's abort";
+  EXPECT_TRUE(abort(owner));
+  stream.join();
+  EXPECT_EQ(owner_status.error_code(), grpc::StatusCode::CANCELLED) << owner_status.error_message();
+  EXPECT_LT(tokens, 100000);
+}
+
 testing::Streamed Generate(v1::Generation::Stub& stub, int max_tokens) {
   return testing::GenerateAll(stub, testing::TokensRequest({1, 2, 3, 4}, max_tokens), 120);
 }
@@ -296,45 +337,7 @@ TEST_F(SecurityTest, ARequestIsAbortedOnlyByThePrincipalThatSentIt) {
       *alice, [](const v1::ServerStatus& s) { return s.workers() == 1; }, std::chrono::seconds(60)))
       << worker->Log();
 
-  // Alice's long request, its tokens counted as they stream.
-  std::atomic<int> tokens{0};
-  grpc::Status alice_status;
-  std::thread stream([&] {
-    v1::GenerateRequest req = testing::TokensRequest({1, 2, 3, 4}, 100000);
-    req.set_request_id("job-1");
-    req.set_ignore_eos(true);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = alice->Generate(&context, req);
-    v1::GenerateResponse response;
-    while (reader->Read(&response)) tokens += response.tokens_size();
-    alice_status = reader->Finish();
-  });
-  auto abort = [](v1::Generation::Stub& stub) {
-    grpc::ClientContext context;
-    v1::AbortRequest req;
-    req.set_request_id("job-1");
-    v1::AbortResponse reply;
-    EXPECT_TRUE(stub.Abort(&context, req, &reply).ok());
-    return reply.found();
-  };
-  auto wait_for_tokens = [&](int more) {
-    const int target = tokens + more;
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (tokens < target && std::chrono::steady_clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return tokens >= target;
-  };
-  ASSERT_TRUE(wait_for_tokens(1));
-  // Bob's abort of the same id does not find it: it is Alice's.
-  EXPECT_FALSE(abort(*bob));
-  EXPECT_TRUE(wait_for_tokens(5)) << "alice's request stopped after bob's abort";
-  // Alice's does, and her stream ends.
-  EXPECT_TRUE(abort(*alice));
-  stream.join();
-  EXPECT_EQ(alice_status.error_code(), grpc::StatusCode::CANCELLED) << alice_status.error_message();
-  EXPECT_LT(tokens, 100000);
+  ExpectAbortOnlyByOwner(*alice, *bob);
 }
 
 TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertificate) {
@@ -383,6 +386,9 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   const testing::Streamed served = Generate(*alice, 8);
   ASSERT_TRUE(served.status.ok()) << served.status.error_message();
   EXPECT_EQ(served.ids.size(), 8u);
+  // With certificates and no tokens, the certificate names the principal:
+  // another certificate of the same CA cannot abort alice's request.
+  ExpectAbortOnlyByOwner(*alice, *Client(coordinator.address, Tls("ca", "worker")));
 
   // The same with `deltaserve client` and the Python example.
   std::string output;
