@@ -16,17 +16,18 @@ model=${MODEL:-/tmp/deltaserve_bench_k3_small}
 [[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
 run=$(mktemp -d)
 tokens=$(awk -v n="$T" 'BEGIN { srand(1); for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), int(rand() * 256) }')
-$bin coordinator --model "$model" --host 127.0.0.1 --port 0 --port-file "$run/port" \
+$bin coordinator --model "$model" --host 127.0.0.1 --port 0 --worker-port 0 --port-file "$run/port" \
   --step-tokens "$step" 2>"$run/coordinator.log" &
 coordinator=$!
 worker=
 trap 'kill -TERM $coordinator $worker 2>/dev/null; wait 2>/dev/null; rm -rf "$run"' EXIT
 for _ in $(seq 600); do [[ -s $run/port ]] && break; sleep 0.1; done
-address=127.0.0.1:$(head -1 "$run/port")
+address=127.0.0.1:$(sed -n 1p "$run/port")         # clients
+worker_address=127.0.0.1:$(sed -n 3p "$run/port")  # workers
 
 ttft() {  # $1: ranks; prints the time to first token in ms
   OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to core \
-    --mca mpi_yield_when_idle 1 -np "$1" $bin worker --coordinator "$address" \
+    --mca mpi_yield_when_idle 1 -np "$1" $bin worker --coordinator "$worker_address" \
     --model "$model" --pp "$1" --threads 1 --plan-context "$T" 2>"$run/worker$1.log" &
   worker=$!
   for _ in $(seq 600); do

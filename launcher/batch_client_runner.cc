@@ -11,6 +11,7 @@
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "launcher/batch_runners.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/serving/credentials.h"
 #include "runtime/serving/grpc_status.h"
 
 namespace deltaserve {
@@ -140,8 +141,9 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateCustomChannel(options.server, grpc::InsecureChannelCredentials(), args));
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                              OpenChannel(options.server, options.security, args));
+  auto stub = v1::Generation::NewStub(channel);
   bool has_text = false;
   {
     // The server answers before any work is handed out.
@@ -151,6 +153,13 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
                          std::chrono::milliseconds(static_cast<int64_t>(options.retry_s * 1e3)));
     v1::ModelInfo info;
     const grpc::Status status = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("the server at ", options.server,
+                                       " refused this client (--token-file, --tls-cert): ",
+                                       status.error_message()));
+    }
     if (!status.ok()) {
       return absl::UnavailableError(absl::StrCat("the server at ", options.server,
                                                  " does not answer: ", status.error_message()));

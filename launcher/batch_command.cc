@@ -10,6 +10,7 @@
 #include "launcher/batch_progress.h"
 #include "launcher/batch_runners.h"
 #include "launcher/batch_source.h"
+#include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "runtime/comm/mpi_runtime.h"
@@ -49,28 +50,32 @@ const CommandSpec& BatchSpec() {
       .usage = "--input IN.jsonl --output OUT.jsonl (--model DIR | --server HOST:PORT) [flags]",
       .flags = Concat(
           DeploymentFlags(),
-          {
-              {"input", "IN.jsonl", "the requests, one JSON object per line"},
-              {"output", "OUT.jsonl", "the records; appended to, and resumed from, when it exists"},
-              {"resume", "", "continue OUT.jsonl (what a rerun does anyway; says so explicitly)"},
-              {"overwrite", "", "empty OUT.jsonl first instead of resuming it"},
-              {"max-running", "N", "requests in the engine at once, sharing its steps",
-               absl::StrCat(kDefaultMaxRunning)},
-              {"step-tokens", "N", "token budget of one engine step",
-               absl::StrCat(kDefaultStepTokens)},
-              {"plan-context", "T", "MPI jobs: the context the stage split is balanced for",
-               absl::StrCat(kDefaultPlanContext)},
-              {"server", "HOST:PORT",
-               "send the requests to a running server instead of loading the model here; "
-               "--model then only lends its tokenizer (for text in long documents) and checks"},
-              {"concurrency", "N", "--server: requests in flight",
-               absl::StrCat(kDefaultConcurrency)},
-              {"retry-s", "S",
-               "--server: how long a request is retried while the server is unavailable", "60"},
-              {"quiet", "", "no progress lines; only the summary"},
-              {"progress-interval", "S",
-               "seconds between progress lines (default: 1 on a terminal, 30 into a log)"},
-          }),
+          Concat(
+              {
+                  {"input", "IN.jsonl", "the requests, one JSON object per line"},
+                  {"output", "OUT.jsonl",
+                   "the records; appended to, and resumed from, when it exists"},
+                  {"resume", "",
+                   "continue OUT.jsonl (what a rerun does anyway; says so explicitly)"},
+                  {"overwrite", "", "empty OUT.jsonl first instead of resuming it"},
+                  {"max-running", "N", "requests in the engine at once, sharing its steps",
+                   absl::StrCat(kDefaultMaxRunning)},
+                  {"step-tokens", "N", "token budget of one engine step",
+                   absl::StrCat(kDefaultStepTokens)},
+                  {"plan-context", "T", "MPI jobs: the context the stage split is balanced for",
+                   absl::StrCat(kDefaultPlanContext)},
+                  {"server", "HOST:PORT",
+                   "send the requests to a running server instead of loading the model here; "
+                   "--model then only lends its tokenizer (for text in long documents) and checks"},
+                  {"concurrency", "N", "--server: requests in flight",
+                   absl::StrCat(kDefaultConcurrency)},
+                  {"retry-s", "S",
+                   "--server: how long a request is retried while the server is unavailable", "60"},
+                  {"quiet", "", "no progress lines; only the summary"},
+                  {"progress-interval", "S",
+                   "seconds between progress lines (default: 1 on a terminal, 30 into a log)"},
+              },
+              ChannelSecurityFlags("token-file"))),
       .examples =
           {
               "deltaserve batch --model /tmp/k3-tiny --input in.jsonl --output out.jsonl",
@@ -156,6 +161,7 @@ absl::Status RunBatch(const Args& args) {
                                 BatchSource::Open(input, model.get(), output.get(), &progress));
     BatchClientOptions options;
     options.server = flags.GetString("server");
+    options.security = ChannelSecurityFrom(flags, "token-file");
     options.concurrency = static_cast<int>(concurrency);
     options.retry_s = retry_s;
     const absl::Status status = RunBatchOnServer(options, *source, progress);

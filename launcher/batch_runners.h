@@ -12,6 +12,7 @@
 #include "runtime/engine/replica.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduler/scheduler.h"
+#include "runtime/serving/credentials.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace deltaserve {
@@ -28,6 +29,7 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
 
 struct BatchClientOptions {
   std::string server;  // HOST:PORT
+  ChannelSecurity security;
   int concurrency = 8;
   // How long a request is retried while the server is unavailable or its
   // queue full; then the job stops (rerun to resume).

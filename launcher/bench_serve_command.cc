@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "kernels/threads.h"
+#include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
 #include "runtime/comm/single_communicator.h"
@@ -115,7 +116,7 @@ const CommandSpec& BenchServeSpec() {
       .name = "bench-serve",
       .summary = "load a running server with N streaming clients; prints a markdown table",
       .usage = "--server HOST:PORT [flags]",
-      .flags =
+      .flags = Concat(
           {
               {"server", "HOST:PORT", "the server", "127.0.0.1:50051"},
               {"concurrency", "1,8,32", "client counts, one table row each", "1,8,32"},
@@ -127,6 +128,7 @@ const CommandSpec& BenchServeSpec() {
                "overhead)"},
               {"threads", "N", "compute threads for --compare-model", "0"},
           },
+          ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve bench-serve --server 127.0.0.1:50051 --concurrency 1,8,32"},
   };
   return *spec;
@@ -147,8 +149,9 @@ absl::Status RunBenchServe(const Args& args) {
   }
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(flags.GetString("server", "127.0.0.1:50051"),
-                                           grpc::InsecureChannelCredentials(), channel_args);
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                              OpenChannel(flags.GetString("server", "127.0.0.1:50051"),
+                                          ChannelSecurityFrom(flags, "token-file"), channel_args));
   auto stub = v1::Generation::NewStub(channel);
   v1::ModelInfo info;
   {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
+#include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
@@ -16,12 +17,14 @@
 namespace deltaserve {
 namespace {
 
-std::unique_ptr<v1::Generation::Stub> Connect(const Flags& flags) {
+absl::StatusOr<std::unique_ptr<v1::Generation::Stub>> Connect(const Flags& flags) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  return v1::Generation::NewStub(grpc::CreateCustomChannel(
-      flags.GetString("server", "127.0.0.1:50051"), grpc::InsecureChannelCredentials(), args));
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                              OpenChannel(flags.GetString("server", "127.0.0.1:50051"),
+                                          ChannelSecurityFrom(flags, "token-file"), args));
+  return v1::Generation::NewStub(channel);
 }
 
 absl::Status SetDeadline(const Flags& flags, grpc::ClientContext* context) {
@@ -71,7 +74,7 @@ const CommandSpec& ClientGenerateSpec() {
       .name = "client generate",
       .summary = "stream a generation from a server",
       .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS) [flags]",
-      .flags =
+      .flags = Concat(
           {
               kServerFlag,
               {"prompt", "TEXT", "the prompt, encoded by the server's tokenizer"},
@@ -89,6 +92,7 @@ const CommandSpec& ClientGenerateSpec() {
               {"ids", "", "print token ids instead of text"},
               {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
           },
+          ChannelSecurityFlags("token-file")),
       .examples =
           {"deltaserve client generate --server 127.0.0.1:50051 --prompt hello --max-tokens 32"},
   };
@@ -100,13 +104,14 @@ const CommandSpec& ClientScoreSpec() {
       .name = "client score",
       .summary = "per-token log-probs of a text or token sequence, one line per token",
       .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS) [--timeout S]",
-      .flags =
+      .flags = Concat(
           {
               kServerFlag,
               {"prompt", "TEXT", "the text to score"},
               {"tokens", "IDS", "the token ids to score: 1,2,3"},
               kTimeoutFlag,
           },
+          ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve client score --server 127.0.0.1:50051 --tokens 1,2,3,4"},
   };
   return *spec;
@@ -117,7 +122,7 @@ const CommandSpec& ClientInfoSpec() {
       .name = "client info",
       .summary = "the served model (GetModelInfo)",
       .usage = "[--server HOST:PORT]",
-      .flags = {kServerFlag},
+      .flags = Concat({kServerFlag}, ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve client info --server 127.0.0.1:50051"},
   };
   return *spec;
@@ -128,7 +133,7 @@ const CommandSpec& ClientStatusSpec() {
       .name = "client status",
       .summary = "what the server holds: queue, sequences, state bytes (GetServerStatus)",
       .usage = "[--server HOST:PORT]",
-      .flags = {kServerFlag},
+      .flags = Concat({kServerFlag}, ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve client status --server 127.0.0.1:50051"},
   };
   return *spec;
@@ -163,7 +168,7 @@ absl::Status ClientGenerate(const Args& args) {
   req.set_ignore_eos(flags.Has("ignore-eos"));
   const bool ids = flags.Has("ids");
 
-  auto stub = Connect(flags);
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
   DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
   auto reader = stub->Generate(&context, req);
@@ -206,7 +211,7 @@ absl::Status ClientScore(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ClientScoreSpec(), args));
   v1::ScoreRequest req;
   DELTASERVE_RETURN_IF_ERROR(SetInput(flags, &req));
-  auto stub = Connect(flags);
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
   DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
   v1::ScoreResponse response;
@@ -223,7 +228,7 @@ absl::Status ClientScore(const Args& args) {
 absl::Status ClientInfo(const Args& args, bool status) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags,
                               Flags::Parse(status ? ClientStatusSpec() : ClientInfoSpec(), args));
-  auto stub = Connect(flags);
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (status) {

@@ -15,6 +15,10 @@ proto/deltaserve/v1/generation.proto:
     /usr/bin/python3 examples/python/deltaserve_client.py generate \\
         --server 127.0.0.1:50051 --tokens 1,2,3,4,5 --max-tokens 20 --ids
 
+A secured server (docs/security.md) takes the same flags as `deltaserve
+client`: --tls-ca (and --tls-cert/--tls-key for mutual TLS) and --token-file
+(sent as `authorization: Bearer TOKEN` on every call).
+
 An RPC error prints `CODE_NAME: details` to stderr and exits with 1; bad usage
 exits with 2.
 """
@@ -40,10 +44,47 @@ def token_list(text):
         raise argparse.ArgumentTypeError("want comma-separated token ids, got %r" % text)
 
 
+def read_file(path, what, secret=False):
+    try:
+        if secret and os.stat(path).st_mode & 0o077:
+            sys.exit("%s %s: group or others may read it; it holds a secret: chmod 600 %s" %
+                     (what, path, path))
+        with open(path, "rb") as f:
+            return f.read(1 << 20)
+    except OSError as e:
+        sys.exit("%s %s: %s" % (what, path, e.strerror))
+
+
+def bearer_token(path):
+    """The first token of a token file: `principal:token` or `token` lines, # comments."""
+    for line in read_file(path, "--token-file", secret=True).decode().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return line.split(":", 1)[-1]
+    sys.exit("--token-file %s: holds no token" % path)
+
+
 def connect(args):
     # No message size limits, as the C++ client: long prompts and scores are fine.
     options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    return grpc.insecure_channel(args.server, options=options)
+    if args.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+    if bool(args.tls_cert) != bool(args.tls_key):
+        sys.exit("give both --tls-cert and --tls-key, or neither")
+    if not args.tls_ca:
+        if args.tls_cert or args.tls_server_name:
+            sys.exit("a client certificate or server name is for TLS: give --tls-ca too")
+        return grpc.insecure_channel(args.server, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read_file(args.tls_ca, "--tls-ca"),
+        private_key=read_file(args.tls_key, "--tls-key", secret=True) if args.tls_key else None,
+        certificate_chain=read_file(args.tls_cert, "--tls-cert") if args.tls_cert else None)
+    return grpc.secure_channel(args.server, credentials, options=options)
+
+
+def metadata(args):
+    """Every call's metadata: the bearer token, when there is one."""
+    return [("authorization", "Bearer " + args.token)] if args.token else []
 
 
 def set_input(request, args):
@@ -63,7 +104,8 @@ def generate(args, pb, pb_grpc):
     if args.top_p is not None:
         request.sampling.top_p = args.top_p
     with connect(args) as channel:
-        stream = pb_grpc.GenerationStub(channel).Generate(request, timeout=args.timeout)
+        stream = pb_grpc.GenerationStub(channel).Generate(request, timeout=args.timeout,
+                                                                 metadata=metadata(args))
         completion = None
         printed = False
         try:
@@ -97,7 +139,8 @@ def score(args, pb, pb_grpc):
     request = pb.ScoreRequest()
     set_input(request, args)
     with connect(args) as channel:
-        response = pb_grpc.GenerationStub(channel).Score(request, timeout=args.timeout)
+        response = pb_grpc.GenerationStub(channel).Score(request, timeout=args.timeout,
+                                                              metadata=metadata(args))
     # logprobs[i] is the log-prob of token_ids[i + 1]; the first token has none.
     for token_id, logprob in zip(response.token_ids[1:], response.logprobs):
         print("%d %.6f" % (token_id, logprob))
@@ -111,9 +154,11 @@ def info(args, pb, pb_grpc):
     with connect(args) as channel:
         stub = pb_grpc.GenerationStub(channel)
         if args.command == "info":
-            response = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=args.timeout)
+            response = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=args.timeout,
+                                         metadata=metadata(args))
         else:
-            response = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=args.timeout)
+            response = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=args.timeout,
+                                            metadata=metadata(args))
     sys.stdout.write(text_format.MessageToString(response))
 
 
@@ -195,6 +240,14 @@ def parse_args(argv):
                          help="(default: %(default)s)")
         sub.add_argument("--timeout", type=float, default=timeout, metavar="SECONDS",
                          help="deadline in seconds (default: %s)" % (timeout or "none"))
+        sub.add_argument("--tls-ca", metavar="F",
+                         help="connect with TLS; the server's certificate must chain to this CA")
+        sub.add_argument("--tls-cert", metavar="F", help="client certificate (mutual TLS)")
+        sub.add_argument("--tls-key", metavar="F", help="its private key (mode 600)")
+        sub.add_argument("--tls-server-name", metavar="NAME",
+                         help="the name the server's certificate must carry")
+        sub.add_argument("--token-file", metavar="F",
+                         help="send its first token as `authorization: Bearer` (mode 600)")
         return sub
 
     def with_input(sub):
@@ -222,6 +275,7 @@ def parse_args(argv):
 
 def main(argv):
     args = parse_args(argv)
+    args.token = bearer_token(args.token_file) if args.token_file else None
     sys.path.insert(0, args.stubs)
     try:
         from deltaserve.v1 import generation_pb2, generation_pb2_grpc

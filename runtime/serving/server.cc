@@ -1,8 +1,10 @@
 #include "runtime/serving/server.h"
 
+#include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <sys/random.h>
 
 #include <atomic>
@@ -15,6 +17,7 @@
 #include "deltaserve/v1/worker.grpc.pb.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weight_spec.h"
+#include "runtime/serving/auth.h"
 #include "runtime/serving/grpc_status.h"
 #include "runtime/serving/http_server.h"
 #include "runtime/serving/worker_codec.h"
@@ -159,11 +162,13 @@ void SetTimings(const RequestOutcome& o, v1::Timings* t) {
 
 class GenerationService final : public v1::Generation::Service {
  public:
-  GenerationService(Coordinator& coordinator, int64_t max_request_bytes)
-      : coordinator_(coordinator), max_request_bytes_(max_request_bytes) {}
+  GenerationService(Coordinator& coordinator, const Authenticator& auth, int64_t max_request_bytes)
+      : coordinator_(coordinator), auth_(auth), max_request_bytes_(max_request_bytes) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* req,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    auto principal = auth_.Authenticate(*context);
+    if (!principal.ok()) return ToGrpc(principal.status());
     auto id = RequestId(req->request_id());
     if (!id.ok()) return ToGrpc(id.status());
     auto prompt = InputTokens(*req, req->has_text(), req->has_tokens(), "prompt", coordinator_,
@@ -171,8 +176,8 @@ class GenerationService final : public v1::Generation::Service {
     if (!prompt.ok()) return ToGrpc(prompt.status());
     auto params = Params(*req, coordinator_, static_cast<int64_t>(prompt->size()));
     if (!params.ok()) return ToGrpc(params.status());
-    auto handle = coordinator_.SubmitGenerate(*id, std::move(*prompt), std::move(*params),
-                                              Deadline(*context));
+    auto handle = coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), std::move(*prompt),
+                                              std::move(*params), Deadline(*context));
     if (!handle.ok()) return ToGrpc(handle.status());
     while (true) {
       std::vector<TokenEvent> tokens;
@@ -214,6 +219,8 @@ class GenerationService final : public v1::Generation::Service {
 
   grpc::Status Score(grpc::ServerContext* context, const v1::ScoreRequest* req,
                      v1::ScoreResponse* response) override {
+    auto principal = auth_.Authenticate(*context);
+    if (!principal.ok()) return ToGrpc(principal.status());
     auto id = RequestId(req->request_id());
     if (!id.ok()) return ToGrpc(id.status());
     auto tokens = InputTokens(*req, req->has_text(), req->has_tokens(), "input", coordinator_,
@@ -221,7 +228,8 @@ class GenerationService final : public v1::Generation::Service {
     if (!tokens.ok()) return ToGrpc(tokens.status());
     if (tokens->size() < 2) return ToGrpc(Invalid("input", "needs at least 2 tokens"));
     response->mutable_token_ids()->Add(tokens->begin(), tokens->end());
-    auto handle = coordinator_.SubmitScore(*id, std::move(*tokens), Deadline(*context));
+    auto handle = coordinator_.SubmitScore(ScopedRequestId(*principal, *id), std::move(*tokens),
+                                           Deadline(*context));
     if (!handle.ok()) return ToGrpc(handle.status());
     while (true) {
       std::vector<TokenEvent> unused;
@@ -243,15 +251,26 @@ class GenerationService final : public v1::Generation::Service {
     }
   }
 
-  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* req,
+  // A principal finds only its own requests: another's id is not found,
+  // the same answer as an id no one uses, so Abort tells it nothing.
+  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* req,
                      v1::AbortResponse* response) override {
+    auto principal = auth_.Authenticate(*context);
+    if (!principal.ok()) return ToGrpc(principal.status());
     if (req->request_id().empty()) return ToGrpc(Invalid("request_id", "empty"));
-    response->set_found(coordinator_.Abort(req->request_id()));
+    if (req->request_id().size() > kMaxRequestIdBytes) {
+      return ToGrpc(
+          Invalid("request_id", absl::StrCat(req->request_id().size(), " bytes, over the limit of ",
+                                             kMaxRequestIdBytes)));
+    }
+    response->set_found(coordinator_.Abort(ScopedRequestId(*principal, req->request_id())));
     return grpc::Status::OK;
   }
 
-  grpc::Status GetModelInfo(grpc::ServerContext*, const v1::GetModelInfoRequest*,
+  grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest*,
                             v1::ModelInfo* info) override {
+    auto principal = auth_.Authenticate(*context);
+    if (!principal.ok()) return ToGrpc(principal.status());
     const ModelConfig& c = coordinator_.config();
     info->set_model_type(c.model_type);
     info->set_num_layers(static_cast<int32_t>(c.num_layers));
@@ -273,8 +292,10 @@ class GenerationService final : public v1::Generation::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetServerStatus(grpc::ServerContext*, const v1::GetServerStatusRequest*,
+  grpc::Status GetServerStatus(grpc::ServerContext* context, const v1::GetServerStatusRequest*,
                                v1::ServerStatus* status) override {
+    auto principal = auth_.Authenticate(*context);
+    if (!principal.ok()) return ToGrpc(principal.status());
     const ServerStatusData s = coordinator_.Status();
     status->set_worker_attached(s.worker_attached);
     status->set_waiting_requests(static_cast<int32_t>(s.waiting_requests));
@@ -316,6 +337,7 @@ class GenerationService final : public v1::Generation::Service {
   }
 
   Coordinator& coordinator_;
+  const Authenticator& auth_;
   const int64_t max_request_bytes_;
 };
 
@@ -354,11 +376,15 @@ class StreamConnection final : public WorkerConnection {
 
 class WorkerLinkService final : public v1::WorkerLink::Service {
  public:
-  explicit WorkerLinkService(Coordinator& coordinator) : coordinator_(coordinator) {}
+  WorkerLinkService(Coordinator& coordinator, const Authenticator& auth)
+      : coordinator_(coordinator), auth_(auth) {}
 
   grpc::Status Attach(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) override {
+    if (auto principal = auth_.Authenticate(*context); !principal.ok()) {
+      return ToGrpc(principal.status());
+    }
     v1::WorkerMessage message;
     if (!stream->Read(&message) || !message.has_hello()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -392,47 +418,86 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
 
  private:
   Coordinator& coordinator_;
+  const Authenticator& auth_;
 };
+
+// Keeps the globally registered plugins (server reflection) off a builder:
+// the worker port serves WorkerLink alone.
+class NoPlugins final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->clear();
+  }
+};
+
+absl::StatusOr<std::optional<TokenSet>> TokensFrom(const std::string& path) {
+  if (path.empty()) return std::optional<TokenSet>();
+  auto entries = ReadTokenFile(path);
+  if (!entries.ok()) return entries.status();
+  return std::optional<TokenSet>(TokenSet(std::move(*entries)));
+}
+
+// What may be exposed where: off loopback every listener authenticates its
+// callers unless --insecure; and a client port that authenticates needs a
+// worker port that does too, or any local process could attach as a worker
+// and read every prompt.
+absl::Status CheckExposure(const ServerOptions& o) {
+  if (o.insecure) return absl::OkStatus();
+  const bool clients = !o.tls.cert_file.empty() || !o.client_tokens_file.empty();
+  const bool client_auth = !o.tls.client_ca_file.empty() || !o.client_tokens_file.empty();
+  const bool workers =
+      o.worker_port < 0 || !o.worker_ca_file.empty() || !o.worker_tokens_file.empty();
+  if (client_auth && !workers) {
+    return absl::InvalidArgumentError(
+        "clients must authenticate but workers need not: give --worker-token-file or "
+        "--tls-worker-ca too (or --insecure)");
+  }
+  if (IsLoopbackHost(o.host) || (clients && workers)) return absl::OkStatus();
+  std::string missing;
+  if (!clients) missing = "clients (--tls-cert/--tls-key or --client-tokens-file)";
+  if (!workers) {
+    absl::StrAppend(&missing, missing.empty() ? "" : " and ",
+                    "workers (--worker-token-file or --tls-worker-ca)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--host ", o.host, " is not a loopback address and nothing secures ", missing,
+      ": give those flags (docs/security.md), or --insecure to serve it unauthenticated"));
+}
 
 }  // namespace
 
 struct Server::Impl {
   MetricsRegistry metrics;
   std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<Authenticator> client_auth, worker_auth;
   std::unique_ptr<GenerationService> generation;
   std::unique_ptr<WorkerLinkService> worker_link;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<grpc::Server> server;         // the client port
+  std::unique_ptr<grpc::Server> worker_server;  // the worker port, when there is one
   std::unique_ptr<HttpServer> http;
   int port = 0;
+  int worker_port = -1;
   bool shut_down = false;
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  auto impl = std::make_unique<Impl>();
-  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
-  std::unique_ptr<Tokenizer> tokenizer;
-  auto loaded = LoadTokenizer(options.model_dir, config.vocab_size);
-  if (loaded.ok()) {
-    tokenizer = std::move(*loaded);
-  } else if (!absl::IsNotFound(loaded.status())) {
-    return loaded.status();
-  }
-  impl->coordinator = std::make_unique<Coordinator>(std::move(config), std::move(tokenizer),
-                                                    options.coordinator, impl->metrics);
-  impl->generation =
-      std::make_unique<GenerationService>(*impl->coordinator, options.max_request_bytes);
-  impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator);
+namespace {
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &impl->port);
-  builder.RegisterService(impl->generation.get());
-  builder.RegisterService(impl->worker_link.get());
+// One listener: `address` with `credentials`, the transport's limits, and
+// SO_REUSEPORT off: with it gRPC opens a second socket per extra completion
+// queue, and for port 0 that second socket got a port of its own that no one
+// announced; it would also let another process of this user share the port.
+void Listen(grpc::ServerBuilder& builder, const std::string& address,
+            const std::shared_ptr<grpc::ServerCredentials>& credentials,
+            const ServerOptions& options, grpc::ResourceQuota& quota, int* port) {
+  builder.AddListeningPort(address, credentials, port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_connection_streams);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.max_metadata_bytes);
+  builder.SetResourceQuota(quota);
   // Requests over the API's own limit get INVALID_ARGUMENT naming the field;
   // the transport's limit sits above it.
   const int64_t transport_limit =
@@ -444,10 +509,87 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+absl::Status CheckLimits(const ServerOptions& o) {
+  if (o.max_connection_streams < 1) {
+    return absl::InvalidArgumentError("max connection streams must be >= 1");
+  }
+  if (o.max_metadata_bytes < 1024) {
+    return absl::InvalidArgumentError("max metadata bytes must be >= 1024");
+  }
+  if (o.grpc_memory_bytes < (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError("the gRPC memory quota must be >= 64 MiB");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  DELTASERVE_RETURN_IF_ERROR(CheckExposure(options));
+  DELTASERVE_RETURN_IF_ERROR(CheckLimits(options));
+  auto impl = std::make_unique<Impl>();
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> client_credentials,
+                              MakeServerCredentials(options.tls));
+  DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> client_tokens,
+                              TokensFrom(options.client_tokens_file));
+  impl->client_auth = std::make_unique<Authenticator>(std::move(client_tokens),
+                                                      !options.tls.client_ca_file.empty());
+  std::shared_ptr<grpc::ServerCredentials> worker_credentials;
+  if (options.worker_port >= 0) {
+    ServerTls worker_tls = options.tls;
+    worker_tls.client_ca_file = options.worker_ca_file;
+    DELTASERVE_ASSIGN_OR_RETURN(worker_credentials, MakeServerCredentials(worker_tls));
+    DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> worker_tokens,
+                                TokensFrom(options.worker_tokens_file));
+    impl->worker_auth =
+        std::make_unique<Authenticator>(std::move(worker_tokens), !options.worker_ca_file.empty());
+  } else if (!options.worker_ca_file.empty() || !options.worker_tokens_file.empty()) {
+    return absl::InvalidArgumentError(
+        "worker credentials are for a worker port: this server runs its worker in-process");
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(options.model_dir));
+  std::unique_ptr<Tokenizer> tokenizer;
+  auto loaded = LoadTokenizer(options.model_dir, config.vocab_size);
+  if (loaded.ok()) {
+    tokenizer = std::move(*loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    return loaded.status();
+  }
+  impl->coordinator = std::make_unique<Coordinator>(std::move(config), std::move(tokenizer),
+                                                    options.coordinator, impl->metrics);
+  impl->generation = std::make_unique<GenerationService>(*impl->coordinator, *impl->client_auth,
+                                                         options.max_request_bytes);
+
+  grpc::ResourceQuota quota("deltaserve");
+  quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  grpc::ServerBuilder builder;
+  Listen(builder, address, client_credentials, options, quota, &impl->port);
+  builder.RegisterService(impl->generation.get());
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address, " (in use, or not an address of this host)"));
+  }
+  if (options.worker_port >= 0) {
+    impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
+    const std::string worker_address = absl::StrCat(options.host, ":", options.worker_port);
+    grpc::ServerBuilder worker_builder;
+    Listen(worker_builder, worker_address, worker_credentials, options, quota, &impl->worker_port);
+    worker_builder.SetOption(std::make_unique<NoPlugins>());
+    worker_builder.SetOption(
+        std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+    worker_builder.RegisterService(impl->worker_link.get());
+    impl->worker_server = worker_builder.BuildAndStart();
+    if (impl->worker_server == nullptr || impl->worker_port == 0) {
+      impl->server->Shutdown();
+      return absl::UnavailableError(absl::StrCat("cannot listen for workers on ", worker_address,
+                                                 " (in use, or not an address of this host)"));
+    }
   }
   grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
   impl->coordinator->SetServingCallback([health](bool serving) {
@@ -456,23 +598,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   });
   if (options.metrics_port >= 0) {
     MetricsRegistry* metrics = &impl->metrics;
-    DELTASERVE_ASSIGN_OR_RETURN(
-        impl->http,
-        HttpServer::Start(options.host, options.metrics_port, [metrics](const HttpRequest& r) {
-          HttpResponse response;
-          if (r.path == "/metrics") {
-            response.body = metrics->Render();
-          } else {
-            response.status = 404;
-            response.body = "not found: try /metrics\n";
-          }
-          return response;
-        }));
+    DELTASERVE_ASSIGN_OR_RETURN(impl->http,
+                                HttpServer::Start(options.metrics_host, options.metrics_port,
+                                                  [metrics](const HttpRequest& r) {
+                                                    HttpResponse response;
+                                                    if (r.path == "/metrics") {
+                                                      response.body = metrics->Render();
+                                                    } else {
+                                                      response.status = 404;
+                                                      response.body = "not found: try /metrics\n";
+                                                    }
+                                                    return response;
+                                                  }));
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
 int Server::port() const { return impl_->port; }
+int Server::worker_port() const { return impl_->worker_port; }
 int Server::metrics_port() const { return impl_->http ? impl_->http->port() : -1; }
 Coordinator& Server::coordinator() { return *impl_->coordinator; }
 
@@ -480,7 +623,9 @@ void Server::Shutdown() {
   if (impl_ == nullptr || impl_->shut_down) return;
   impl_->shut_down = true;
   impl_->coordinator->Shutdown();
-  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (impl_->worker_server) impl_->worker_server->Shutdown(deadline);
+  impl_->server->Shutdown(deadline);
   if (impl_->http) impl_->http->Stop();
 }
 

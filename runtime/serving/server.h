@@ -1,7 +1,10 @@
-// The gRPC server of `deltaserve coordinator` and `deltaserve serve`: the
-// Generation API, the WorkerLink workers attach to, grpc.health.v1.Health
-// (SERVING only while a worker is attached), server reflection, and
-// Prometheus metrics over HTTP.
+// The gRPC servers of `deltaserve coordinator` and `deltaserve serve`: on the
+// client port the Generation API, grpc.health.v1.Health (SERVING only while a
+// worker is attached) and server reflection; on the worker port (the
+// coordinator's; serve's worker is in its process) the WorkerLink workers
+// attach to, and nothing else; Prometheus metrics over HTTP. Each listener
+// can do TLS and authenticate its callers (runtime/serving/auth.h);
+// docs/security.md says how.
 #pragma once
 
 #include <memory>
@@ -9,13 +12,31 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/serving/coordinator.h"
+#include "runtime/serving/credentials.h"
 
 namespace deltaserve {
 
 struct ServerOptions {
-  std::string host = "0.0.0.0";
-  int port = 50051;       // 0: any free port (see Server::port)
-  int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
+  // Both gRPC listeners bind `host`. Another address than loopback needs
+  // every listener to authenticate (TLS or tokens for clients; a worker CA or
+  // token for workers) unless `insecure`.
+  std::string host = "127.0.0.1";
+  int port = 50051;      // the client port; 0: any free port (see Server::port)
+  int worker_port = -1;  // -1: no worker listener; 0: any free port
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = -1;       // -1: no metrics endpoint; 0: any free port
+  ServerTls tls;               // both listeners; tls.client_ca_file: mutual TLS on the client port
+  std::string worker_ca_file;  // mutual TLS on the worker port
+  std::string client_tokens_file;  // bearer tokens of clients (auth.h's token file)
+  std::string worker_tokens_file;  // bearer tokens of workers
+  bool insecure = false;           // serve a non-loopback host unauthenticated
+  // HTTP/2, per listener: streams one connection may have open, the header
+  // list (metadata) one call may send, and the memory gRPC may hold for all
+  // connections (its ResourceQuota), so that no peer can grow the server
+  // without bound.
+  int max_connection_streams = 256;
+  int max_metadata_bytes = 16 << 10;
+  int64_t grpc_memory_bytes = int64_t{4} << 30;
   std::string model_dir;  // config.json and the tokenizer files
   CoordinatorOptions coordinator;
   int64_t max_request_bytes = 64 << 20;  // a request's text or token ids
@@ -27,6 +48,7 @@ class Server {
   ~Server();  // Shutdown()s
 
   int port() const;
+  int worker_port() const;   // -1 when none
   int metrics_port() const;  // -1 when none
   Coordinator& coordinator();
   void Shutdown();

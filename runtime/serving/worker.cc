@@ -65,6 +65,11 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   DELTASERVE_RETURN_IF_ERROR(replica.Stop());
   stream->WritesDone();
   const grpc::Status finish = stream->Finish();
+  if (finish.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the coordinator refused this worker's credentials (--worker-token-file): ",
+                     finish.error_message()));
+  }
   if (!status.ok()) return status;
   if (!finish.ok() && !told_to_stop) {
     return absl::UnavailableError(

@@ -40,10 +40,6 @@ std::string GenerateTokens(const std::string& flags) {
   return output;
 }
 
-std::string ClientCommand(const std::string& address, const std::string& flags) {
-  return Deltaserve() + " client generate --server " + address + " " + flags + " --ids 2>/dev/null";
-}
-
 int Count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -57,19 +53,31 @@ class ServeSlurmTest : public testing::SlurmTest {
   // have attached; returns the job id and sets address_.
   std::string StartServing(int replicas, const std::string& more_flags = "") {
     const std::string address_file = dir_ + "/address";
+    secrets_ = dir_ + "/secrets";
     std::ostringstream args;
     args << "--ntasks=" << 2 * replicas << " --overcommit " << DELTASERVE_SOURCE_DIR
          << "/deploy/slurm/serve.sbatch --model " << Model() << " --bin " << Deltaserve()
-         << " --replicas " << replicas << " --pp 2 --port 0 --metrics-port -1 --address-file "
-         << address_file << " --worker-args '--threads 1' " << more_flags;
+         << " --replicas " << replicas
+         << " --pp 2 --port 0 --worker-port 0 --metrics-port -1 --address-file " << address_file
+         << " --secrets-dir " << secrets_ << " --worker-args '--threads 1' " << more_flags;
     const std::string job = Submit(args.str());
     if (job.empty()) return job;
     EXPECT_TRUE(
         WaitUntil([&] { return std::filesystem::exists(address_file); }, std::chrono::seconds(60)))
         << "no coordinator address; job " << job << " is '" << QueueState(job) << "':\n"
         << JobLog(job);
-    address_ = testing::ReadWholeFile(address_file);
-    while (!address_.empty() && address_.back() == '\n') address_.pop_back();
+    // The client address, then the worker address.
+    std::istringstream addresses(testing::ReadWholeFile(address_file));
+    addresses >> address_ >> worker_address_;
+    // Secure by default: the tokens are the job's user's alone.
+    for (const char* name : {"client.token", "worker.token"}) {
+      const std::string path = secrets_ + "/" + std::string(name);
+      EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+                std::filesystem::perms::owner_read | std::filesystem::perms::owner_write)
+          << path;
+    }
+    EXPECT_NE(JobLog(job).find("--token-file " + secrets_ + "/client.token"), std::string::npos)
+        << JobLog(job);
     EXPECT_TRUE(WaitUntil([&] { return Workers() == replicas; }, std::chrono::seconds(60)))
         << Workers() << " workers attached, not " << replicas << ":\n"
         << JobLog(job);
@@ -79,14 +87,24 @@ class ServeSlurmTest : public testing::SlurmTest {
   // GetServerStatus.workers (0 when the coordinator does not answer).
   int Workers() const {
     std::string output;
-    if (testing::RunCommand(Deltaserve() + " client status --server " + address_, &output) != 0) {
+    if (testing::RunCommand(Deltaserve() + " client status --server " + address_ + TokenFlag(),
+                            &output) != 0) {
       return 0;
     }
     std::smatch m;
     return std::regex_search(output, m, std::regex("workers: ([0-9]+)")) ? std::stoi(m[1]) : 0;
   }
 
-  std::string address_;  // the coordinator's HOST:PORT, from --address-file
+  // `deltaserve client generate` with the job's client token.
+  std::string ClientCommand(const std::string& flags) const {
+    return Deltaserve() + " client generate --server " + address_ + TokenFlag() + " " + flags +
+           " --ids 2>/dev/null";
+  }
+  std::string TokenFlag() const { return " --token-file " + secrets_ + "/client.token"; }
+
+  std::string address_;         // the coordinator's client HOST:PORT, from --address-file
+  std::string worker_address_;  // where workers attach, its second line
+  std::string secrets_;         // the job's client.token and worker.token
 };
 
 TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
@@ -95,6 +113,10 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   ASSERT_FALSE(HasFailure());
   EXPECT_EQ(StepNames(job),
             "batch deltaserve-coordinator deltaserve-replica-0 deltaserve-replica-1");
+  // Without the job's client token the coordinator answers nothing.
+  std::string refused;
+  EXPECT_EQ(testing::RunCommand(Deltaserve() + " client status --server " + address_, &refused), 1);
+  EXPECT_NE(refused.find("UNAUTHENTICATED"), std::string::npos) << refused;
 
   // Requests at once, so both replicas run some: greedy and sampled, a long
   // prompt (prefill in several steps) and short ones.
@@ -107,7 +129,7 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   };
   std::vector<std::unique_ptr<testing::ChildProcess>> clients;
   for (size_t i = 0; i < requests.size(); ++i) {
-    clients.push_back(testing::ChildProcess::Start(ClientCommand(address_, requests[i]),
+    clients.push_back(testing::ChildProcess::Start(ClientCommand(requests[i]),
                                                    dir_ + "/client" + std::to_string(i)));
   }
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -168,7 +190,7 @@ TEST_F(ServeSlurmTest, AReplicaWhoseRankDiesIsStartedAgain) {
 
   // With no worker attached a request waits in the coordinator's queue, and
   // runs once the new replica step attaches.
-  auto queued = testing::ChildProcess::Start(ClientCommand(address_, request), dir_ + "/queued");
+  auto queued = testing::ChildProcess::Start(ClientCommand(request), dir_ + "/queued");
   ASSERT_EQ(queued->Wait(std::chrono::seconds(60)), 0) << queued->Log() << JobLog(job);
   EXPECT_EQ(queued->Log(), expected);
   EXPECT_EQ(Workers(), 1);
@@ -186,7 +208,7 @@ TEST_F(ServeSlurmTest, AReplicaWhoseRankDiesIsStartedAgain) {
   EXPECT_NE(new_step, step);
   EXPECT_EQ(StepNames(job), "batch deltaserve-coordinator deltaserve-replica-0");
   std::string again;
-  ASSERT_EQ(testing::RunCommand(ClientCommand(address_, request), &again), 0) << again;
+  ASSERT_EQ(testing::RunCommand(ClientCommand(request), &again), 0) << again;
   EXPECT_EQ(again, expected);
   EXPECT_EQ(QueueState(job), "RUNNING");
 }
@@ -200,7 +222,8 @@ TEST_F(ServeSlurmTest, AnAttachedJobAddsReplicasAndASignalledScriptStopsCleanly)
   const std::string more =
       Submit(std::string("--ntasks=2 --overcommit ") + DELTASERVE_SOURCE_DIR +
              "/deploy/slurm/serve.sbatch --model " + Model() + " --bin " + Deltaserve() +
-             " --pp 2 --attach " + address_ + " --worker-args '--threads 1'");
+             " --pp 2 --attach " + worker_address_ + " --worker-token-file " + secrets_ +
+             "/worker.token --worker-args '--threads 1'");
   ASSERT_FALSE(more.empty());
   ASSERT_TRUE(WaitUntil([&] { return Workers() == 2; }, std::chrono::seconds(60))) << JobLog(more);
   EXPECT_EQ(StepNames(more), "batch deltaserve-replica-0");
@@ -208,7 +231,7 @@ TEST_F(ServeSlurmTest, AnAttachedJobAddsReplicasAndASignalledScriptStopsCleanly)
   const std::string expected = GenerateTokens(request);
   for (int i = 0; i < 2; ++i) {
     std::string got;
-    ASSERT_EQ(testing::RunCommand(ClientCommand(address_, request), &got), 0) << got;
+    ASSERT_EQ(testing::RunCommand(ClientCommand(request), &got), 0) << got;
     EXPECT_EQ(got, expected);
   }
 
@@ -217,7 +240,7 @@ TEST_F(ServeSlurmTest, AnAttachedJobAddsReplicasAndASignalledScriptStopsCleanly)
   ASSERT_EQ(testing::RunCommand("scancel " + more, &output), 0) << output;
   EXPECT_TRUE(WaitUntil([&] { return QueueState(more).empty(); }, std::chrono::seconds(30)));
   EXPECT_TRUE(WaitUntil([&] { return Workers() == 1; }, std::chrono::seconds(10)));
-  ASSERT_EQ(testing::RunCommand(ClientCommand(address_, request), &output), 0) << output;
+  ASSERT_EQ(testing::RunCommand(ClientCommand(request), &output), 0) << output;
   EXPECT_EQ(output, expected);
 
   // SIGTERM to the batch script alone (as `#SBATCH --signal=B:TERM@120` does

@@ -31,13 +31,15 @@ struct ServerUnderTest {
 };
 
 // Starts `build/bin/deltaserve <command_and_flags> --port 0 --port-file F`
-// and waits until it listens.
+// (and --worker-port 0 for a coordinator) and waits until it listens.
 inline ServerUnderTest StartServer(const std::string& command_and_flags) {
   ServerUnderTest s;
   const std::string dir = TempDir("server");
   const std::string port_file = dir + "/port";
+  const bool coordinator = command_and_flags.rfind("coordinator ", 0) == 0;
   s.process = ChildProcess::Start(BinPath("deltaserve") + " " + command_and_flags +
-                                      " --host 127.0.0.1 --port 0 --port-file " + port_file,
+                                      " --host 127.0.0.1 --port 0 --port-file " + port_file +
+                                      (coordinator ? " --worker-port 0" : ""),
                                   dir + "/log");
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!std::filesystem::exists(port_file)) {
@@ -50,10 +52,12 @@ inline ServerUnderTest StartServer(const std::string& command_and_flags) {
       return s;
     }
   }
+  // The client port, the metrics port, the worker port (-1: none).
   std::ifstream in(port_file);
-  in >> s.port >> s.metrics_port;
+  int worker_port = -1;
+  in >> s.port >> s.metrics_port >> worker_port;
   s.address = "127.0.0.1:" + std::to_string(s.port);
-  s.worker_address = s.address;
+  if (worker_port >= 0) s.worker_address = "127.0.0.1:" + std::to_string(worker_port);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);

@@ -1,0 +1,110 @@
+// Token files, token lookup, request-id scopes and loopback addresses
+// (runtime/serving/auth.h): what is accepted, and each refusal naming the
+// file, the line and the fix.
+#include "runtime/serving/auth.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+std::string Write(const std::string& text, mode_t mode = 0600) {
+  static int n = 0;
+  const std::string path = testing::TempDir("auth") + "/tokens" + std::to_string(n++);
+  std::ofstream(path) << text;
+  EXPECT_EQ(chmod(path.c_str(), mode), 0);
+  return path;
+}
+
+TEST(TokenFileTest, ReadsPrincipalsTokensCommentsAndBareTokens) {
+  const std::string path = Write(
+      "# clients\n\nalice:alice-0123456789abcdef\n  bob@lab:b0b-0123456789ABCDEF+/==  \n"
+      "bare-token-0123456789\n");
+  auto entries = ReadTokenFile(path);
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  ASSERT_EQ(entries->size(), 3u);
+  EXPECT_EQ((*entries)[0].principal, "alice");
+  EXPECT_EQ((*entries)[0].token, "alice-0123456789abcdef");
+  EXPECT_EQ((*entries)[1].principal, "bob@lab");
+  EXPECT_EQ((*entries)[1].token, "b0b-0123456789ABCDEF+/==");
+  EXPECT_EQ((*entries)[2].principal, "line-5");
+  auto first = ReadBearerToken(path);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, "alice-0123456789abcdef");
+}
+
+TEST(TokenFileTest, RefusesWhatCouldBeMisreadOrLeaked) {
+  struct Case {
+    std::string text;
+    mode_t mode;
+    std::string error;
+  };
+  const Case cases[] = {
+      {"alice:alice-0123456789abcdef\n", 0644, "chmod 600"},
+      {"alice:alice-0123456789abcdef\n", 0620, "chmod 600"},
+      {"# nothing\n\n", 0600, "holds no token"},
+      {"alice:short\n", 0600, "line 1: a token of 5 bytes"},
+      {"alice:" + std::string(257, 'a') + "\n", 0600, "a token of 257 bytes"},
+      {"alice:has space in it 0123456789\n", 0600, "letters, digits and -._~+/"},
+      {"al ice:alice-0123456789abcdef\n", 0600, "a principal is"},
+      {":alice-0123456789abcdef\n", 0600, "a principal is"},
+      {"a/b:alice-0123456789abcdef\n", 0600, "a principal is"},
+      {"a:alice-0123456789abcdef\na:bob-0123456789abcdef0\n", 0600, "line 2: principal 'a'"},
+      {"a:alice-0123456789abcdef\nb:alice-0123456789abcdef\n", 0600, "same token is listed twice"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = Write(c.text, c.mode);
+    auto entries = ReadTokenFile(path);
+    ASSERT_FALSE(entries.ok()) << c.text;
+    EXPECT_NE(entries.status().message().find(c.error), std::string::npos)
+        << entries.status() << " for " << c.text;
+    EXPECT_NE(entries.status().message().find(path), std::string::npos) << entries.status();
+  }
+  EXPECT_FALSE(ReadTokenFile("/nonexistent/tokens").ok());
+  // A directory and a device are not token files.
+  EXPECT_NE(ReadTokenFile(testing::TempDir("auth")).status().message().find("not a regular file"),
+            std::string::npos);
+  EXPECT_FALSE(ReadTokenFile("/dev/zero").ok());
+}
+
+TEST(TokenSetTest, FindsExactlyTheTokenAndItsPrincipal) {
+  TokenSet set({{"alice", "alice-0123456789abcdef"}, {"bob", "bob-0123456789abcdef0"}});
+  EXPECT_EQ(set.Find("alice-0123456789abcdef"), "alice");
+  EXPECT_EQ(set.Find("bob-0123456789abcdef0"), "bob");
+  // Prefixes, extensions, one changed byte, empty, over-long: nobody.
+  EXPECT_EQ(set.Find("alice-0123456789abcde"), std::nullopt);
+  EXPECT_EQ(set.Find("alice-0123456789abcdef0"), std::nullopt);
+  EXPECT_EQ(set.Find("alice-0123456789abcdeF"), std::nullopt);
+  EXPECT_EQ(set.Find(""), std::nullopt);
+  EXPECT_EQ(set.Find(std::string(1000, 'a')), std::nullopt);
+  // A token that is the other padded with NULs is not it.
+  EXPECT_EQ(set.Find(std::string("bob-0123456789abcdef0\0", 22)), std::nullopt);
+}
+
+TEST(RequestScopeTest, PrincipalsNeverShareARequestId) {
+  EXPECT_EQ(ScopedRequestId("", "req-1"), "req-1");
+  EXPECT_EQ(ScopedRequestId("alice", "req-1"), "alice/req-1");
+  EXPECT_NE(ScopedRequestId("alice", "req-1"), ScopedRequestId("bob", "req-1"));
+  // No principal contains '/' (ReadTokenFile refuses one), so a request id
+  // with '/' stays inside its principal's scope.
+  EXPECT_EQ(ScopedRequestId("alice", "bob/req-1"), "alice/bob/req-1");
+}
+
+TEST(LoopbackTest, OnlyLoopbackAddressesAreLoopback) {
+  for (const char* host :
+       {"127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host : {"0.0.0.0", "::", "[::]", "10.0.0.5", "128.0.0.1", "example.com",
+                           "localhost.example.com", "", "::ffff:10.0.0.1"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
+}  // namespace
+}  // namespace deltaserve
