@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/commands.h"
@@ -17,6 +18,8 @@
 
 namespace deltaserve {
 namespace {
+
+constexpr double kDefaultDrainTimeoutS = 30;
 
 // The flags of serve and coordinator; `host` is their different default.
 std::vector<FlagSpec> ServerFlags(const std::string& host) {
@@ -33,6 +36,14 @@ std::vector<FlagSpec> ServerFlags(const std::string& host) {
        absl::StrCat(c.max_waiting)},
       {"max-waiting-tokens", "N", "prompt tokens queued", absl::StrCat(c.max_waiting_tokens)},
       {"step-tokens", "N", "token budget of one step", absl::StrCat(c.step_tokens)},
+      {"step-timeout", "S",
+       "seconds a remote worker may take to answer a step or read a write before it is dropped "
+       "(its requests run elsewhere)",
+       absl::StrCat(c.step_timeout_s)},
+      {"drain-timeout", "S",
+       "on SIGTERM: seconds running and queued requests may take to finish before the rest end "
+       "with UNAVAILABLE",
+       absl::StrCat(kDefaultDrainTimeoutS)},
       {"max-request-bytes", "N", "a request's text or token ids at most",
        absl::StrCat(o.max_request_bytes)},
   };
@@ -55,6 +66,29 @@ int WaitForSignal(const sigset_t& set) {
   return signal;
 }
 
+// The coordinator's answer to SIGTERM or SIGINT: health NOT_SERVING and no
+// new requests at once, up to --drain-timeout for the admitted ones, then
+// the rest end with UNAVAILABLE and the server stops.
+void DrainAndStop(Server& server, int signal, double drain_timeout_s, const std::string& what) {
+  std::fprintf(stderr, "deltaserve %s: %s, draining (up to %g s, --drain-timeout)\n", what.c_str(),
+               strsignal(signal), drain_timeout_s);
+  const int64_t left = server.Drain(std::chrono::duration<double>(drain_timeout_s));
+  if (left > 0) {
+    std::fprintf(stderr, "deltaserve %s: %lld requests did not finish in time: ending them\n",
+                 what.c_str(), static_cast<long long>(left));
+  }
+  std::fprintf(stderr, "deltaserve %s: shutting down\n", what.c_str());
+  server.Shutdown();
+}
+
+absl::StatusOr<double> DrainTimeout(const Flags& flags) {
+  DELTASERVE_ASSIGN_OR_RETURN(double s, flags.GetDouble("drain-timeout", kDefaultDrainTimeoutS));
+  if (!(s >= 0) || s > 1e6) {
+    return absl::InvalidArgumentError("--drain-timeout must be in [0, 1e6] seconds");
+  }
+  return s;
+}
+
 absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, const std::string& host) {
   ServerOptions o;
   DELTASERVE_ASSIGN_OR_RETURN(o.model_dir, flags.Required("model"));
@@ -73,6 +107,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, const std::s
   DELTASERVE_ASSIGN_OR_RETURN(c.max_waiting_tokens,
                               flags.GetInt("max-waiting-tokens", c.max_waiting_tokens));
   DELTASERVE_ASSIGN_OR_RETURN(c.step_tokens, flags.GetInt("step-tokens", c.step_tokens));
+  DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_s, flags.GetDouble("step-timeout", c.step_timeout_s));
+  if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
+    return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");
+  }
   DELTASERVE_ASSIGN_OR_RETURN(o.max_request_bytes,
                               flags.GetInt("max-request-bytes", o.max_request_bytes));
   if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");
@@ -81,6 +119,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, const std::s
     return absl::InvalidArgumentError("--max-waiting-tokens must be >= 0");
   }
   if (c.step_tokens < 1) return absl::InvalidArgumentError("--step-tokens must be >= 1");
+  // Checked here too, so that a bad value fails at start rather than at SIGTERM.
+  DELTASERVE_RETURN_IF_ERROR(DrainTimeout(flags).status());
   if (o.max_request_bytes < 1) {
     return absl::InvalidArgumentError("--max-request-bytes must be >= 1");
   }
@@ -171,9 +211,8 @@ absl::Status RunServe(const Args& args) {
     server->Shutdown();
     return status;
   }
-  const int signal = WaitForSignal(signals);
-  std::fprintf(stderr, "deltaserve serve: %s, shutting down\n", strsignal(signal));
-  server->Shutdown();
+  DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
+  DrainAndStop(*server, WaitForSignal(signals), drain_timeout, "serve");
   return absl::OkStatus();
 }
 
@@ -183,9 +222,8 @@ absl::Status RunCoordinator(const Args& args) {
   const sigset_t signals = BlockStopSignals();
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
   DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "coordinator"));
-  const int signal = WaitForSignal(signals);
-  std::fprintf(stderr, "deltaserve coordinator: %s, shutting down\n", strsignal(signal));
-  server->Shutdown();
+  DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
+  DrainAndStop(*server, WaitForSignal(signals), drain_timeout, "coordinator");
   return absl::OkStatus();
 }
 
@@ -194,6 +232,18 @@ absl::Status RunWorkerCommand(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(std::string coordinator, flags.Required("coordinator"));
   DELTASERVE_ASSIGN_OR_RETURN(double connect_timeout, flags.GetDouble("connect-timeout", 60));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t plan_context, flags.GetInt("plan-context", 32768));
+  // SIGTERM and SIGINT (mpirun forwards them to every rank) ask the worker to
+  // leave: the leader answers the steps it has started, tells the coordinator
+  // and detaches; the other ranks end when the leader stops them. Blocked
+  // before MPI starts its threads, so that this waiter is where they arrive.
+  const sigset_t signals = BlockStopSignals();
+  static LeaveSignal leave;  // outlives the waiter, which is never joined
+  std::thread([signals] {
+    const int signal = WaitForSignal(signals);
+    std::fprintf(stderr, "deltaserve worker: %s, leaving after the current step\n",
+                 strsignal(signal));
+    leave.Request(absl::StrCat("the worker got ", strsignal(signal)));
+  }).detach();
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, plan_context));
   Communicator& world = *deployment.world;
@@ -202,6 +252,7 @@ absl::Status RunWorkerCommand(const Args& args) {
   options.description = absl::StrCat(deployment.description, " of ", world.size(), " ranks (pp ",
                                      deployment.layout.pp, ", tp ", deployment.layout.tp, ")");
   options.connect_timeout_s = connect_timeout;
+  options.leave = &leave;
   if (replica.is_leader()) {
     grpc::ChannelArguments channel_args;
     channel_args.SetMaxReceiveMessageSize(-1);

@@ -4,6 +4,7 @@
 // Prometheus metrics over HTTP.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,10 @@ class Server {
   int port() const;
   int metrics_port() const;  // -1 when none
   Coordinator& coordinator();
+  // SIGTERM's first half: health NOT_SERVING, no new requests (UNAVAILABLE),
+  // and up to `timeout` for the admitted ones to finish. Returns how many
+  // had not; Shutdown ends those with UNAVAILABLE.
+  int64_t Drain(std::chrono::duration<double> timeout);
   void Shutdown();
 
   struct Impl;
