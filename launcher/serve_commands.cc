@@ -70,15 +70,16 @@ int WaitForSignal(const sigset_t& set) {
 // new requests at once, up to --drain-timeout for the admitted ones, then
 // the rest end with UNAVAILABLE and the server stops.
 void DrainAndStop(Server& server, int signal, double drain_timeout_s, const std::string& what) {
-  std::fprintf(stderr, "deltaserve %s: %s, draining (up to %g s, --drain-timeout)\n", what.c_str(),
-               strsignal(signal), drain_timeout_s);
+  std::fprintf(stderr,
+               "deltaserve %s: %s, shutting down: draining first (up to %g s, --drain-timeout)\n",
+               what.c_str(), strsignal(signal), drain_timeout_s);
   const int64_t left = server.Drain(std::chrono::duration<double>(drain_timeout_s));
   if (left > 0) {
     std::fprintf(stderr, "deltaserve %s: %lld requests did not finish in time: ending them\n",
                  what.c_str(), static_cast<long long>(left));
   }
-  std::fprintf(stderr, "deltaserve %s: shutting down\n", what.c_str());
   server.Shutdown();
+  std::fprintf(stderr, "deltaserve %s: stopped\n", what.c_str());
 }
 
 absl::StatusOr<double> DrainTimeout(const Flags& flags) {
