@@ -180,6 +180,45 @@ TEST(WorkerLossTest, SigtermDrainsRunningRequestsAndExitsZero) {
   EXPECT_EQ(*worker_code, 0) << worker->Log();
 }
 
+// `deltaserve serve` drains the same way; what does not finish within
+// --drain-timeout ends with UNAVAILABLE naming it, and the exit is still 0.
+TEST(WorkerLossTest, ServeDrainsThenEndsWhatIsLeftAndExitsZero) {
+  auto server = testing::StartServer("serve --model " + K3Tiny() +
+                                     " --threads 1 --drain-timeout 1 --max-running 1");
+  ASSERT_NE(server.stub, nullptr);
+  // One short request running, one long one queued behind it (--max-running
+  // 1), which cannot finish in a second.
+  grpc::ClientContext short_context, long_context;
+  auto short_stream = server.stub->Generate(&short_context, TokensRequest({1, 2}, 300));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(short_stream->Read(&response));
+  int short_tokens = response.tokens_size();
+  auto long_stream = server.stub->Generate(&long_context, TokensRequest({3, 4}, 1000000));
+  ASSERT_TRUE(testing::WaitForStatus(
+      *server.stub, [](const v1::ServerStatus& s) { return s.waiting_requests() == 1; },
+      std::chrono::seconds(10)));
+  server.process->Signal(SIGTERM);
+  const auto signalled = std::chrono::steady_clock::now();
+  while (short_stream->Read(&response)) short_tokens += response.tokens_size();
+  const grpc::Status short_status = short_stream->Finish();
+  EXPECT_TRUE(short_status.ok()) << short_status.error_message();
+  EXPECT_EQ(short_tokens, 300);
+  int long_tokens = 0;
+  while (long_stream->Read(&response)) long_tokens += response.tokens_size();
+  const grpc::Status long_status = long_stream->Finish();
+  EXPECT_EQ(long_status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(long_status.error_message().find("--drain-timeout"), std::string::npos)
+      << long_status.error_message();
+  EXPECT_LT(long_tokens, 1000000);
+  const std::optional<int> code = server.process->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(code.has_value()) << server.process->Log();
+  EXPECT_EQ(*code, 0) << server.process->Log();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count(),
+            10.0);
+  EXPECT_NE(server.process->Log().find("1 requests did not finish in time"), std::string::npos)
+      << server.process->Log();
+}
+
 TEST(WorkerLossTest, SigtermWithAStalledWorkerStillExits) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
                                           " --drain-timeout 2 --step-tokens 400000");
