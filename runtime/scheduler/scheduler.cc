@@ -383,6 +383,7 @@ Scheduler::Abandoned Scheduler::Abandon() {
       r.prompt.insert(r.prompt.end(), s->generated.begin(), s->generated.end());
       r.max_tokens -= static_cast<int64_t>(s->generated.size());
     }
+    if (started) out.started.push_back(r.id);
     out.rerun.push_back(std::move(r));
   };
   for (const SequencePtr& s : running_) leave(s);

@@ -140,6 +140,7 @@ class Scheduler {
   // they come back as `lost`.
   struct Abandoned {
     std::vector<SequenceRequest> rerun;
+    std::vector<uint64_t> started;  // those of `rerun` the replica had begun
     std::vector<uint64_t> lost;
   };
   Abandoned Abandon();

@@ -19,6 +19,10 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 // How long a write to a remote worker may take once shutdown has begun.
 constexpr auto kGoodbyeTimeout = std::chrono::seconds(2);
 
+// Workers a request may lose before it fails: a request that takes down
+// every worker it runs on (a poison request) must not take the fleet too.
+constexpr int kMaxWorkersLost = 3;
+
 // A peer's text for the log: escaped and cut short, so that it cannot forge
 // lines or drive the terminal.
 std::string Quoted(const std::string& text) {
@@ -37,7 +41,8 @@ struct Request {
   std::unique_ptr<TextStream> text;  // generate, with a tokenizer
 
   // Progress.
-  uint64_t worker = 0;  // the worker running it, once assigned to one
+  uint64_t worker = 0;   // the worker running it, once assigned to one
+  int workers_lost = 0;  // workers that went away while it was on them
   int64_t generated = 0;
   std::vector<float> score_logprobs;
   Clock::time_point accepted, scheduled, first_token, last_token;
@@ -454,7 +459,7 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   if (it == workers_.end()) return absl::OkStatus();
   if (absl::Status ok = CheckPeerResult(result, config_.vocab_size); !ok.ok()) {
     LoseWorkerLocked(it->second, absl::StrCat("it sent a malformed result: ", ok.message()),
-                     /*end_link=*/false);
+                     /*end_link=*/false, /*leaving=*/false);
     return ok;
   }
   TakeResultLocked(*it->second, std::move(result));
@@ -462,10 +467,10 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   return absl::OkStatus();
 }
 
-void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
+void Coordinator::DetachWorker(uint64_t worker, const std::string& why, bool leaving) {
   std::unique_lock<std::mutex> lock(mu_);
   if (auto it = workers_.find(worker); it != workers_.end()) {
-    LoseWorkerLocked(it->second, why, /*end_link=*/false);
+    LoseWorkerLocked(it->second, why, /*end_link=*/false, leaving);
   }
   auto it = lost_.find(worker);
   if (it == lost_.end()) return;
@@ -481,8 +486,8 @@ void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
   if (t.joinable()) t.join();
 }
 
-void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why,
-                                   bool end_link) {
+void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why, bool end_link,
+                                   bool leaving) {
   if (w->gone) return;
   std::fprintf(stderr, "coordinator: worker %llu lost: %s\n",
                static_cast<unsigned long long>(w->id), why.c_str());
@@ -509,6 +514,15 @@ void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string&
     auto it = by_sequence_.find(s.id);
     if (it == by_sequence_.end()) continue;
     Request& r = *it->second;
+    const bool had_started = std::find(abandoned.started.begin(), abandoned.started.end(), s.id) !=
+                             abandoned.started.end();
+    if (had_started && !leaving && ++r.workers_lost >= kMaxWorkersLost) {
+      const std::shared_ptr<Request> keep = it->second;
+      FailLocked(r, absl::UnavailableError(absl::StrCat("the request lost ", r.workers_lost,
+                                                        " workers in turn, the last because ", why,
+                                                        "; it is not run again")));
+      continue;
+    }
     if (r.score) r.score_logprobs.clear();  // scoring starts over
     r.sequence = std::move(s);
     r.worker = 0;
@@ -671,7 +685,7 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
     if (w->gone) break;
     if (!sent.ok()) {
       LoseWorkerLocked(w, absl::StrCat("the link to it broke: ", sent.status().message()),
-                       /*end_link=*/true);
+                       /*end_link=*/true, /*leaving=*/false);
       break;
     }
     if (sent->has_value()) TakeResultLocked(*w, std::move(**sent));
@@ -732,7 +746,7 @@ void Coordinator::Watchdog() {
         next = due;
       }
     }
-    for (auto& [w, why] : overdue) LoseWorkerLocked(w, why, /*end_link=*/true);
+    for (auto& [w, why] : overdue) LoseWorkerLocked(w, why, /*end_link=*/true, /*leaving=*/false);
     if (!overdue.empty()) continue;
     if (next) {
       watchdog_cv_.wait_until(lock, *next);

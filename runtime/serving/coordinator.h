@@ -176,11 +176,16 @@ class Coordinator {
   // A remote worker's result. One that fails CheckPeerResult drops the worker
   // (its requests re-run elsewhere) and comes back as that error.
   absl::Status OnStepResult(uint64_t worker, StepResult result);
-  // The worker's link is ending (`why` for the log): it is dropped if it was
-  // not already, and its scheduler thread joined before this returns. Called
-  // once per attached worker by the thread that serves its link, never by a
-  // scheduler thread. A worker that is never detached is joined by Shutdown.
-  void DetachWorker(uint64_t worker, const std::string& why);
+  // The worker's link is ending (`why` for the log; `leaving`: the worker
+  // said so, on SIGTERM): it is dropped if it was not already, and its
+  // scheduler thread joined before this returns. Called once per attached
+  // worker by the thread that serves its link, never by a scheduler thread.
+  // A worker that is never detached is joined by Shutdown. A request whose
+  // worker goes runs again elsewhere; one that was running on kMaxWorkersLost
+  // (3) workers that failed under it (not counting ones that left) ends with
+  // UNAVAILABLE instead, so that a request that kills its worker cannot take
+  // every replica down in turn.
+  void DetachWorker(uint64_t worker, const std::string& why, bool leaving = false);
   // Called with true when the server can serve (a worker attached, not
   // draining), false when it stops.
   void SetServingCallback(std::function<void(bool)> callback);
@@ -228,8 +233,10 @@ class Coordinator {
   void FailLocked(Request& r, const absl::Status& status);
   // Drops `w` (held by value: the caller's reference may be the map entry
   // this erases) and queues its requests to re-run; `end_link` cancels its
-  // link too, for callers other than the link's own reader.
-  void LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why, bool end_link);
+  // link too, for callers other than the link's own reader; `leaving`: the
+  // worker chose to go, which no request counts against itself.
+  void LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why, bool end_link,
+                        bool leaving);
   void SetServingLocked();
   void UpdateGaugesLocked();
   void SchedulerLoop(std::shared_ptr<Worker> w);

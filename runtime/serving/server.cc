@@ -368,8 +368,10 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
       return ToGrpc(worker.status());
     }
     std::string why = "its stream ended";
+    bool leaving = false;
     while (stream->Read(&message)) {
       if (message.has_leaving()) {
+        leaving = true;
         // The peer's text: quoted, escaped and cut short in the log.
         why = absl::StrCat("it is leaving: \"", absl::CHexEscape(message.leaving().substr(0, 256)),
                            "\"");
@@ -386,7 +388,7 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
       }
     }
     if (context->IsCancelled() && why == "its stream ended") why = "its connection broke";
-    coordinator_.DetachWorker(*worker, why);
+    coordinator_.DetachWorker(*worker, why, leaving);
     return grpc::Status::OK;
   }
 

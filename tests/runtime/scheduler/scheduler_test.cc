@@ -419,6 +419,7 @@ TEST(SchedulerTest, AbandonHandsBackEveryRequestInOrderToRunElsewhere) {
   ASSERT_EQ(h.TokensFor(1), (std::vector<int32_t>{40, 41}));
   Scheduler::Abandoned abandoned = h.scheduler.Abandon();
   EXPECT_TRUE(abandoned.lost.empty());
+  EXPECT_EQ(abandoned.started, (std::vector<uint64_t>{1, 2}));
   ASSERT_EQ(abandoned.rerun.size(), 3u);
   // The started ones continue from the tokens that came back.
   EXPECT_EQ(abandoned.rerun[0].id, 1u);
@@ -465,6 +466,7 @@ TEST(SchedulerTest, AbandonStartsAScoreOverAndLosesPrefixState) {
   EXPECT_EQ(abandoned.rerun[0].id, 1u);
   EXPECT_EQ(abandoned.rerun[0].prompt.size(), 10u);  // from the start
   EXPECT_EQ(abandoned.rerun[1].id, 2u);              // the prefix had waited
+  EXPECT_EQ(abandoned.started, (std::vector<uint64_t>{1}));
   EXPECT_TRUE(abandoned.lost.empty());
 
   Harness p(Options(4, 1, 4, 4));

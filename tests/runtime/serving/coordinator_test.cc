@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "tests/engine_runs.h"
 #include "tests/test_util.h"
@@ -255,6 +256,60 @@ TEST_F(CoordinatorTest, CancellingFreesTheStateWithTheNextStep) {
   ASSERT_FALSE(plans.empty());
   ASSERT_EQ(plans.back().release.size(), 1u);
   EXPECT_EQ(plans.back().release[0], 1u);
+}
+
+// A link that breaks on the first step sent down it.
+class BrokenLink final : public WorkerConnection {
+ public:
+  absl::StatusOr<std::optional<StepResult>> Send(const Step&) override {
+    return absl::UnavailableError("the test breaks every link");
+  }
+};
+
+// Attaches a worker whose link breaks on its first step, and waits until
+// the coordinator has dropped it.
+void LoseABrokenWorker(Coordinator& coordinator) {
+  const WorkerInfo info =
+      MakeWorkerInfo(coordinator.config(), *WorldLayout::Make(1, 1, 1), "broken");
+  ASSERT_TRUE(coordinator.AttachWorker(info, std::make_shared<BrokenLink>()).ok());
+  for (int i = 0; i < 500 && coordinator.Status().workers > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(coordinator.Status().workers, 0);
+}
+
+// A request whose worker breaks under it runs again on the next, and after
+// two such losses still completes with its own tokens.
+TEST_F(CoordinatorTest, ARequestRunsAgainOnTheNextWorkerAfterLosingTwo) {
+  coordinator_ =
+      std::make_unique<Coordinator>(model_->config(), nullptr, CoordinatorOptions{}, metrics_);
+  const std::vector<int32_t> prompt = {4, 5, 6};
+  RequestHandle survivor = Submit(prompt, 6);
+  ASSERT_NO_FATAL_FAILURE(LoseABrokenWorker(*coordinator_));
+  ASSERT_NO_FATAL_FAILURE(LoseABrokenWorker(*coordinator_));
+  EXPECT_EQ(coordinator_->Status().waiting_requests, 1);
+  worker_ = std::make_unique<RecordingWorker>(*model_, *coordinator_);
+  worker_->Attach(model_->config(), 1);
+  EXPECT_EQ(Finish(survivor), Alone(prompt, 6));
+}
+
+// The third worker lost under a request ends it, so a request that kills
+// every worker it runs on cannot take the fleet down in turn.
+TEST_F(CoordinatorTest, ARequestThatLosesThreeWorkersInTurnEnds) {
+  coordinator_ =
+      std::make_unique<Coordinator>(model_->config(), nullptr, CoordinatorOptions{}, metrics_);
+  RequestHandle poison = Submit({4, 5, 6}, 6);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(LoseABrokenWorker(*coordinator_));
+  std::vector<TokenEvent> tokens;
+  const std::optional<RequestOutcome> outcome =
+      coordinator_->Poll(poison, &tokens, std::chrono::seconds(10));
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_TRUE(absl::IsUnavailable(outcome->status)) << outcome->status;
+  EXPECT_NE(outcome->status.message().find("lost 3 workers in turn"), std::string::npos)
+      << outcome->status;
+  EXPECT_NE(outcome->status.message().find("the test breaks every link"), std::string::npos)
+      << outcome->status;
+  EXPECT_EQ(coordinator_->Status().waiting_requests, 0);
 }
 
 // The process's mapped address space now, in bytes (/proc/self/status).
