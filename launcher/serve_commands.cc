@@ -151,7 +151,10 @@ const CommandSpec& ServeSpec() {
       .flags = Concat(ServerFlags("127.0.0.1"),
                       {{"threads", "N", "compute threads (0: OpenMP's default)", "0"}}),
       .examples = {"deltaserve serve --model /tmp/k3-tiny --port 50051 --metrics-port 9090"},
-      .details = "For --pp/--tp or mpirun, run `deltaserve coordinator` and `deltaserve worker`.",
+      .details =
+          "For --pp/--tp or mpirun, run `deltaserve coordinator` and `deltaserve worker`. "
+          "SIGTERM or SIGINT drains: no new requests, up to --drain-timeout for the "
+          "admitted ones, then exit 0.",
   };
   return *spec;
 }
@@ -165,6 +168,10 @@ const CommandSpec& CoordinatorSpec() {
       .examples = {"deltaserve coordinator --model DIR --port 50051 --metrics-port 9090",
                    "mpirun -np 4 deltaserve worker --coordinator HOST:50051 --model DIR "
                    "--pp 2 --tp 2"},
+      .details =
+          "SIGTERM or SIGINT drains: health NOT_SERVING and no new requests at once, up to "
+          "--drain-timeout for the admitted ones, then the rest end with UNAVAILABLE and "
+          "the coordinator exits 0.",
   };
   return *spec;
 }
@@ -185,7 +192,9 @@ const CommandSpec& WorkerSpec() {
            "mpirun -np 4 deltaserve worker --coordinator HOST:50051 --model DIR --pp 2 --tp 2"},
       .details =
           "One rank per process: mpirun -np pp*tp deltaserve worker ...; rank 0 holds the "
-          "link to the coordinator.",
+          "link to the coordinator. SIGTERM or SIGINT (to mpirun, or to every rank): the worker "
+          "answers the steps it has started, tells the coordinator, which runs its requests "
+          "elsewhere, and exits 0.",
   };
   return *spec;
 }
