@@ -1,6 +1,8 @@
 // serve, coordinator and worker: the serving processes.
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -67,13 +69,28 @@ int WaitForSignal(const sigset_t& set) {
 }
 
 // The coordinator's answer to SIGTERM or SIGINT: health NOT_SERVING and no
-// new requests at once, up to --drain-timeout for the admitted ones, then
-// the rest end with UNAVAILABLE and the server stops.
-void DrainAndStop(Server& server, int signal, double drain_timeout_s, const std::string& what) {
+// new requests at once, up to --drain-timeout for the admitted ones (a
+// second signal cuts that short), then the rest end with UNAVAILABLE and the
+// server stops.
+void DrainAndStop(Server& server, const sigset_t& signals, int signal, double drain_timeout_s,
+                  const std::string& what) {
   std::fprintf(stderr,
-               "deltaserve %s: %s, shutting down: draining first (up to %g s, --drain-timeout)\n",
+               "deltaserve %s: %s, shutting down: draining first (up to %g s, --drain-timeout; "
+               "signal again to stop at once)\n",
                what.c_str(), strsignal(signal), drain_timeout_s);
+  std::atomic<bool> drained{false};
+  Coordinator& coordinator = server.coordinator();
+  std::thread second([&] {
+    const int again = WaitForSignal(signals);
+    if (drained) return;  // the wake-up below
+    std::fprintf(stderr, "deltaserve %s: %s again, ending the drain\n", what.c_str(),
+                 strsignal(again));
+    coordinator.CutDrain();
+  });
   const int64_t left = server.Drain(std::chrono::duration<double>(drain_timeout_s));
+  drained = true;
+  pthread_kill(second.native_handle(), SIGTERM);  // taken by its sigwait: signals are blocked
+  second.join();
   if (left > 0) {
     std::fprintf(stderr, "deltaserve %s: %lld requests did not finish in time: ending them\n",
                  what.c_str(), static_cast<long long>(left));
@@ -222,7 +239,7 @@ absl::Status RunServe(const Args& args) {
     return status;
   }
   DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
-  DrainAndStop(*server, WaitForSignal(signals), drain_timeout, "serve");
+  DrainAndStop(*server, signals, WaitForSignal(signals), drain_timeout, "serve");
   return absl::OkStatus();
 }
 
@@ -233,7 +250,7 @@ absl::Status RunCoordinator(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
   DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "coordinator"));
   DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
-  DrainAndStop(*server, WaitForSignal(signals), drain_timeout, "coordinator");
+  DrainAndStop(*server, signals, WaitForSignal(signals), drain_timeout, "coordinator");
   return absl::OkStatus();
 }
 

@@ -175,8 +175,14 @@ int64_t Coordinator::Drain(Clock::time_point until) {
                  "coordinator: draining: %zu requests running or queued, admitting no more\n",
                  by_id_.size());
   }
-  ended_cv_.wait_until(lock, until, [&] { return by_id_.empty() || stop_; });
+  ended_cv_.wait_until(lock, until, [&] { return by_id_.empty() || stop_ || drain_cut_; });
   return static_cast<int64_t>(by_id_.size());
+}
+
+void Coordinator::CutDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drain_cut_ = true;
+  ended_cv_.notify_all();
 }
 
 absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(

@@ -194,6 +194,8 @@ class Coordinator {
   // and waits until every admitted request has ended or `until` passes.
   // Returns the number of requests still running or queued.
   int64_t Drain(Clock::time_point until);
+  // Ends a Drain now (a second signal), from any thread.
+  void CutDrain();
   // Ends what is left with UNAVAILABLE, says goodbye to the workers and joins
   // every thread. A write to a worker that does not complete within a few
   // seconds is cancelled, so this returns in bounded time.
@@ -252,6 +254,7 @@ class Coordinator {
   std::condition_variable work_cv_;  // schedulers: work, results, worker changes
   bool stop_ = false;
   bool draining_ = false;
+  bool drain_cut_ = false;
   std::optional<bool> serving_;         // last told to serving_callback_
   Clock::time_point stopped_at_;        // when Shutdown began
   std::condition_variable ended_cv_;    // Drain: a request ended

@@ -33,7 +33,7 @@ class Server {
   // SIGTERM's first half: health NOT_SERVING, no new requests (UNAVAILABLE),
   // and up to `timeout` for the admitted ones to finish. Returns how many
   // had not; Shutdown ends those with UNAVAILABLE.
-  int64_t Drain(std::chrono::duration<double> timeout);
+  int64_t Drain(std::chrono::duration<double> timeout);  // Coordinator::CutDrain ends it early
   void Shutdown();
 
   struct Impl;

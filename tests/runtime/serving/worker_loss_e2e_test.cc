@@ -220,6 +220,33 @@ TEST(WorkerLossTest, ServeDrainsThenEndsWhatIsLeftAndExitsZero) {
       << server.process->Log();
 }
 
+// A second signal cuts the drain short: a request that waits for a worker
+// that never comes would otherwise hold the coordinator for --drain-timeout.
+TEST(WorkerLossTest, ASecondSigtermEndsTheDrainAtOnce) {
+  auto coordinator =
+      testing::StartServer("coordinator --model " + K3Tiny() + " --drain-timeout 600");
+  ASSERT_NE(coordinator.stub, nullptr);
+  auto waiting = std::async(std::launch::async, [&] {
+    return GenerateAll(*coordinator.stub, TokensRequest({1, 2, 3}, 4), 120);
+  });
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.waiting_requests() == 1; },
+      std::chrono::seconds(10)));
+  coordinator.process->Signal(SIGTERM);
+  // Draining: still up after a second, the request still waiting.
+  EXPECT_FALSE(coordinator.process->Wait(std::chrono::seconds(1)).has_value());
+  EXPECT_EQ(waiting.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  coordinator.process->Signal(SIGTERM);
+  const std::optional<int> code = coordinator.process->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(code.has_value()) << coordinator.process->Log();
+  EXPECT_EQ(*code, 0) << coordinator.process->Log();
+  const Streamed ended = waiting.get();
+  EXPECT_EQ(ended.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(coordinator.process->Log().find("Terminated again, ending the drain"),
+            std::string::npos)
+      << coordinator.process->Log();
+}
+
 TEST(WorkerLossTest, SigtermWithAStalledWorkerStillExits) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
                                           " --drain-timeout 2 --step-tokens 400000");
