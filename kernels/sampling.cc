@@ -23,6 +23,11 @@ Rng::Rng(uint64_t seed) {
   for (uint64_t& s : s_) s = SplitMix64(seed);
 }
 
+Rng Rng::ForPosition(uint64_t seed, int64_t position) {
+  uint64_t counter = static_cast<uint64_t>(position);
+  return Rng(seed ^ SplitMix64(counter));
+}
+
 // xoshiro256** (Blackman and Vigna).
 uint64_t Rng::Next() {
   const uint64_t result = Rotl(s_[1] * 5, 7) * 9;

@@ -16,6 +16,11 @@ struct SamplingParams {
 class Rng {
  public:
   explicit Rng(uint64_t seed);
+  // The generator for the token a sequence samples at `position` (its length
+  // before that token): counter-based, so a draw depends on (seed, position)
+  // alone and a sequence re-run from its tokens so far (a lost worker's
+  // request, re-prefilled on another replica) draws what it would have.
+  static Rng ForPosition(uint64_t seed, int64_t position);
   uint64_t Next();
   double Uniform();  // in [0, 1), 53 random bits
  private:

@@ -1,9 +1,12 @@
 // serve, coordinator and worker: the serving processes.
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/channel_flags.h"
@@ -20,6 +23,7 @@ namespace deltaserve {
 namespace {
 
 constexpr int kDefaultWorkerPort = 50052;
+constexpr double kDefaultDrainTimeoutS = 30;
 
 // The flags of serve and coordinator; the coordinator has a worker port.
 std::vector<FlagSpec> ServerFlags(bool worker_port) {
@@ -33,6 +37,14 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
        o.host},
       {"port", "N", "the client gRPC port (0: any free one, see --port-file)",
        absl::StrCat(o.port)},
+      {"step-timeout", "S",
+       "seconds a remote worker may take to answer a step or read a write before it is dropped "
+       "(its requests run elsewhere)",
+       absl::StrCat(c.step_timeout_s)},
+      {"drain-timeout", "S",
+       "on SIGTERM: seconds running and queued requests may take to finish before the rest end "
+       "with UNAVAILABLE",
+       absl::StrCat(kDefaultDrainTimeoutS)},
   };
   if (worker_port) {
     flags.push_back({"worker-port", "N",
@@ -112,6 +124,45 @@ absl::StatusOr<int> PortFlag(const Flags& flags, const std::string& name, int64_
   return static_cast<int>(port);
 }
 
+// The coordinator's answer to SIGTERM or SIGINT: health NOT_SERVING and no
+// new requests at once, up to --drain-timeout for the admitted ones (a
+// second signal cuts that short), then the rest end with UNAVAILABLE and the
+// server stops.
+void DrainAndStop(Server& server, const sigset_t& signals, int signal, double drain_timeout_s,
+                  const std::string& what) {
+  std::fprintf(stderr,
+               "deltaserve %s: %s, shutting down: draining first (up to %g s, --drain-timeout; "
+               "signal again to stop at once)\n",
+               what.c_str(), strsignal(signal), drain_timeout_s);
+  std::atomic<bool> drained{false};
+  Coordinator& coordinator = server.coordinator();
+  std::thread second([&] {
+    const int again = WaitForSignal(signals);
+    if (drained) return;  // the wake-up below
+    std::fprintf(stderr, "deltaserve %s: %s again, ending the drain\n", what.c_str(),
+                 strsignal(again));
+    coordinator.CutDrain();
+  });
+  const int64_t left = server.Drain(std::chrono::duration<double>(drain_timeout_s));
+  drained = true;
+  pthread_kill(second.native_handle(), SIGTERM);  // taken by its sigwait: signals are blocked
+  second.join();
+  if (left > 0) {
+    std::fprintf(stderr, "deltaserve %s: %lld requests did not finish in time: ending them\n",
+                 what.c_str(), static_cast<long long>(left));
+  }
+  server.Shutdown();
+  std::fprintf(stderr, "deltaserve %s: stopped\n", what.c_str());
+}
+
+absl::StatusOr<double> DrainTimeout(const Flags& flags) {
+  DELTASERVE_ASSIGN_OR_RETURN(double s, flags.GetDouble("drain-timeout", kDefaultDrainTimeoutS));
+  if (!(s >= 0) || s > 1e6) {
+    return absl::InvalidArgumentError("--drain-timeout must be in [0, 1e6] seconds");
+  }
+  return s;
+}
+
 // `worker_port`: the coordinator's; serve has its worker in-process.
 absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_port) {
   ServerOptions o;
@@ -154,6 +205,10 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   DELTASERVE_ASSIGN_OR_RETURN(c.max_waiting_tokens,
                               flags.GetInt("max-waiting-tokens", c.max_waiting_tokens));
   DELTASERVE_ASSIGN_OR_RETURN(c.step_tokens, flags.GetInt("step-tokens", c.step_tokens));
+  DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_s, flags.GetDouble("step-timeout", c.step_timeout_s));
+  if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
+    return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");
+  }
   DELTASERVE_ASSIGN_OR_RETURN(o.max_request_bytes,
                               flags.GetInt("max-request-bytes", o.max_request_bytes));
   if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");
@@ -162,6 +217,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
     return absl::InvalidArgumentError("--max-waiting-tokens must be >= 0");
   }
   if (c.step_tokens < 1) return absl::InvalidArgumentError("--step-tokens must be >= 1");
+  // Checked here too, so that a bad value fails at start rather than at SIGTERM.
+  DELTASERVE_RETURN_IF_ERROR(DrainTimeout(flags).status());
   if (o.max_request_bytes < 1) {
     return absl::InvalidArgumentError("--max-request-bytes must be >= 1");
   }
@@ -196,7 +253,10 @@ const CommandSpec& ServeSpec() {
       .flags = Concat(ServerFlags(false),
                       {{"threads", "N", "compute threads (0: OpenMP's default)", "0"}}),
       .examples = {"deltaserve serve --model /tmp/k3-tiny --port 50051 --metrics-port 9090"},
-      .details = "For --pp/--tp or mpirun, run `deltaserve coordinator` and `deltaserve worker`.",
+      .details =
+          "For --pp/--tp or mpirun, run `deltaserve coordinator` and `deltaserve worker`. "
+          "SIGTERM or SIGINT drains: no new requests, up to --drain-timeout for the "
+          "admitted ones, then exit 0.",
   };
   return *spec;
 }
@@ -215,7 +275,10 @@ const CommandSpec& CoordinatorSpec() {
       .details =
           "Clients use the client port (Generation, health, reflection); workers attach "
           "on the worker port, which serves nothing else. docs/security.md says how to "
-          "secure both.",
+          "secure both. "
+          "SIGTERM or SIGINT drains: health NOT_SERVING and no new requests at once, up to "
+          "--drain-timeout for the admitted ones, then the rest end with UNAVAILABLE and "
+          "the coordinator exits 0.",
   };
   return *spec;
 }
@@ -238,7 +301,9 @@ const CommandSpec& WorkerSpec() {
            "--tls-ca ca.pem --worker-token-file workers"},
       .details =
           "One rank per process: mpirun -np pp*tp deltaserve worker ...; rank 0 holds the "
-          "link to the coordinator.",
+          "link to the coordinator. SIGTERM or SIGINT (to mpirun, or to every rank): the worker "
+          "answers the steps it has started, tells the coordinator, which runs its requests "
+          "elsewhere, and exits 0.",
   };
   return *spec;
 }
@@ -265,9 +330,8 @@ absl::Status RunServe(const Args& args) {
     server->Shutdown();
     return status;
   }
-  const int signal = WaitForSignal(signals);
-  std::fprintf(stderr, "deltaserve serve: %s, shutting down\n", strsignal(signal));
-  server->Shutdown();
+  DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
+  DrainAndStop(*server, signals, WaitForSignal(signals), drain_timeout, "serve");
   return absl::OkStatus();
 }
 
@@ -277,9 +341,8 @@ absl::Status RunCoordinator(const Args& args) {
   const sigset_t signals = BlockStopSignals();
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
   DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "coordinator"));
-  const int signal = WaitForSignal(signals);
-  std::fprintf(stderr, "deltaserve coordinator: %s, shutting down\n", strsignal(signal));
-  server->Shutdown();
+  DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
+  DrainAndStop(*server, signals, WaitForSignal(signals), drain_timeout, "coordinator");
   return absl::OkStatus();
 }
 
@@ -288,6 +351,18 @@ absl::Status RunWorkerCommand(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(std::string coordinator, flags.Required("coordinator"));
   DELTASERVE_ASSIGN_OR_RETURN(double connect_timeout, flags.GetDouble("connect-timeout", 60));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t plan_context, flags.GetInt("plan-context", 32768));
+  // SIGTERM and SIGINT (mpirun forwards them to every rank) ask the worker to
+  // leave: the leader answers the steps it has started, tells the coordinator
+  // and detaches; the other ranks end when the leader stops them. Blocked
+  // before MPI starts its threads, so that this waiter is where they arrive.
+  const sigset_t signals = BlockStopSignals();
+  static LeaveSignal leave;  // outlives the waiter, which is never joined
+  std::thread([signals] {
+    const int signal = WaitForSignal(signals);
+    std::fprintf(stderr, "deltaserve worker: %s, leaving after the current step\n",
+                 strsignal(signal));
+    leave.Request(absl::StrCat("the worker got ", strsignal(signal)));
+  }).detach();
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, plan_context));
   Communicator& world = *deployment.world;
@@ -296,6 +371,7 @@ absl::Status RunWorkerCommand(const Args& args) {
   options.description = absl::StrCat(deployment.description, " of ", world.size(), " ranks (pp ",
                                      deployment.layout.pp, ", tp ", deployment.layout.tp, ")");
   options.connect_timeout_s = connect_timeout;
+  options.leave = &leave;
   if (replica.is_leader()) {
     grpc::ChannelArguments channel_args;
     channel_args.SetMaxReceiveMessageSize(-1);

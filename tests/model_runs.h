@@ -47,13 +47,12 @@ inline std::vector<float> PiecewiseLogits(const Model& model, const std::vector<
 }
 
 // The tokens `prompt` generates, by the plainest loop: Model::Forward and
-// kernels::Sample with the sequence's own seeded generator (no end tokens).
+// kernels::Sample with the generator of each position (no end tokens).
 inline std::vector<int32_t> ReferenceGenerate(const Model& model,
                                               const std::vector<int32_t>& prompt, int64_t n,
                                               const kernels::SamplingParams& sampling = {},
                                               uint64_t seed = 0) {
   auto state = model.NewSequence();
-  kernels::Rng rng(seed);
   std::vector<int32_t> out;
   std::vector<int32_t> next = prompt;
   while (static_cast<int64_t>(out.size()) < n) {
@@ -61,6 +60,8 @@ inline std::vector<int32_t> ReferenceGenerate(const Model& model,
     auto logits = model.Forward(std::span(&input, 1));
     EXPECT_TRUE(logits.ok()) << logits.status();
     if (!logits.ok()) break;
+    kernels::Rng rng =
+        kernels::Rng::ForPosition(seed, static_cast<int64_t>(prompt.size() + out.size()));
     out.push_back(kernels::Sample(logits->data(), model.config().vocab_size, sampling, rng));
     next = {out.back()};
   }

@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
       seq.state = model.NewSequence();
     }
     seq.sampling = w.sampling;
-    seq.rng = kernels::Rng(w.seed);
+    seq.seed = w.seed;
     sequences_.emplace(w.sequence_id, std::move(seq));
   }
   std::vector<ForwardInput> inputs;
@@ -172,7 +172,10 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
                              ": the model's logits are not finite at token position ", position,
                              " (", *bad, " for token id ", (bad - row) % vocab, ")");
     } else if (w.output == WorkOutput::kSample) {
-      r.token = kernels::Sample(row, vocab, seq.sampling, seq.rng);
+      // The draw depends on the seed and the position only, so a sequence
+      // re-run from its tokens so far samples the same (docs/security-failure.md).
+      kernels::Rng rng = kernels::Rng::ForPosition(seq.seed, seq.state->length);
+      r.token = kernels::Sample(row, vocab, seq.sampling, rng);
       if (w.logprobs || w.top_logprobs > 0) {
         const double log_z = LogSumExp(row, vocab);
         r.logprob = static_cast<float>(row[r.token] - log_z);

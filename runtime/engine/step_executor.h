@@ -2,8 +2,9 @@
 // runs through this rank's part of the model in one forward pass. Sequence state
 // lives here, keyed by the coordinator's sequence ids, from the step that
 // starts a sequence until one that releases it. The last stage samples (each
-// sequence has its own seeded generator, so tokens do not depend on what else
-// shares the step) and computes log-probs; its TP rank 0 holds the outputs.
+// draw from the sequence's seed and the token's position, so tokens do not
+// depend on what else shares the step, nor on where the sequence ran before)
+// and computes log-probs; its TP rank 0 holds the outputs.
 // Every rank of a replica runs the same steps in the same order.
 #pragma once
 
@@ -42,7 +43,7 @@ class StepExecutor {
   struct Sequence {
     std::unique_ptr<SequenceState> state;
     kernels::SamplingParams sampling;
-    kernels::Rng rng{0};
+    uint64_t seed = 0;  // with the position, picks each draw (Rng::ForPosition)
   };
   StageRunner stage_;
   std::map<uint64_t, Sequence> sequences_;

@@ -371,14 +371,23 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
 
 Scheduler::Abandoned Scheduler::Abandon() {
   Abandoned out;
-  for (const SequencePtr& s : running_) {
-    if (s->started || s->fed > 0) {
-      out.held.push_back(s->request.id);
-    } else {
-      out.unseen.push_back(std::move(s->request));
+  auto leave = [&](const SequencePtr& s) {
+    SequenceRequest& r = s->request;
+    const bool started = s->started || s->fed > 0;
+    if (r.kind == SequenceKind::kPrefix || r.fork_from) {
+      if (started) {
+        out.lost.push_back(r.id);
+        return;
+      }
+    } else if (started && r.kind == SequenceKind::kGenerate) {
+      r.prompt.insert(r.prompt.end(), s->generated.begin(), s->generated.end());
+      r.max_tokens -= static_cast<int64_t>(s->generated.size());
     }
-  }
-  for (const SequencePtr& s : waiting_) out.unseen.push_back(std::move(s->request));
+    if (started) out.started.push_back(r.id);
+    out.rerun.push_back(std::move(r));
+  };
+  for (const SequencePtr& s : running_) leave(s);
+  for (const SequencePtr& s : waiting_) leave(s);
   running_.clear();
   waiting_.clear();
   pending_release_.clear();

@@ -18,8 +18,8 @@
 //
 // Token-level endings happen here (stop token ids, max_tokens, the context);
 // text-level ones (stop strings), cancellation and lost workers are the
-// caller's, through Finish and Abandon. A finished sequence's state is
-// released with the next step.
+// caller's, through Finish and Abandon (which hands back what to re-run). A finished sequence's
+// state is released with the next step.
 #pragma once
 
 #include <chrono>
@@ -130,12 +130,18 @@ class Scheduler {
   // they come in; one for a step not in flight is ignored.
   Update TakeResult(StepResult result);
 
-  // The replica went away: every sequence leaves. Those it held state for
-  // come back as `held` (their work is lost), the rest as `unseen` requests,
-  // in order, to run elsewhere.
+  // The replica went away: every sequence leaves, in order, as a request to
+  // run elsewhere. One that had not started is the request as given. A
+  // generation that had continues: its prompt is the original prompt plus
+  // the tokens sampled so far (whose results came in) and its max_tokens what
+  // is left, so with position-keyed sampling (kernels::Rng::ForPosition) the
+  // re-run samples what the lost replica would have. Scoring and logits start
+  // over. Prefixes and their forks cannot move without the prefix's state:
+  // they come back as `lost`.
   struct Abandoned {
-    std::vector<uint64_t> held;
-    std::vector<SequenceRequest> unseen;
+    std::vector<SequenceRequest> rerun;
+    std::vector<uint64_t> started;  // those of `rerun` the replica had begun
+    std::vector<uint64_t> lost;
   };
   Abandoned Abandon();
 

@@ -16,17 +16,33 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// How long a write to a remote worker may take once shutdown has begun.
+constexpr auto kGoodbyeTimeout = std::chrono::seconds(2);
+
+// Workers a request may lose before it fails: a request that takes down
+// every worker it runs on (a poison request) must not take the fleet too.
+constexpr int kMaxWorkersLost = 3;
+
+// A peer's text for the log: escaped and cut short, so that it cannot forge
+// lines or drive the terminal.
+std::string Quoted(const std::string& text) {
+  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, 256)), "\"");
+}
+
 }  // namespace
 
 struct Request {
   std::string request_id;
   bool score = false;
-  SequenceRequest sequence;  // what the scheduler runs
+  // What the scheduler runs: as admitted, or the continuation a lost worker
+  // handed back (Scheduler::Abandon).
+  SequenceRequest sequence;
   int64_t prompt_tokens = 0;
   std::unique_ptr<TextStream> text;  // generate, with a tokenizer
 
   // Progress.
-  uint64_t worker = 0;  // the worker running it, once assigned to one
+  uint64_t worker = 0;   // the worker running it, once assigned to one
+  int workers_lost = 0;  // workers that went away while it was on them
   int64_t generated = 0;
   std::vector<float> score_logprobs;
   Clock::time_point accepted, scheduled, first_token, last_token;
@@ -40,6 +56,13 @@ struct Request {
 };
 
 const std::string& RequestHandle::request_id() const { return request_->request_id; }
+
+namespace {
+
+// Prompt tokens a request counts for in the queue: a continuation's too.
+int64_t QueuedTokens(const Request& r) { return static_cast<int64_t>(r.sequence.prompt.size()); }
+
+}  // namespace
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
                           const std::string& description) {
@@ -83,32 +106,83 @@ Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenize
                      "Prompt tokens per second of the last step that prefilled."),
           m.AddGauge("deltaserve_workers_attached", "Workers (replicas) attached."),
           m.AddCounter("deltaserve_steps_total", "Steps run on the worker."),
+          m.AddCounter("deltaserve_requests_rerun_total",
+                       "Requests handed back by a lost worker to run on another."),
+          m.AddCounter("deltaserve_workers_lost_total",
+                       "Workers dropped or detached while attached."),
       } {}
 
 Coordinator::~Coordinator() { Shutdown(); }
 
 void Coordinator::Shutdown() {
-  std::vector<std::shared_ptr<WorkerConnection>> connections;
+  std::vector<std::shared_ptr<Worker>> owned;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    const absl::Status status = absl::UnavailableError("the server is shutting down");
+    stopped_at_ = Clock::now();
+    const absl::Status status = absl::UnavailableError(
+        draining_ ? "the server shut down before the request finished (--drain-timeout passed)"
+                  : "the server is shutting down");
     std::vector<std::shared_ptr<Request>> live;
     for (const auto& [id, r] : by_id_) live.push_back(r);
     for (const auto& r : live) FailLocked(*r, status);
-    for (const auto& [id, w] : workers_) connections.push_back(w->connection);
+    SetServingLocked();
+    // Each scheduler loop ends and says goodbye to its worker; the watchdog
+    // cancels a write that does not complete within kGoodbyeTimeout.
+    work_cv_.notify_all();
+    watchdog_cv_.notify_all();
+    ended_cv_.notify_all();
+    for (const auto& [id, w] : workers_) owned.push_back(w);
+    for (const auto& [id, w] : lost_) owned.push_back(w);
+    threads_cv_.wait(lock, [&] {
+      return std::all_of(owned.begin(), owned.end(), [](const auto& w) { return w->done; });
+    });
+    watchdog_stop_ = true;
+    watchdog_cv_.notify_all();
   }
-  work_cv_.notify_all();
-  for (auto& t : schedulers_) t.join();
-  // Tell the workers, so their ranks end cleanly instead of seeing a broken link.
-  for (auto& connection : connections) connection->Shutdown();
+  for (const auto& w : owned) {
+    std::thread t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      t = std::move(w->thread);
+    }
+    if (t.joinable()) t.join();
+  }
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 void Coordinator::SetServingCallback(std::function<void(bool)> callback) {
   std::lock_guard<std::mutex> lock(mu_);
   serving_callback_ = std::move(callback);
-  if (serving_callback_) serving_callback_(!workers_.empty());
+  serving_.reset();
+  SetServingLocked();
+}
+
+void Coordinator::SetServingLocked() {
+  const bool serving = !workers_.empty() && !draining_ && !stop_;
+  if (serving_ == serving) return;
+  serving_ = serving;
+  if (serving_callback_) serving_callback_(serving);
+}
+
+int64_t Coordinator::Drain(Clock::time_point until) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!draining_) {
+    draining_ = true;
+    SetServingLocked();
+    std::fprintf(stderr,
+                 "coordinator: draining: %zu requests running or queued, admitting no more\n",
+                 by_id_.size());
+  }
+  ended_cv_.wait_until(lock, until, [&] { return by_id_.empty() || stop_ || drain_cut_; });
+  return static_cast<int64_t>(by_id_.size());
+}
+
+void Coordinator::CutDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drain_cut_ = true;
+  ended_cv_.notify_all();
 }
 
 absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
@@ -150,6 +224,12 @@ absl::StatusOr<RequestHandle> Coordinator::SubmitScore(std::string request_id,
 absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return absl::UnavailableError("the server is shutting down");
+  if (draining_) {
+    metrics_.rejected.Add();
+    return absl::UnavailableError(
+        "the server is draining before it shuts down: it admits no new requests; retry on "
+        "another server");
+  }
   if (by_id_.contains(r->request_id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("request_id: '", r->request_id, "' is already running or queued"));
@@ -165,7 +245,7 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
           absl::StrCat("the queue is full: ", waiting_.size(), " requests waiting (limit ",
                        options_.max_waiting, ", --max-waiting) behind the running ones"));
     }
-    if (waiting_tokens_ + r->prompt_tokens > options_.max_waiting_tokens) {
+    if (waiting_tokens_ + QueuedTokens(*r) > options_.max_waiting_tokens) {
       metrics_.rejected.Add();
       return absl::ResourceExhaustedError(
           absl::StrCat("the queue is full: ", waiting_tokens_, " prompt tokens waiting, ",
@@ -178,7 +258,7 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
   by_id_[r->request_id] = r;
   by_sequence_[r->sequence.id] = r;
   waiting_.push_back(r);
-  waiting_tokens_ += r->prompt_tokens;
+  waiting_tokens_ += QueuedTokens(*r);
   UpdateGaugesLocked();
   work_cv_.notify_all();
   return RequestHandle(std::move(r));
@@ -258,7 +338,7 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
                          [&](const std::shared_ptr<Request>& p) { return p.get() == &r; });
   if (it != waiting_.end()) {
     waiting_.erase(it);
-    waiting_tokens_ -= r.prompt_tokens;
+    waiting_tokens_ -= QueuedTokens(r);
   }
   if (auto w = workers_.find(r.worker); w != workers_.end()) {
     w->second->scheduler.Finish(r.sequence.id);
@@ -268,6 +348,7 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   by_id_.erase(r.request_id);
   UpdateGaugesLocked();
   r.events_cv.notify_all();
+  if (by_id_.empty()) ended_cv_.notify_all();
 }
 
 void Coordinator::FailLocked(Request& r, const absl::Status& status) {
@@ -315,15 +396,22 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
   if (stop_) return absl::UnavailableError("the coordinator is shutting down");
   auto w = std::make_shared<Worker>(next_worker_++, info, std::move(connection),
                                     Scheduler(config_, options));
+  // The threads start under the lock, so they find the worker registered.
+  // When one cannot be started, nothing of the worker stays.
+  try {
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { Watchdog(); });
+    w->thread = std::thread([this, w] { SchedulerLoop(w); });
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "coordinator: worker %s refused: cannot start its thread: %s\n",
+                 Quoted(info.description).c_str(), e.what());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the coordinator cannot start a thread for this worker: ", e.what()));
+  }
   workers_[w->id] = w;
   UpdateGaugesLocked();
-  if (workers_.size() == 1 && serving_callback_) serving_callback_(true);
-  // The description is the peer's text: escaped and cut short in the log, so
-  // that it cannot forge lines or drive the terminal.
-  std::fprintf(stderr, "coordinator: worker %llu attached: \"%s\"\n",
-               static_cast<unsigned long long>(w->id),
-               absl::CHexEscape(info.description.substr(0, 256)).c_str());
-  schedulers_.emplace_back([this, w] { SchedulerLoop(w); });
+  SetServingLocked();
+  std::fprintf(stderr, "coordinator: worker %llu attached: %s\n",
+               static_cast<unsigned long long>(w->id), Quoted(info.description).c_str());
   work_cv_.notify_all();
   return w->id;
 }
@@ -376,8 +464,8 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   auto it = workers_.find(worker);
   if (it == workers_.end()) return absl::OkStatus();
   if (absl::Status ok = CheckPeerResult(result, config_.vocab_size); !ok.ok()) {
-    LoseWorkerLocked(it->second, absl::StrCat("it sent a malformed result: ", ok.message()));
-    work_cv_.notify_all();
+    LoseWorkerLocked(it->second, absl::StrCat("it sent a malformed result: ", ok.message()),
+                     /*end_link=*/false, /*leaving=*/false);
     return ok;
   }
   TakeResultLocked(*it->second, std::move(result));
@@ -385,41 +473,79 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   return absl::OkStatus();
 }
 
-void Coordinator::DetachWorker(uint64_t worker, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = workers_.find(worker);
-  if (it != workers_.end()) LoseWorkerLocked(it->second, why);
+void Coordinator::DetachWorker(uint64_t worker, const std::string& why, bool leaving) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (auto it = workers_.find(worker); it != workers_.end()) {
+    LoseWorkerLocked(it->second, why, /*end_link=*/false, leaving);
+  }
+  auto it = lost_.find(worker);
+  if (it == lost_.end()) return;
+  const std::shared_ptr<Worker> w = it->second;
+  // A loop still writing to a peer that does not read is cut loose.
+  if (!threads_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return w->done; })) {
+    w->connection->Cancel();
+    threads_cv_.wait(lock, [&] { return w->done; });
+  }
+  std::thread t = std::move(w->thread);  // empty when Shutdown took it
+  lost_.erase(worker);
+  lock.unlock();
+  if (t.joinable()) t.join();
 }
 
-void Coordinator::LoseWorkerLocked(const std::shared_ptr<Worker>& w, const std::string& why) {
+void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why, bool end_link,
+                                   bool leaving) {
+  if (w->gone) return;
   std::fprintf(stderr, "coordinator: worker %llu lost: %s\n",
                static_cast<unsigned long long>(w->id), why.c_str());
   w->gone = true;
-  workers_.erase(w->id);  // `w` keeps it alive; its scheduler thread ends on `gone`
-  // What the worker held is gone: requests it had state for end; requests it
-  // never saw go back to the front of the queue in their order.
+  metrics_.workers_lost.Add();
+  workers_.erase(w->id);
+  lost_[w->id] = w;  // until its thread is joined
+  if (end_link) w->connection->Cancel();
+  // Every request it had goes back to the front of the queue, in order, to
+  // run on another replica (a generation from its tokens so far); while
+  // there is none they wait, within their deadlines.
   Scheduler::Abandoned abandoned = w->scheduler.Abandon();
+  w->sent.clear();
   const absl::Status status =
       absl::UnavailableError(absl::StrCat("the worker went away (", why, ")"));
-  for (uint64_t id : abandoned.held) {
+  for (uint64_t id : abandoned.lost) {
     if (auto it = by_sequence_.find(id); it != by_sequence_.end()) {
       const std::shared_ptr<Request> r = it->second;
       FailLocked(*r, status);
     }
   }
-  std::vector<std::shared_ptr<Request>> unseen;
-  for (SequenceRequest& s : abandoned.unseen) {
+  std::vector<std::shared_ptr<Request>> rerun;
+  for (SequenceRequest& s : abandoned.rerun) {
     auto it = by_sequence_.find(s.id);
     if (it == by_sequence_.end()) continue;
-    it->second->sequence = std::move(s);
-    it->second->worker = 0;
-    waiting_tokens_ += it->second->prompt_tokens;
-    unseen.push_back(it->second);
+    Request& r = *it->second;
+    const bool had_started = std::find(abandoned.started.begin(), abandoned.started.end(), s.id) !=
+                             abandoned.started.end();
+    if (had_started && !leaving && ++r.workers_lost >= kMaxWorkersLost) {
+      const std::shared_ptr<Request> keep = it->second;
+      FailLocked(r, absl::UnavailableError(absl::StrCat("the request lost ", r.workers_lost,
+                                                        " workers in turn, the last because ", why,
+                                                        "; it is not run again")));
+      continue;
+    }
+    if (r.score) r.score_logprobs.clear();  // scoring starts over
+    r.sequence = std::move(s);
+    r.worker = 0;
+    waiting_tokens_ += QueuedTokens(r);
+    rerun.push_back(it->second);
   }
-  waiting_.insert(waiting_.begin(), unseen.begin(), unseen.end());
-  if (workers_.empty() && serving_callback_) serving_callback_(false);
+  waiting_.insert(waiting_.begin(), rerun.begin(), rerun.end());
+  if (!rerun.empty()) {
+    metrics_.rerun.Add(static_cast<double>(rerun.size()));
+    std::fprintf(stderr, "coordinator: %zu requests of worker %llu queued to run again%s\n",
+                 rerun.size(), static_cast<unsigned long long>(w->id),
+                 workers_.empty() ? " (no worker attached: they wait for one)" : "");
+  }
+  SetServingLocked();
   UpdateGaugesLocked();
   work_cv_.notify_all();
+  threads_cv_.notify_all();
 }
 
 // --- Scheduling -------------------------------------------------------------
@@ -445,7 +571,7 @@ void Coordinator::AssignLocked(Worker& w) {
   while (!waiting_.empty() && HasRoomLocked(w)) {
     std::shared_ptr<Request> r = std::move(waiting_.front());
     waiting_.pop_front();
-    waiting_tokens_ -= r->prompt_tokens;
+    waiting_tokens_ -= QueuedTokens(*r);
     r->worker = w.id;
     w.scheduler.Add(r->sequence);
   }
@@ -528,6 +654,7 @@ void Coordinator::OnTokenLocked(Request& r, const SchedulerEvent& event) {
 
 void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
   Scheduler::Update update = w.scheduler.TakeResult(std::move(result));
+  for (int64_t i = 0; i < update.steps && !w.sent.empty(); ++i) w.sent.pop_front();
   steps_ += update.steps;
   metrics_.steps.Add(static_cast<double>(update.steps));
   metrics_.prompt_tokens.Add(static_cast<double>(update.prefill_tokens));
@@ -539,6 +666,7 @@ void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
 }
 
 void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
+  const bool timed = !w->connection->Inline();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_ && !w->gone) {
     AssignLocked(*w);
@@ -553,15 +681,84 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
       work_cv_.wait_for(lock, std::chrono::milliseconds(10));
       continue;
     }
+    if (timed) {
+      w->sent.push_back(Clock::now());  // the result is due within the step timeout
+      watchdog_cv_.notify_all();
+    }
     lock.unlock();
     absl::StatusOr<std::optional<StepResult>> sent = w->connection->Send(*step);
     lock.lock();
     if (w->gone) break;
     if (!sent.ok()) {
-      LoseWorkerLocked(w, absl::StrCat("the link to it broke: ", sent.status().message()));
+      LoseWorkerLocked(w, absl::StrCat("the link to it broke: ", sent.status().message()),
+                       /*end_link=*/true, /*leaving=*/false);
       break;
     }
     if (sent->has_value()) TakeResultLocked(*w, std::move(**sent));
+  }
+  if (!w->gone) {
+    // Shutdown: tell the worker, so that its ranks end cleanly instead of
+    // seeing a broken link.
+    w->writing = Clock::now();
+    watchdog_cv_.notify_all();
+    lock.unlock();
+    w->connection->Shutdown();
+    lock.lock();
+    w->writing.reset();
+  }
+  w->done = true;
+  threads_cv_.notify_all();
+}
+
+std::optional<Clock::time_point> Coordinator::DueLocked(const Worker& w, std::string* why) const {
+  if (w.connection->Inline()) return std::nullopt;
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.step_timeout_s));
+  std::optional<Clock::time_point> due;
+  if (!w.sent.empty()) {
+    due = w.sent.front() + timeout;
+    *why =
+        absl::StrCat("no answer to a step within ", options_.step_timeout_s, " s (--step-timeout)");
+  }
+  if (w.writing && (!due || *w.writing + timeout < *due)) {
+    due = *w.writing + timeout;
+    *why = absl::StrCat("a write to its stream did not complete within ", options_.step_timeout_s,
+                        " s (--step-timeout)");
+  }
+  if (stop_ && (w.writing || !w.sent.empty())) {
+    // Shutting down: a write still blocked after kGoodbyeTimeout is cut.
+    const auto cut = stopped_at_ + kGoodbyeTimeout;
+    if (!due || cut < *due) {
+      due = cut;
+      *why = "a write to it was still blocked 2 s into shutdown";
+    }
+  }
+  return due;
+}
+
+void Coordinator::Watchdog() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!watchdog_stop_) {
+    const auto now = Clock::now();
+    std::optional<Clock::time_point> next;
+    std::vector<std::pair<std::shared_ptr<Worker>, std::string>> overdue;
+    for (const auto& [id, w] : workers_) {
+      std::string why;
+      const std::optional<Clock::time_point> due = DueLocked(*w, &why);
+      if (!due) continue;
+      if (*due <= now) {
+        overdue.emplace_back(w, std::move(why));
+      } else if (!next || *due < *next) {
+        next = due;
+      }
+    }
+    for (auto& [w, why] : overdue) LoseWorkerLocked(w, why, /*end_link=*/true, /*leaving=*/false);
+    if (!overdue.empty()) continue;
+    if (next) {
+      watchdog_cv_.wait_until(lock, *next);
+    } else {
+      watchdog_cv_.wait(lock);
+    }
   }
 }
 

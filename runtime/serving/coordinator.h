@@ -6,10 +6,16 @@
 // against stop strings (runtime/tokenizer/text_stream.h) and handed to the
 // request's RPC. Cancellation, deadlines and finished requests free the
 // sequence's state on the worker with the next step. A worker that goes away
-// fails the requests it held with UNAVAILABLE; requests it never started
-// wait for another. Thread-safe: RPC threads submit and poll, scheduler
-// threads run steps, the worker link delivers results. No protobuf here: the
-// link converts (runtime/serving/worker_codec.h).
+// (killed, link broken, malformed result, no answer within the step timeout,
+// or leaving) hands its requests back to the queue: they re-run on another
+// replica, a generation from its tokens so far (Scheduler::Abandon), and wait
+// while there is none. Drain stops admitting and lets the admitted finish.
+// Each worker is owned here, with one scheduler thread that is joined when
+// the worker leaves; a watchdog thread drops a remote worker whose step or
+// stream write is overdue, so a stalled peer never holds shutdown.
+// Thread-safe: RPC threads submit and poll, scheduler threads run steps, the
+// worker link delivers results. No protobuf here: the link converts
+// (runtime/serving/worker_codec.h).
 #pragma once
 
 #include <chrono>
@@ -43,6 +49,9 @@ struct CoordinatorOptions {
   int64_t max_waiting = 1024;            // requests queued behind them
   int64_t max_waiting_tokens = 1 << 23;  // prompt tokens queued
   int64_t step_tokens = 512;             // token budget of one step
+  // A remote worker's step result, or a write to its stream, overdue by this
+  // much drops the worker (its requests re-run elsewhere).
+  double step_timeout_s = 300;
 };
 
 struct GenerateParams {
@@ -124,6 +133,11 @@ class WorkerConnection {
   virtual absl::StatusOr<std::optional<StepResult>> Send(const Step& step) = 0;
   // The coordinator is going away: the worker's ranks may end.
   virtual void Shutdown() {}
+  // True when Send runs the step in the calling thread (no link to time out).
+  virtual bool Inline() const { return false; }
+  // Ends the link now, from any thread: a Send or Shutdown blocked on it
+  // returns, and so does the link's reader. Must not block.
+  virtual void Cancel() {}
 };
 
 class Coordinator {
@@ -155,20 +169,42 @@ class Coordinator {
 
   // The worker link. Each attached worker is a replica with its own
   // scheduler thread; new requests go to the least loaded. Attach refuses a
-  // worker whose model differs from ours.
+  // worker whose model differs from ours, and one whose thread cannot be
+  // started (RESOURCE_EXHAUSTED, nothing of it left registered).
   absl::StatusOr<uint64_t> AttachWorker(const WorkerInfo& info,
                                         std::shared_ptr<WorkerConnection> connection);
   // A remote worker's result. One that fails CheckPeerResult drops the worker
-  // (its requests as DetachWorker says) and comes back as that error.
+  // (its requests re-run elsewhere) and comes back as that error.
   absl::Status OnStepResult(uint64_t worker, StepResult result);
-  void DetachWorker(uint64_t worker, const std::string& why);
-  // Called with true when a worker attaches, false when it goes.
+  // The worker's link is ending (`why` for the log; `leaving`: the worker
+  // said so, on SIGTERM): it is dropped if it was not already, and its
+  // scheduler thread joined before this returns. Called once per attached
+  // worker by the thread that serves its link, never by a scheduler thread.
+  // A worker that is never detached is joined by Shutdown. A request whose
+  // worker goes runs again elsewhere; one that was running on kMaxWorkersLost
+  // (3) workers that failed under it (not counting ones that left) ends with
+  // UNAVAILABLE instead, so that a request that kills its worker cannot take
+  // every replica down in turn.
+  void DetachWorker(uint64_t worker, const std::string& why, bool leaving = false);
+  // Called with true when the server can serve (a worker attached, not
+  // draining), false when it stops.
   void SetServingCallback(std::function<void(bool)> callback);
 
+  // Stops admitting (UNAVAILABLE, naming the drain), reports not serving,
+  // and waits until every admitted request has ended or `until` passes.
+  // Returns the number of requests still running or queued.
+  int64_t Drain(Clock::time_point until);
+  // Ends a Drain now (a second signal), from any thread.
+  void CutDrain();
+  // Ends what is left with UNAVAILABLE, says goodbye to the workers and joins
+  // every thread. A write to a worker that does not complete within a few
+  // seconds is cancelled, so this returns in bounded time.
   void Shutdown();
 
  private:
   // An attached worker: one replica, with its own scheduler and thread.
+  // Owned by workers_ while attached, then by lost_ until its thread is
+  // joined; the fields below `scheduler` are under mu_.
   struct Worker {
     Worker(uint64_t id, WorkerInfo info, std::shared_ptr<WorkerConnection> connection,
            Scheduler scheduler)
@@ -180,7 +216,13 @@ class Coordinator {
     const WorkerInfo info;
     const std::shared_ptr<WorkerConnection> connection;
     Scheduler scheduler;
-    bool gone = false;
+    std::thread thread;  // its scheduler loop; joined by whoever moves it out
+    bool gone = false;   // dropped: the loop ends
+    bool done = false;   // the loop has ended
+    // A remote worker's deadlines: when each step in flight was sent (in
+    // step order), and when a write that is not a step (goodbye) began.
+    std::deque<Clock::time_point> sent;
+    std::optional<Clock::time_point> writing;
   };
 
   absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);
@@ -191,9 +233,18 @@ class Coordinator {
   void OnTokenLocked(Request& r, const SchedulerEvent& event);
   void FinishLocked(Request& r, RequestOutcome outcome);
   void FailLocked(Request& r, const absl::Status& status);
-  void LoseWorkerLocked(const std::shared_ptr<Worker>& w, const std::string& why);
+  // Drops `w` (held by value: the caller's reference may be the map entry
+  // this erases) and queues its requests to re-run; `end_link` cancels its
+  // link too, for callers other than the link's own reader; `leaving`: the
+  // worker chose to go, which no request counts against itself.
+  void LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why, bool end_link,
+                        bool leaving);
+  void SetServingLocked();
   void UpdateGaugesLocked();
   void SchedulerLoop(std::shared_ptr<Worker> w);
+  // Drops remote workers whose step or write is overdue; runs until Shutdown.
+  void Watchdog();
+  std::optional<Clock::time_point> DueLocked(const Worker& w, std::string* why) const;
 
   const ModelConfig config_;
   const std::unique_ptr<Tokenizer> tokenizer_;
@@ -202,14 +253,23 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // schedulers: work, results, worker changes
   bool stop_ = false;
+  bool draining_ = false;
+  bool drain_cut_ = false;
+  std::optional<bool> serving_;         // last told to serving_callback_
+  Clock::time_point stopped_at_;        // when Shutdown began
+  std::condition_variable ended_cv_;    // Drain: a request ended
+  std::condition_variable threads_cv_;  // a scheduler loop ended
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;
+  std::thread watchdog_;  // started with the first worker
   uint64_t next_sequence_ = 1;
   uint64_t next_worker_ = 1;
   std::map<std::string, std::shared_ptr<Request>> by_id_;  // live requests
   std::map<uint64_t, std::shared_ptr<Request>> by_sequence_;
-  std::deque<std::shared_ptr<Request>> waiting_;  // on no worker yet
-  int64_t waiting_tokens_ = 0;                    // their prompt tokens
-  std::map<uint64_t, std::shared_ptr<Worker>> workers_;
-  std::vector<std::thread> schedulers_;  // one per worker ever attached
+  std::deque<std::shared_ptr<Request>> waiting_;         // on no worker yet
+  int64_t waiting_tokens_ = 0;                           // their prompt tokens
+  std::map<uint64_t, std::shared_ptr<Worker>> workers_;  // attached
+  std::map<uint64_t, std::shared_ptr<Worker>> lost_;     // dropped, thread not yet joined
   std::function<void(bool)> serving_callback_;
   int64_t steps_ = 0, finished_ = 0;
 
@@ -230,6 +290,8 @@ class Coordinator {
     Gauge& prefill_rate;
     Gauge& worker;
     Counter& steps;
+    Counter& rerun;
+    Counter& workers_lost;
   } metrics_;
 };
 

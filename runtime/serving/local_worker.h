@@ -25,6 +25,7 @@ class LocalWorker final : public WorkerConnection {
   // Registers with the coordinator (it refuses as it would a remote worker).
   absl::Status Attach(const ModelConfig& config, const std::string& description);
   absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override;
+  bool Inline() const override { return true; }
 
  private:
   Replica& replica_;

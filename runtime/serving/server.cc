@@ -341,37 +341,32 @@ class GenerationService final : public v1::Generation::Service {
   const int64_t max_request_bytes_;
 };
 
-// Writes on one worker stream, from the scheduler thread; Close() makes
-// later writes fail once the RPC that owns the stream is ending. Results come
-// back through the stream's reader (WorkerLinkService::Attach).
+// Writes on one worker stream, from its scheduler thread only (the
+// coordinator's one writer per worker); results come back through the
+// stream's reader (WorkerLinkService::Attach), which outlives every write:
+// Coordinator::DetachWorker returns only once the scheduler loop has ended.
+// Cancel ends the RPC, which unblocks a write to a peer that stopped reading.
 class StreamConnection final : public WorkerConnection {
  public:
-  explicit StreamConnection(
-      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
-      : stream_(stream) {}
+  StreamConnection(grpc::ServerContext* context,
+                   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
+      : context_(context), stream_(stream) {}
   absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override {
     v1::CoordinatorMessage message;
     StepToProto(step, message.mutable_step());
-    if (!Write(message)) return absl::UnavailableError("the worker's stream is closed");
+    if (!stream_->Write(message)) return absl::UnavailableError("the worker's stream is closed");
     return std::nullopt;
   }
   void Shutdown() override {
     v1::CoordinatorMessage message;
     message.mutable_step()->set_shutdown(true);
-    Write(message);
+    stream_->Write(message);
   }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stream_ = nullptr;
-  }
+  void Cancel() override { context_->TryCancel(); }
 
  private:
-  bool Write(const v1::CoordinatorMessage& message) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stream_ != nullptr && stream_->Write(message);
-  }
-  std::mutex mu_;
-  grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_;
+  grpc::ServerContext* const context_;
+  grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* const stream_;
 };
 
 class WorkerLinkService final : public v1::WorkerLink::Service {
@@ -390,7 +385,7 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a worker's first message must be its hello");
     }
-    auto connection = std::make_shared<StreamConnection>(stream);
+    auto connection = std::make_shared<StreamConnection>(context, stream);
     auto worker = coordinator_.AttachWorker(InfoFromHello(message.hello()), connection);
     if (!worker.ok()) {
       v1::CoordinatorMessage refused;
@@ -399,7 +394,15 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
       return ToGrpc(worker.status());
     }
     std::string why = "its stream ended";
+    bool leaving = false;
     while (stream->Read(&message)) {
+      if (message.has_leaving()) {
+        leaving = true;
+        // The peer's text: quoted, escaped and cut short in the log.
+        why = absl::StrCat("it is leaving: \"", absl::CHexEscape(message.leaving().substr(0, 256)),
+                           "\"");
+        break;
+      }
       if (!message.has_result()) {
         why = "it sent something other than a step result";
         break;
@@ -410,9 +413,8 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
         break;
       }
     }
-    if (context->IsCancelled()) why = "its connection broke";
-    coordinator_.DetachWorker(*worker, why);
-    connection->Close();
+    if (context->IsCancelled() && why == "its stream ended") why = "its connection broke";
+    coordinator_.DetachWorker(*worker, why, leaving);
     return grpc::Status::OK;
   }
 
@@ -618,6 +620,12 @@ int Server::port() const { return impl_->port; }
 int Server::worker_port() const { return impl_->worker_port; }
 int Server::metrics_port() const { return impl_->http ? impl_->http->port() : -1; }
 Coordinator& Server::coordinator() { return *impl_->coordinator; }
+
+int64_t Server::Drain(std::chrono::duration<double> timeout) {
+  if (impl_ == nullptr || impl_->shut_down) return 0;
+  return impl_->coordinator->Drain(Clock::now() +
+                                   std::chrono::duration_cast<Clock::duration>(timeout));
+}
 
 void Server::Shutdown() {
   if (impl_ == nullptr || impl_->shut_down) return;

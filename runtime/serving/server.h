@@ -7,6 +7,7 @@
 // docs/security.md says how.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -51,6 +52,10 @@ class Server {
   int worker_port() const;   // -1 when none
   int metrics_port() const;  // -1 when none
   Coordinator& coordinator();
+  // SIGTERM's first half: health NOT_SERVING, no new requests (UNAVAILABLE),
+  // and up to `timeout` for the admitted ones to finish. Returns how many
+  // had not; Shutdown ends those with UNAVAILABLE.
+  int64_t Drain(std::chrono::duration<double> timeout);  // Coordinator::CutDrain ends it early
   void Shutdown();
 
   struct Impl;

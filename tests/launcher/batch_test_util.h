@@ -88,12 +88,16 @@ inline std::string MixedInput(int scale = 1, int max_tokens = 12) {
     }
     lines.push_back(r.dump());
   }
+  // Seed 5, not 3: with draws keyed by (seed, position), seed 3's draw at
+  // position 24 lies within float32 rounding of the boundary between tokens
+  // 17 and 18 (`deltaserve generate --prefill-chunk 1` against 0 flips it),
+  // so runs that batch differently would disagree on it.
   lines.push_back(Json{
       {"id", "text"},
       {"text", "Hello, batch"},
       {"max_tokens", max_tokens},
       {"temperature", 0.7},
-      {"seed", 3}}.dump());
+      {"seed", 5}}.dump());
   lines.push_back("");
   for (int i = 0; i < scale; ++i) {
     lines.push_back(

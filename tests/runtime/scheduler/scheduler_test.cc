@@ -402,16 +402,47 @@ TEST(SchedulerTest, ARefusedStepFailsItsSequences) {
   EXPECT_EQ(h.scheduler.TakeResult(refused).steps, 0);
 }
 
-TEST(SchedulerTest, AbandonReturnsUnseenRequestsInOrder) {
-  Harness h(Options(512, 1, 0, /*max_running=*/1));
-  for (uint64_t id = 1; id <= 3; ++id) h.scheduler.Add(Generate(id, 3, 10));
+TEST(SchedulerTest, AbandonHandsBackEveryRequestInOrderToRunElsewhere) {
+  Harness h(Options(512, 1, 0, /*max_running=*/2));
+  SequenceRequest scored = Generate(3, 5, 0);
+  scored.kind = SequenceKind::kScore;
+  h.scheduler.Add(Generate(1, 3, 10));
+  h.scheduler.Add(Generate(2, 4, 10));
+  h.scheduler.Add(scored);
+  // Two tokens of sequences 1 and 2 come back, then a third step is lost in
+  // flight (its tokens never arrive).
+  h.replica.next_token = 40;
+  h.Answer(h.Next());
+  h.replica.next_token = 41;
+  h.Answer(h.Next());
   h.Next();
+  ASSERT_EQ(h.TokensFor(1), (std::vector<int32_t>{40, 41}));
   Scheduler::Abandoned abandoned = h.scheduler.Abandon();
-  EXPECT_EQ(abandoned.held, (std::vector<uint64_t>{1}));
-  ASSERT_EQ(abandoned.unseen.size(), 2u);
-  EXPECT_EQ(abandoned.unseen[0].id, 2u);
-  EXPECT_EQ(abandoned.unseen[1].id, 3u);
+  EXPECT_TRUE(abandoned.lost.empty());
+  EXPECT_EQ(abandoned.started, (std::vector<uint64_t>{1, 2}));
+  ASSERT_EQ(abandoned.rerun.size(), 3u);
+  // The started ones continue from the tokens that came back.
+  EXPECT_EQ(abandoned.rerun[0].id, 1u);
+  EXPECT_EQ(abandoned.rerun[0].prompt, (std::vector<int32_t>{7, 7, 7, 40, 41}));
+  EXPECT_EQ(abandoned.rerun[0].max_tokens, 8);
+  EXPECT_EQ(abandoned.rerun[1].id, 2u);
+  EXPECT_EQ(abandoned.rerun[1].prompt, (std::vector<int32_t>{7, 7, 7, 7, 40, 41}));
+  EXPECT_EQ(abandoned.rerun[1].max_tokens, 8);
+  // The one that never ran is as it was given.
+  EXPECT_EQ(abandoned.rerun[2].id, 3u);
+  EXPECT_EQ(abandoned.rerun[2].kind, SequenceKind::kScore);
+  EXPECT_EQ(abandoned.rerun[2].prompt.size(), 5u);
   EXPECT_TRUE(h.scheduler.Idle());
+
+  // On another replica the continuation prefills the longer prompt and
+  // samples on from there: 8 more tokens make the 10 asked for.
+  Harness other(Options(512, 1, 0, 2));
+  other.scheduler.Add(abandoned.rerun[0]);
+  other.RunToEnd();
+  EXPECT_EQ(other.TokensFor(1).size(), 8u);
+  ASSERT_NE(other.LastOf(1), nullptr);
+  EXPECT_TRUE(other.LastOf(1)->finished);
+  EXPECT_EQ(other.LastOf(1)->reason, FinishReason::kLength);
 }
 
 SequenceRequest Prefix(uint64_t id, int64_t tokens, int64_t forks) {
@@ -421,6 +452,29 @@ SequenceRequest Prefix(uint64_t id, int64_t tokens, int64_t forks) {
   r.prompt.assign(static_cast<size_t>(tokens), 5);
   r.forks = forks;
   return r;
+}
+
+TEST(SchedulerTest, AbandonStartsAScoreOverAndLosesPrefixState) {
+  Harness h(Options(/*step_tokens=*/4, 1, /*fixed_chunk=*/4, /*max_running=*/1));
+  SequenceRequest scored = Generate(1, 10, 0);
+  scored.kind = SequenceKind::kScore;
+  h.scheduler.Add(scored);
+  h.scheduler.Add(Prefix(2, 6, 1));
+  h.Answer(h.Next());  // a first piece of the score
+  Scheduler::Abandoned abandoned = h.scheduler.Abandon();
+  ASSERT_EQ(abandoned.rerun.size(), 2u);
+  EXPECT_EQ(abandoned.rerun[0].id, 1u);
+  EXPECT_EQ(abandoned.rerun[0].prompt.size(), 10u);  // from the start
+  EXPECT_EQ(abandoned.rerun[1].id, 2u);              // the prefix had waited
+  EXPECT_EQ(abandoned.started, (std::vector<uint64_t>{1}));
+  EXPECT_TRUE(abandoned.lost.empty());
+
+  Harness p(Options(4, 1, 4, 4));
+  p.scheduler.Add(Prefix(2, 6, 1));
+  p.Answer(p.Next());  // part of the prefix is in the replica's state
+  abandoned = p.scheduler.Abandon();
+  EXPECT_TRUE(abandoned.rerun.empty());
+  EXPECT_EQ(abandoned.lost, (std::vector<uint64_t>{2}));
 }
 
 SequenceRequest Fork(uint64_t id, uint64_t prefix, int64_t prompt_tokens, int64_t max_tokens) {

@@ -4,10 +4,14 @@
 // without a model in tests/runtime/scheduler/scheduler_test.cc.
 #include "runtime/serving/coordinator.h"
 
+#include <sys/resource.h>
+
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "tests/engine_runs.h"
 #include "tests/test_util.h"
@@ -252,6 +256,126 @@ TEST_F(CoordinatorTest, CancellingFreesTheStateWithTheNextStep) {
   ASSERT_FALSE(plans.empty());
   ASSERT_EQ(plans.back().release.size(), 1u);
   EXPECT_EQ(plans.back().release[0], 1u);
+}
+
+// A link that breaks on the first step sent down it.
+class BrokenLink final : public WorkerConnection {
+ public:
+  absl::StatusOr<std::optional<StepResult>> Send(const Step&) override {
+    return absl::UnavailableError("the test breaks every link");
+  }
+};
+
+// Attaches a worker whose link breaks on its first step, and waits until
+// the coordinator has dropped it.
+void LoseABrokenWorker(Coordinator& coordinator) {
+  const WorkerInfo info =
+      MakeWorkerInfo(coordinator.config(), *WorldLayout::Make(1, 1, 1), "broken");
+  ASSERT_TRUE(coordinator.AttachWorker(info, std::make_shared<BrokenLink>()).ok());
+  for (int i = 0; i < 500 && coordinator.Status().workers > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(coordinator.Status().workers, 0);
+}
+
+// A request whose worker breaks under it runs again on the next, and after
+// two such losses still completes with its own tokens.
+TEST_F(CoordinatorTest, ARequestRunsAgainOnTheNextWorkerAfterLosingTwo) {
+  coordinator_ =
+      std::make_unique<Coordinator>(model_->config(), nullptr, CoordinatorOptions{}, metrics_);
+  const std::vector<int32_t> prompt = {4, 5, 6};
+  RequestHandle survivor = Submit(prompt, 6);
+  ASSERT_NO_FATAL_FAILURE(LoseABrokenWorker(*coordinator_));
+  ASSERT_NO_FATAL_FAILURE(LoseABrokenWorker(*coordinator_));
+  EXPECT_EQ(coordinator_->Status().waiting_requests, 1);
+  worker_ = std::make_unique<RecordingWorker>(*model_, *coordinator_);
+  worker_->Attach(model_->config(), 1);
+  EXPECT_EQ(Finish(survivor), Alone(prompt, 6));
+}
+
+// The third worker lost under a request ends it, so a request that kills
+// every worker it runs on cannot take the fleet down in turn.
+TEST_F(CoordinatorTest, ARequestThatLosesThreeWorkersInTurnEnds) {
+  coordinator_ =
+      std::make_unique<Coordinator>(model_->config(), nullptr, CoordinatorOptions{}, metrics_);
+  RequestHandle poison = Submit({4, 5, 6}, 6);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(LoseABrokenWorker(*coordinator_));
+  std::vector<TokenEvent> tokens;
+  const std::optional<RequestOutcome> outcome =
+      coordinator_->Poll(poison, &tokens, std::chrono::seconds(10));
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_TRUE(absl::IsUnavailable(outcome->status)) << outcome->status;
+  EXPECT_NE(outcome->status.message().find("lost 3 workers in turn"), std::string::npos)
+      << outcome->status;
+  EXPECT_NE(outcome->status.message().find("the test breaks every link"), std::string::npos)
+      << outcome->status;
+  EXPECT_EQ(coordinator_->Status().waiting_requests, 0);
+}
+
+// The process's mapped address space now, in bytes (/proc/self/status).
+int64_t MappedBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;
+  }
+  return -1;
+}
+
+// A worker whose scheduler thread cannot be started is refused and leaves
+// nothing registered; the coordinator serves on with the workers it has. The
+// thread is made to fail by an address-space limit just above what the
+// process maps (a thread's stack no longer fits). Runs in a child process;
+// the exit code says which check failed (0: none).
+int ThreadFailureChild(const Model& model) {
+  MetricsRegistry metrics;
+  Coordinator coordinator(model.config(), nullptr, CoordinatorOptions{}, metrics);
+  RecordingWorker first(model, coordinator);
+  RecordingWorker second(model, coordinator);
+  RecordingWorker third(model, coordinator);
+  const WorkerInfo info = MakeWorkerInfo(model.config(), *WorldLayout::Make(1, 1, 1), "test");
+  auto borrowed = [](WorkerConnection& c) {
+    return std::shared_ptr<WorkerConnection>(&c, [](WorkerConnection*) {});
+  };
+  if (!coordinator.AttachWorker(info, borrowed(first)).ok()) return 10;
+  rlimit old{};
+  getrlimit(RLIMIT_AS, &old);
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(MappedBytes() + (2 << 20));
+  if (setrlimit(RLIMIT_AS, &tight) != 0) return 11;
+  auto refused = coordinator.AttachWorker(info, borrowed(second));
+  setrlimit(RLIMIT_AS, &old);
+  if (refused.ok()) return 12;
+  if (!absl::IsResourceExhausted(refused.status()) ||
+      refused.status().message().find("cannot start a thread") == std::string::npos) {
+    return 13;
+  }
+  if (coordinator.Status().workers != 1) return 14;
+  if (!coordinator.AttachWorker(info, borrowed(third)).ok()) return 15;
+  if (coordinator.Status().workers != 2) return 16;
+  // Requests run (on either worker) and none hangs.
+  GenerateParams params;
+  params.max_tokens = 4;
+  for (int i = 0; i < 4; ++i) {
+    auto handle =
+        coordinator.SubmitGenerate("r" + std::to_string(i), {1, 2, 3}, params, std::nullopt);
+    if (!handle.ok()) return 17;
+    std::optional<RequestOutcome> outcome;
+    std::vector<TokenEvent> tokens;
+    for (int polls = 0; polls < 600 && !outcome; ++polls) {
+      outcome = coordinator.Poll(*handle, &tokens, std::chrono::milliseconds(100));
+    }
+    if (!outcome || !outcome->status.ok() || tokens.size() != 4) return 18;
+  }
+  coordinator.Shutdown();
+  return 0;
+}
+
+TEST_F(CoordinatorTest, AWorkerWhoseThreadCannotStartIsRefusedLeavingNoTrace) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // _Exit: the child skips the exit handlers of the test process it copies.
+  EXPECT_EXIT(std::_Exit(ThreadFailureChild(*model_)), ::testing::ExitedWithCode(0),
+              "worker \"test\" refused: cannot start its thread");
 }
 
 }  // namespace

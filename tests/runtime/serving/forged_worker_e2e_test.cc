@@ -1,8 +1,9 @@
 // A process that attaches to `deltaserve coordinator` as a worker and answers
 // its first step with a malformed result (two top ids, one top log-prob):
-// the coordinator drops it, the request it held ends with UNAVAILABLE, and
-// the coordinator keeps serving: a real worker attaches and its requests
-// complete. The forger's own text reaches the log escaped.
+// the coordinator drops it, the request it held goes back to the queue, and
+// the coordinator keeps serving: a real worker attaches, runs that request
+// (with the tokens it gets undisturbed) and new ones. The forger's own text
+// reaches the log escaped.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -72,13 +73,16 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   }
   stream->Finish();
 
-  const testing::Streamed lost = held.get();
-  EXPECT_EQ(lost.status.error_code(), grpc::StatusCode::UNAVAILABLE) << lost.status.error_message();
-  EXPECT_TRUE(lost.ids.empty());
+  // The request waits for another worker rather than failing.
   EXPECT_TRUE(WaitForHealth(coordinator.address, "NOT_SERVING"));
+  EXPECT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.waiting_requests() == 1; },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(held.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
   const std::string log = coordinator.process->Log();
   EXPECT_NE(log.find("malformed result"), std::string::npos) << log;
   EXPECT_NE(log.find("2 top ids but 1 top log-probs"), std::string::npos) << log;
+  EXPECT_NE(log.find("1 requests of worker 1 queued to run again"), std::string::npos) << log;
   // Its text is quoted in the log, escaped.
   EXPECT_NE(log.find("attached: \"forger\\ncoordinator: ok\\x1b[2J\""), std::string::npos) << log;
   EXPECT_EQ(log.find("\x1b"), std::string::npos) << log;
@@ -90,10 +94,15 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
           " --model " + K3Tiny() + " --threads 1",
       dir + "/worker.log");
   ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
+  const testing::Streamed rerun = held.get();
+  EXPECT_TRUE(rerun.status.ok()) << rerun.status.error_message();
   const testing::Streamed served =
       testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 120);
   EXPECT_TRUE(served.status.ok()) << served.status.error_message();
   EXPECT_EQ(served.ids.size(), 8u);
+  // None of the forged token reached the client: the re-run's tokens are
+  // the real worker's.
+  EXPECT_EQ(rerun.ids, served.ids);
   worker->Signal(SIGTERM);
   worker->Wait(std::chrono::seconds(30));
 }
