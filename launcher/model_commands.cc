@@ -11,6 +11,7 @@
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
+#include "runtime/common/checked_product.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
@@ -269,6 +270,10 @@ absl::Status RunScore(const Args& args) {
   if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
   if (request.decode_from < 0) return absl::InvalidArgumentError("--decode-from must be >= 0");
   const int64_t T = static_cast<int64_t>(request.prompt.size());
+  // The logits are held whole before writing: 2^32 floats is 16 GiB.
+  DELTASERVE_ASSIGN_OR_RETURN(const int64_t logit_count,
+                              CheckedProduct({{"tokens", T}, {"vocab_size", config.vocab_size}},
+                                             int64_t{1} << 32, "score: the logits to write"));
   DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, T));
   Replica& replica = *deployment.replica;
   if (!replica.is_leader()) {
@@ -285,7 +290,7 @@ absl::Status RunScore(const Args& args) {
   engine.Add(std::move(request));
   const auto start = std::chrono::steady_clock::now();
   std::vector<float> logits;
-  logits.reserve(static_cast<size_t>(T * config.vocab_size));
+  logits.reserve(static_cast<size_t>(logit_count));
   absl::Status failed = absl::OkStatus();
   DELTASERVE_RETURN_IF_ERROR(engine.Run([&](const SchedulerEvent& e) {
     if (e.kind == SchedulerEvent::Kind::kFailed) failed = e.status;
