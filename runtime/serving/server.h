@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/serving/coordinator.h"
+#include "runtime/serving/request_validation.h"
 
 namespace deltaserve {
 
@@ -18,7 +19,7 @@ struct ServerOptions {
   int metrics_port = -1;  // -1: no metrics endpoint; 0: any free port
   std::string model_dir;  // config.json and the tokenizer files
   CoordinatorOptions coordinator;
-  int64_t max_request_bytes = 64 << 20;  // a request's text or token ids
+  RequestLimits limits;  // what one request may cost (docs/security-limits.md)
 };
 
 class Server {
