@@ -249,8 +249,9 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a worker's first message must be its hello");
     }
-    // Bounded before anything reads it: ParseModelConfig checks the
-    // config_json's size and nesting before parsing.
+    // Bounded before any field is used (gRPC's receive limit bounds the
+    // message itself); ParseModelConfig checks the config_json's size and
+    // nesting before parsing it.
     if (const size_t bytes = message.hello().ByteSizeLong(); bytes > kMaxHelloBytes) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("a worker's hello is ", bytes, " bytes, over the limit of ",
