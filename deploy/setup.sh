@@ -16,6 +16,7 @@ packages=(
   libonig-dev              # tokenizer pre-tokenization patterns
   libre2-dev               # quantization_config target patterns (also a gRPC dependency)
   python3-grpcio python3-protobuf  # Python client example and e2e tests
+  clang libomp-dev libclang-rt-dev  # deploy/sanitize.sh: ASan + UBSan and libFuzzer
   # The slurm tests start a one-node cluster of their own (tests/slurm/); the
   # mpi/pmix plugin that srun --mpi=pmix needs is in slurm-wlm-basic-plugins,
   # which slurmd brings. Without a slurm.conf in /etc/slurm the packages'

@@ -12,6 +12,7 @@
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
+#include "runtime/common/checked_product.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"

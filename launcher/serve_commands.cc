@@ -22,6 +22,53 @@
 namespace deltaserve {
 namespace {
 
+// Limits on what one request may cost (docs/security.md, Limits).
+std::vector<FlagSpec> LimitFlags() {
+  const RequestLimits l;
+  return {
+      {"max-request-bytes", "N", "a request's text, or its token ids at 4 bytes each",
+       absl::StrCat(l.max_request_bytes)},
+      {"max-text-bytes-per-token", "N",
+       "text over N bytes per token of the model's context is refused before tokenizing",
+       absl::StrCat(l.max_text_bytes_per_token)},
+      {"max-stop-token-ids", "N", "stop_token_ids entries per request",
+       absl::StrCat(l.max_stop_token_ids)},
+      {"max-concurrent-tokenizations", "N", "texts tokenized at once; more get RESOURCE_EXHAUSTED",
+       absl::StrCat(l.max_concurrent_tokenizations)},
+      {"client-write-timeout", "S",
+       "cancel a stream whose client has not read for S seconds, freeing its sequence",
+       absl::StrCat(l.client_write_timeout_s)},
+  };
+}
+
+absl::StatusOr<RequestLimits> LimitsFrom(const Flags& flags) {
+  RequestLimits l;
+  DELTASERVE_ASSIGN_OR_RETURN(l.max_request_bytes,
+                              flags.GetInt("max-request-bytes", l.max_request_bytes));
+  DELTASERVE_ASSIGN_OR_RETURN(l.max_text_bytes_per_token,
+                              flags.GetInt("max-text-bytes-per-token", l.max_text_bytes_per_token));
+  DELTASERVE_ASSIGN_OR_RETURN(l.max_stop_token_ids,
+                              flags.GetInt("max-stop-token-ids", l.max_stop_token_ids));
+  DELTASERVE_ASSIGN_OR_RETURN(
+      l.max_concurrent_tokenizations,
+      flags.GetInt("max-concurrent-tokenizations", l.max_concurrent_tokenizations));
+  DELTASERVE_ASSIGN_OR_RETURN(l.client_write_timeout_s,
+                              flags.GetDouble("client-write-timeout", l.client_write_timeout_s));
+  auto at_least = [](int64_t value, int64_t min, const char* flag) {
+    return value >= min ? absl::OkStatus()
+                        : absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= ", min));
+  };
+  DELTASERVE_RETURN_IF_ERROR(at_least(l.max_request_bytes, 1, "max-request-bytes"));
+  DELTASERVE_RETURN_IF_ERROR(at_least(l.max_text_bytes_per_token, 1, "max-text-bytes-per-token"));
+  DELTASERVE_RETURN_IF_ERROR(at_least(l.max_stop_token_ids, 0, "max-stop-token-ids"));
+  DELTASERVE_RETURN_IF_ERROR(
+      at_least(l.max_concurrent_tokenizations, 1, "max-concurrent-tokenizations"));
+  if (!(l.client_write_timeout_s > 0 && l.client_write_timeout_s <= 86400)) {
+    return absl::InvalidArgumentError("--client-write-timeout must be in (0, 86400] seconds");
+  }
+  return l;
+}
+
 constexpr int kDefaultWorkerPort = 50052;
 constexpr double kDefaultDrainTimeoutS = 30;
 
@@ -77,7 +124,7 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
                                "workers must send one of these bearer tokens (mode 600)"},
                           });
   }
-  return Concat(
+  flags = Concat(
       flags,
       {
           {"insecure", "", "allow a non-loopback --host with no TLS and no tokens"},
@@ -92,9 +139,8 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            absl::StrCat(c.max_waiting)},
           {"max-waiting-tokens", "N", "prompt tokens queued", absl::StrCat(c.max_waiting_tokens)},
           {"step-tokens", "N", "token budget of one step", absl::StrCat(c.step_tokens)},
-          {"max-request-bytes", "N", "a request's text or token ids at most",
-           absl::StrCat(o.max_request_bytes)},
       });
+  return Concat(flags, LimitFlags());
 }
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after
@@ -209,8 +255,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
     return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");
   }
-  DELTASERVE_ASSIGN_OR_RETURN(o.max_request_bytes,
-                              flags.GetInt("max-request-bytes", o.max_request_bytes));
+  DELTASERVE_ASSIGN_OR_RETURN(o.limits, LimitsFrom(flags));
   if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");
   if (c.max_waiting < 0) return absl::InvalidArgumentError("--max-waiting must be >= 0");
   if (c.max_waiting_tokens < 0) {
@@ -219,9 +264,6 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   if (c.step_tokens < 1) return absl::InvalidArgumentError("--step-tokens must be >= 1");
   // Checked here too, so that a bad value fails at start rather than at SIGTERM.
   DELTASERVE_RETURN_IF_ERROR(DrainTimeout(flags).status());
-  if (o.max_request_bytes < 1) {
-    return absl::InvalidArgumentError("--max-request-bytes must be >= 1");
-  }
   return o;
 }
 

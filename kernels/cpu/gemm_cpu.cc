@@ -318,11 +318,15 @@ void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int
                bool lower_a) {
   int64_t j = 0;
 #if DELTASERVE_CPU_AVX2
-  for (; j + 16 <= n; j += 16) {
-    ColumnPanel<2>(m, k, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower_a);
-  }
-  for (; j + 8 <= n; j += 8) {
-    ColumnPanel<1>(m, k, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower_a);
+  // Empty a, b or c may be null, which the panels would offset (UB); the
+  // loop below does an empty product right.
+  if (m > 0 && k > 0) {
+    for (; j + 16 <= n; j += 16) {
+      ColumnPanel<2>(m, k, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower_a);
+    }
+    for (; j + 8 <= n; j += 8) {
+      ColumnPanel<1>(m, k, alpha, a, a_rs, a_cs, b + j, ldb, c + j, ldc, accumulate, lower_a);
+    }
   }
 #endif
   if (j == n) return;

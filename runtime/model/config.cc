@@ -1,16 +1,18 @@
 #include "runtime/model/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/checked_product.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/json_bounds.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 
@@ -480,8 +482,70 @@ std::string ModelConfig::LmHeadName() const {
   return ArchitectureOf(*this).LmHeadName();
 }
 
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
-                                             const std::string& source) {
+// The products of config sizes that everything downstream multiplies out;
+// ParseModelConfig's comment says why.
+static absl::Status CheckSizeProducts(const ModelConfig& c, const std::string& source) {
+  const std::string what = absl::StrCat(source, ": a product of sizes");
+  const int64_t Z = c.routed_expert_hidden_size > 0 ? c.routed_expert_hidden_size : c.hidden_size;
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const int64_t widest_input =
+      std::max({c.hidden_size, c.q_lora_rank, c.kv_lora_rank, c.kda.num_heads * c.kda.head_dim});
+  // Every tensor dimension within kMaxSize: each tensor's elements then fit
+  // in 2^48.
+  for (const auto& factors : std::initializer_list<std::initializer_list<SizeFactor>>{
+           {{"num_attention_heads", c.num_attention_heads},
+            {"qk_nope_head_dim + qk_rope_head_dim", qk}},
+           {{"num_attention_heads", c.num_attention_heads}, {"v_head_dim", c.v_head_dim}},
+           {{"num_attention_heads", c.num_attention_heads},
+            {"qk_nope_head_dim + v_head_dim", c.qk_nope_head_dim + c.v_head_dim}},
+           {{"linear_attn_config.num_heads", c.kda.num_heads},
+            {"linear_attn_config.head_dim", c.kda.head_dim}},
+       }) {
+    DELTASERVE_RETURN_IF_ERROR(CheckedProduct(factors, kMaxSize, what).status());
+  }
+  DELTASERVE_RETURN_IF_ERROR(CheckedProduct({{"num_hidden_layers", c.num_layers},
+                                             {"num_experts + num_shared_experts + 1",
+                                              c.num_experts + c.num_shared_experts + 1}},
+                                            kMaxLayerExperts, what)
+                                 .status());
+  // The parameters of each part, so that their sum fits int64 with room.
+  for (const auto& factors : std::initializer_list<std::initializer_list<SizeFactor>>{
+           {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size}},
+           {{"num_hidden_layers", c.num_layers},
+            {"num_experts + num_shared_experts", c.num_experts + c.num_shared_experts},
+            {"3", 3},
+            {"moe_intermediate_size", c.moe_intermediate_size},
+            {"routed_expert_hidden_size (or hidden_size)", Z}},
+           {{"num_hidden_layers", c.num_layers},
+            {"3", 3},
+            {"intermediate_size", c.intermediate_size},
+            {"hidden_size", c.hidden_size}},
+           {{"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"qk_nope_head_dim + qk_rope_head_dim + v_head_dim", qk + c.v_head_dim},
+            {"the widest projection input", widest_input}},
+           {{"num_hidden_layers", c.num_layers},
+            {"8", 8},
+            {"linear_attn_config.num_heads x head_dim", c.kda.num_heads * c.kda.head_dim},
+            {"the widest projection input", widest_input}},
+       }) {
+    DELTASERVE_RETURN_IF_ERROR(CheckedProduct(factors, kMaxPartParameters, what).status());
+  }
+  // A sequence's recurrent state: one head_dim x head_dim matrix per head.
+  DELTASERVE_RETURN_IF_ERROR(CheckedProduct({{"num_hidden_layers", c.num_layers},
+                                             {"linear_attn_config.num_heads", c.kda.num_heads},
+                                             {"head_dim", c.kda.head_dim},
+                                             {"head_dim", c.kda.head_dim}},
+                                            kMaxKdaStateFloats, what)
+                                 .status());
+  return absl::OkStatus();
+}
+
+// The parse, before CheckSizeProducts.
+static absl::StatusOr<ModelConfig> ParseConfigText(const std::string& json_text,
+                                                   const std::string& source) {
+  DELTASERVE_RETURN_IF_ERROR(
+      CheckJsonBounds(json_text, kMaxConfigJsonBytes, kMaxConfigJsonDepth, source));
   const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
@@ -512,16 +576,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                                  "' (expected 'kimi_k3' or 'kimi_linear')"));
 }
 
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source) {
+  absl::StatusOr<ModelConfig> config = ParseConfigText(json_text, source);
+  if (config.ok()) DELTASERVE_RETURN_IF_ERROR(CheckSizeProducts(*config, source));
+  return config;
+}
+
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return ParseModelConfig(text.str(), path);
+  DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxConfigJsonBytes));
+  return ParseModelConfig(text, path);
 }
 
 std::string ModelConfigToJson(const ModelConfig& c) {

@@ -91,9 +91,29 @@ struct ModelConfig {
 // weight groups (format "mxfp4-pack-quantized", num_bits 4, type float,
 // group_size 32, no activation or KV-cache quantization) whose target and
 // ignore patterns compile; anything else is an error naming the key and value.
+//
+// Config text is input from a file or a peer: over kMaxConfigJsonBytes, or
+// nested deeper than kMaxConfigJsonDepth, it is refused before parsing. The
+// sizes are then held to limits that no real model comes near, products
+// included (checked, naming the product): each projection's width, the
+// tensors a model has (num_hidden_layers x num_experts), the parameters of
+// each part and a sequence's KDA state, so that everything computed from a
+// config (ExpectedTensors, CountParameters, state sizes) fits int64 and
+// memory.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                              const std::string& source);
+// DIR/config.json: a regular file of at most kMaxConfigJsonBytes
+// (ReadRegularFile: a FIFO or /dev/zero is refused without blocking).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
+
+// Real configs are a few KiB, nested 5 levels.
+inline constexpr int64_t kMaxConfigJsonBytes = 4 << 20;
+inline constexpr int kMaxConfigJsonDepth = 32;
+// The limits on sizes' products (docs/security.md, Limits). K3: 93 layers x 384
+// experts, under 2^41 parameters.
+inline constexpr int64_t kMaxLayerExperts = int64_t{1} << 18;
+inline constexpr int64_t kMaxPartParameters = int64_t{1} << 44;
+inline constexpr int64_t kMaxKdaStateFloats = int64_t{1} << 34;
 
 // The inverse, for make-model: config.json text in the real layout.
 std::string ModelConfigToJson(const ModelConfig& config);

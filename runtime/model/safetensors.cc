@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <utility>
@@ -20,6 +19,7 @@
 #include "kernels/bf16.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
+#include "runtime/common/json_bounds.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -29,6 +29,10 @@ using json = nlohmann::json;
 
 // Largest header we accept: real checkpoints have headers of a few MB.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+// A header is an object of tensor objects holding shape and offset lists:
+// depth 3. The index is as deep and much smaller.
+constexpr int kMaxHeaderDepth = 8;
+constexpr int64_t kMaxIndexBytes = 64 << 20;
 
 template <typename T>
 T LoadUnaligned(const uint8_t* p) {
@@ -227,7 +231,8 @@ absl::StatusOr<std::vector<int64_t>> ToInt64(const TensorView& view) {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in place of the file must not hang the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
@@ -235,6 +240,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return absl::InternalError(absl::StrCat(path, ": cannot stat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
@@ -258,6 +267,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                                                    " exceeds the file size of ", size,
                                                    " bytes (truncated or not a safetensors file)"));
   }
+  DELTASERVE_RETURN_IF_ERROR(
+      CheckJsonBounds(std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len),
+                      kMaxHeaderBytes, kMaxHeaderDepth, absl::StrCat(path, ": header")));
   json header = json::parse(bytes + 8, bytes + 8 + header_len, nullptr,
                             /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
@@ -323,8 +335,11 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   const fs::path single_path = fs::path(dir) / "model.safetensors";
   std::error_code ec;
   if (fs::exists(index_path, ec)) {
-    std::ifstream in(index_path);
-    json index = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    DELTASERVE_ASSIGN_OR_RETURN(const std::string text,
+                                ReadRegularFile(index_path.string(), kMaxIndexBytes));
+    DELTASERVE_RETURN_IF_ERROR(
+        CheckJsonBounds(text, kMaxIndexBytes, kMaxHeaderDepth, index_path.string()));
+    json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
         !index["weight_map"].is_object()) {
       return absl::InvalidArgumentError(

@@ -13,6 +13,10 @@ Scheduler::Scheduler(const ModelConfig& config, SchedulerOptions options)
 void Scheduler::Add(SequenceRequest request) {
   auto s = std::make_shared<Sequence>();
   s->request = std::move(request);
+  // Sorted once here (Ends checks each sampled token by binary search).
+  auto& stop_ids = s->request.stop_ids;
+  std::sort(stop_ids.begin(), stop_ids.end());
+  stop_ids.erase(std::unique(stop_ids.begin(), stop_ids.end()), stop_ids.end());
   if (s->request.kind == SequenceKind::kPrefix) s->forks_left = s->request.forks;
   waiting_.push_back(std::move(s));
 }
@@ -254,7 +258,7 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
 std::optional<FinishReason> Scheduler::Ends(const Sequence& s, int32_t token,
                                             std::string* stop) const {
   const auto& ids = s.request.stop_ids;
-  if (std::find(ids.begin(), ids.end(), token) != ids.end()) {
+  if (std::binary_search(ids.begin(), ids.end(), token)) {
     *stop = absl::StrCat("token ", token);
     return FinishReason::kStop;
   }

@@ -5,11 +5,9 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
-#include <sys/random.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cmath>
+#include <cstdio>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -20,131 +18,16 @@
 #include "runtime/serving/auth.h"
 #include "runtime/serving/grpc_status.h"
 #include "runtime/serving/http_server.h"
+#include "runtime/serving/request_validation.h"
 #include "runtime/serving/worker_codec.h"
+#include "runtime/serving/write_watchdog.h"
 
 namespace deltaserve {
 namespace {
 
-constexpr size_t kMaxRequestIdBytes = 128;
-constexpr int kMaxStops = 16;
-constexpr size_t kMaxStopBytes = 1024;
-constexpr int kMaxTopLogprobs = 20;
-constexpr int64_t kDefaultMaxTokens = 16;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
-
-absl::Status Invalid(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
-
-// The prompt (or scored input) of a request as token ids, checked against the
-// model: both forms name the offending field.
-template <typename Req>
-absl::StatusOr<std::vector<int32_t>> InputTokens(const Req& req, bool has_text, bool has_tokens,
-                                                 const std::string& field,
-                                                 const Coordinator& coordinator,
-                                                 int64_t max_bytes) {
-  const ModelConfig& config = coordinator.config();
-  std::vector<int32_t> tokens;
-  if (has_text) {
-    const std::string& text = req.text();
-    const std::string name = field + ".text";
-    if (text.empty()) return Invalid(name, "empty");
-    if (static_cast<int64_t>(text.size()) > max_bytes) {
-      return Invalid(name, absl::StrCat(text.size(), " bytes, over the limit of ", max_bytes,
-                                        " (--max-request-bytes)"));
-    }
-    if (coordinator.tokenizer() == nullptr) {
-      return Invalid(name, "this model has no tokenizer; send token ids instead");
-    }
-    auto encoded = coordinator.tokenizer()->Encode(text);
-    if (!encoded.ok()) return Invalid(name, std::string(encoded.status().message()));
-    tokens = std::move(*encoded);
-  } else if (has_tokens) {
-    const auto& ids = req.tokens().ids();
-    const std::string name = field + ".tokens";
-    if (ids.empty()) return Invalid(name, "empty");
-    if (static_cast<int64_t>(ids.size()) * 4 > max_bytes) {
-      return Invalid(name, absl::StrCat(ids.size(), " ids, over the limit of ", max_bytes / 4,
-                                        " (--max-request-bytes / 4)"));
-    }
-    for (int i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || ids[i] >= config.vocab_size) {
-        return Invalid(
-            absl::StrCat(name, ".ids[", i, "]"),
-            absl::StrCat(ids[i], " is outside the vocabulary [0, ", config.vocab_size, ")"));
-      }
-    }
-    tokens.assign(ids.begin(), ids.end());
-  } else {
-    return Invalid(field, "missing: give text or tokens");
-  }
-  if (tokens.empty()) return Invalid(field, "no tokens");
-  if (static_cast<int64_t>(tokens.size()) > config.max_position_embeddings) {
-    return Invalid(field, absl::StrCat(tokens.size(), " tokens, longer than the context of ",
-                                       config.max_position_embeddings));
-  }
-  return tokens;
-}
-
-absl::StatusOr<GenerateParams> Params(const v1::GenerateRequest& req,
-                                      const Coordinator& coordinator, int64_t prompt_tokens) {
-  const ModelConfig& config = coordinator.config();
-  GenerateParams p;
-  const v1::SamplingParams& s = req.sampling();
-  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
-    return Invalid("sampling.temperature",
-                   absl::StrCat(s.temperature(), ": must be a finite number >= 0"));
-  }
-  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(s.top_k(), ": must be >= 0"));
-  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1)) {
-    return Invalid("sampling.top_p", absl::StrCat(s.top_p(), ": must be in (0, 1]"));
-  }
-  p.sampling.temperature = s.temperature();
-  p.sampling.top_k = s.top_k();
-  p.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  p.seed = s.seed();
-  if (req.max_tokens() < 0) {
-    return Invalid("max_tokens", absl::StrCat(req.max_tokens(), ": must be >= 0"));
-  }
-  p.max_tokens = req.max_tokens() == 0 ? kDefaultMaxTokens : req.max_tokens();
-  if (prompt_tokens + p.max_tokens > config.max_position_embeddings) {
-    return Invalid("max_tokens",
-                   absl::StrCat(prompt_tokens, " prompt tokens + ", p.max_tokens,
-                                " exceed the context of ", config.max_position_embeddings));
-  }
-  if (req.stop_size() > kMaxStops) {
-    return Invalid("stop",
-                   absl::StrCat(req.stop_size(), " strings, over the limit of ", kMaxStops));
-  }
-  for (int i = 0; i < req.stop_size(); ++i) {
-    const std::string& stop = req.stop(i);
-    const std::string name = absl::StrCat("stop[", i, "]");
-    if (stop.empty()) return Invalid(name, "empty");
-    if (stop.size() > kMaxStopBytes) {
-      return Invalid(name, absl::StrCat(stop.size(), " bytes, over the limit of ", kMaxStopBytes));
-    }
-    if (coordinator.tokenizer() == nullptr) {
-      return Invalid(name, "this model has no tokenizer to match text against");
-    }
-    p.stop.push_back(stop);
-  }
-  for (int i = 0; i < req.stop_token_ids_size(); ++i) {
-    const int32_t id = req.stop_token_ids(i);
-    if (id < 0 || id >= config.vocab_size) {
-      return Invalid(absl::StrCat("stop_token_ids[", i, "]"),
-                     absl::StrCat(id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
-    }
-    p.stop_ids.push_back(id);
-  }
-  if (req.top_logprobs() < 0 || req.top_logprobs() > kMaxTopLogprobs) {
-    return Invalid("top_logprobs",
-                   absl::StrCat(req.top_logprobs(), ": must be in [0, ", kMaxTopLogprobs, "]"));
-  }
-  p.logprobs = req.logprobs() || req.top_logprobs() > 0;
-  p.top_logprobs = req.top_logprobs();
-  p.ignore_eos = req.ignore_eos();
-  return p;
-}
+// A hello is the model's config.json and a short description.
+constexpr size_t kMaxHelloBytes = kMaxConfigJsonBytes + (64 << 10);
 
 std::optional<Clock::time_point> Deadline(const grpc::ServerContext& context) {
   const auto deadline = context.deadline();
@@ -162,22 +45,25 @@ void SetTimings(const RequestOutcome& o, v1::Timings* t) {
 
 class GenerationService final : public v1::Generation::Service {
  public:
-  GenerationService(Coordinator& coordinator, const Authenticator& auth, int64_t max_request_bytes)
-      : coordinator_(coordinator), auth_(auth), max_request_bytes_(max_request_bytes) {}
+  GenerationService(Coordinator& coordinator, const Authenticator& auth,
+                    const RequestLimits& limits, WriteWatchdog& watchdog)
+      : coordinator_(coordinator),
+        auth_(auth),
+        validator_(coordinator.config(), coordinator.tokenizer(), limits),
+        watchdog_(watchdog),
+        model_info_(MakeModelInfo(coordinator)) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* req,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     auto principal = auth_.Authenticate(*context);
     if (!principal.ok()) return ToGrpc(principal.status());
-    auto id = RequestId(req->request_id());
+    auto id = validator_.RequestId(req->request_id());
     if (!id.ok()) return ToGrpc(id.status());
-    auto prompt = InputTokens(*req, req->has_text(), req->has_tokens(), "prompt", coordinator_,
-                              max_request_bytes_);
-    if (!prompt.ok()) return ToGrpc(prompt.status());
-    auto params = Params(*req, coordinator_, static_cast<int64_t>(prompt->size()));
-    if (!params.ok()) return ToGrpc(params.status());
-    auto handle = coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), std::move(*prompt),
-                                              std::move(*params), Deadline(*context));
+    auto valid = validator_.Generate(*req);
+    if (!valid.ok()) return ToGrpc(valid.status());
+    auto handle =
+        coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), std::move(valid->prompt),
+                                    std::move(valid->params), Deadline(*context));
     if (!handle.ok()) return ToGrpc(handle.status());
     while (true) {
       std::vector<TokenEvent> tokens;
@@ -207,9 +93,20 @@ class GenerationService final : public v1::Generation::Service {
         SetTimings(*outcome, c->mutable_timings());
       }
       if (response.tokens_size() > 0 || response.has_completion()) {
+        WriteWatchdog::Watch watch(watchdog_, *context);
         if (!writer->Write(response)) {
-          coordinator_.Cancel(*handle, absl::CancelledError("the client went away"));
-          return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+          absl::Status why = absl::CancelledError("the client went away");
+          if (watch.fired()) {
+            why = absl::CancelledError(absl::StrCat("the client did not read its stream for ",
+                                                    watchdog_.timeout_seconds(),
+                                                    " s (--client-write-timeout)"));
+            // The id may be the client's text: quoted, escaped and cut short.
+            std::fprintf(stderr, "server: request \"%s\" cancelled: %s\n",
+                         absl::CHexEscape(id->substr(0, 128)).c_str(),
+                         std::string(why.message()).c_str());
+          }
+          coordinator_.Cancel(*handle, why);
+          return ToGrpc(why);
         }
       }
       if (outcome) return ToGrpc(outcome->status);
@@ -221,12 +118,10 @@ class GenerationService final : public v1::Generation::Service {
                      v1::ScoreResponse* response) override {
     auto principal = auth_.Authenticate(*context);
     if (!principal.ok()) return ToGrpc(principal.status());
-    auto id = RequestId(req->request_id());
+    auto id = validator_.RequestId(req->request_id());
     if (!id.ok()) return ToGrpc(id.status());
-    auto tokens = InputTokens(*req, req->has_text(), req->has_tokens(), "input", coordinator_,
-                              max_request_bytes_);
+    auto tokens = validator_.Score(*req);
     if (!tokens.ok()) return ToGrpc(tokens.status());
-    if (tokens->size() < 2) return ToGrpc(Invalid("input", "needs at least 2 tokens"));
     response->mutable_token_ids()->Add(tokens->begin(), tokens->end());
     auto handle = coordinator_.SubmitScore(ScopedRequestId(*principal, *id), std::move(*tokens),
                                            Deadline(*context));
@@ -257,11 +152,13 @@ class GenerationService final : public v1::Generation::Service {
                      v1::AbortResponse* response) override {
     auto principal = auth_.Authenticate(*context);
     if (!principal.ok()) return ToGrpc(principal.status());
-    if (req->request_id().empty()) return ToGrpc(Invalid("request_id", "empty"));
+    if (req->request_id().empty()) {
+      return ToGrpc(absl::InvalidArgumentError("request_id: empty"));
+    }
     if (req->request_id().size() > kMaxRequestIdBytes) {
-      return ToGrpc(
-          Invalid("request_id", absl::StrCat(req->request_id().size(), " bytes, over the limit of ",
-                                             kMaxRequestIdBytes)));
+      return ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("request_id: ", req->request_id().size(), " bytes, over the limit of ",
+                       kMaxRequestIdBytes)));
     }
     response->set_found(coordinator_.Abort(ScopedRequestId(*principal, req->request_id())));
     return grpc::Status::OK;
@@ -271,18 +168,7 @@ class GenerationService final : public v1::Generation::Service {
                             v1::ModelInfo* info) override {
     auto principal = auth_.Authenticate(*context);
     if (!principal.ok()) return ToGrpc(principal.status());
-    const ModelConfig& c = coordinator_.config();
-    info->set_model_type(c.model_type);
-    info->set_num_layers(static_cast<int32_t>(c.num_layers));
-    int32_t kda = 0;
-    for (LayerKind kind : c.layer_kinds) kda += kind == LayerKind::kKda;
-    info->set_kda_layers(kda);
-    info->set_mla_layers(static_cast<int32_t>(c.num_layers) - kda);
-    info->set_context_length(c.max_position_embeddings);
-    info->set_vocab_size(c.vocab_size);
-    info->set_hidden_size(c.hidden_size);
-    info->set_tokenizer(coordinator_.tokenizer() ? coordinator_.tokenizer()->name() : "none");
-    info->set_parameters(CountParameters(c).total);
+    *info = model_info_;
     const ServerStatusData s = coordinator_.Status();
     if (s.worker_attached) {
       info->mutable_layout()->set_replicas(s.workers);
@@ -311,23 +197,23 @@ class GenerationService final : public v1::Generation::Service {
   }
 
  private:
-  absl::StatusOr<std::string> RequestId(const std::string& given) {
-    if (given.size() > kMaxRequestIdBytes) {
-      return Invalid("request_id",
-                     absl::StrCat(given.size(), " bytes, over the limit of ", kMaxRequestIdBytes));
-    }
-    if (!given.empty()) return given;
-    // 128 random bits, so that no client can guess, and Abort, another's.
-    uint8_t bits[16];
-    size_t got = 0;
-    while (got < sizeof(bits)) {
-      const ssize_t n = ::getrandom(bits + got, sizeof(bits) - got, 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return absl::InternalError("getrandom failed: no request id could be made");
-      got += static_cast<size_t>(n);
-    }
-    return absl::StrCat("req-", absl::BytesToHexString(absl::string_view(
-                                    reinterpret_cast<const char*>(bits), sizeof(bits))));
+  // What does not change while the server runs, computed once: counting the
+  // parameters walks every tensor of the model.
+  static v1::ModelInfo MakeModelInfo(const Coordinator& coordinator) {
+    const ModelConfig& c = coordinator.config();
+    v1::ModelInfo info;
+    info.set_model_type(c.model_type);
+    info.set_num_layers(static_cast<int32_t>(c.num_layers));
+    int32_t kda = 0;
+    for (LayerKind kind : c.layer_kinds) kda += kind == LayerKind::kKda;
+    info.set_kda_layers(kda);
+    info.set_mla_layers(static_cast<int32_t>(c.num_layers) - kda);
+    info.set_context_length(c.max_position_embeddings);
+    info.set_vocab_size(c.vocab_size);
+    info.set_hidden_size(c.hidden_size);
+    info.set_tokenizer(coordinator.tokenizer() ? coordinator.tokenizer()->name() : "none");
+    info.set_parameters(CountParameters(c).total);
+    return info;
   }
 
   void CancelFor(const grpc::ServerContext& context, const RequestHandle& handle) {
@@ -338,7 +224,9 @@ class GenerationService final : public v1::Generation::Service {
 
   Coordinator& coordinator_;
   const Authenticator& auth_;
-  const int64_t max_request_bytes_;
+  const RequestValidator validator_;
+  WriteWatchdog& watchdog_;
+  const v1::ModelInfo model_info_;
 };
 
 // Writes on one worker stream, from its scheduler thread only (the
@@ -384,6 +272,14 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
     if (!stream->Read(&message) || !message.has_hello()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "a worker's first message must be its hello");
+    }
+    // Bounded before any field is used (gRPC's receive limit bounds the
+    // message itself); ParseModelConfig checks the config_json's size and
+    // nesting before parsing it.
+    if (const size_t bytes = message.hello().ByteSizeLong(); bytes > kMaxHelloBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("a worker's hello is ", bytes, " bytes, over the limit of ",
+                                       kMaxHelloBytes));
     }
     auto connection = std::make_shared<StreamConnection>(context, stream);
     auto worker = coordinator_.AttachWorker(InfoFromHello(message.hello()), connection);
@@ -473,6 +369,7 @@ struct Server::Impl {
   MetricsRegistry metrics;
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<Authenticator> client_auth, worker_auth;
+  std::unique_ptr<WriteWatchdog> watchdog;
   std::unique_ptr<GenerationService> generation;
   std::unique_ptr<WorkerLinkService> worker_link;
   std::unique_ptr<grpc::Server> server;         // the client port
@@ -503,7 +400,7 @@ void Listen(grpc::ServerBuilder& builder, const std::string& address,
   // Requests over the API's own limit get INVALID_ARGUMENT naming the field;
   // the transport's limit sits above it.
   const int64_t transport_limit =
-      std::min<int64_t>(4 * options.max_request_bytes + (1 << 20), INT32_MAX);
+      std::min<int64_t>(4 * options.limits.max_request_bytes + (1 << 20), INT32_MAX);
   builder.SetMaxReceiveMessageSize(static_cast<int>(transport_limit));
   builder.SetMaxSendMessageSize(static_cast<int>(transport_limit));
   // A worker that vanishes without closing its connection is noticed.
@@ -561,8 +458,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   impl->coordinator = std::make_unique<Coordinator>(std::move(config), std::move(tokenizer),
                                                     options.coordinator, impl->metrics);
+  impl->watchdog = std::make_unique<WriteWatchdog>(
+      std::chrono::milliseconds(static_cast<int64_t>(options.limits.client_write_timeout_s * 1e3)));
   impl->generation = std::make_unique<GenerationService>(*impl->coordinator, *impl->client_auth,
-                                                         options.max_request_bytes);
+                                                         options.limits, *impl->watchdog);
 
   grpc::ResourceQuota quota("deltaserve");
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/serving/coordinator.h"
 #include "runtime/serving/credentials.h"
+#include "runtime/serving/request_validation.h"
 
 namespace deltaserve {
 
@@ -40,7 +41,7 @@ struct ServerOptions {
   int64_t grpc_memory_bytes = int64_t{4} << 30;
   std::string model_dir;  // config.json and the tokenizer files
   CoordinatorOptions coordinator;
-  int64_t max_request_bytes = 64 << 20;  // a request's text or token ids
+  RequestLimits limits;  // what one request may cost (docs/security.md, Limits)
 };
 
 class Server {

@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <queue>
-#include <sstream>
 #include <tuple>
 #include <utility>
 
@@ -15,6 +13,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
+#include "runtime/common/json_bounds.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/tokenizer/utf8.h"
 
@@ -35,13 +35,12 @@ int64_t RankOf(const BpeRanks& ranks, std::string_view bytes) {
   return it == ranks.end() ? kNoRank : it->second;
 }
 
+// A real tiktoken.model is about 2 MiB, its tokenizer_config.json far less.
+constexpr int64_t kMaxTokenizerFileBytes = 256 << 20;
+constexpr int kMaxTokenizerConfigDepth = 32;
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  return text.str();
+  return ReadRegularFile(path, kMaxTokenizerFileBytes);
 }
 
 std::string HexBytes(std::string_view bytes) {
@@ -268,6 +267,8 @@ absl::Status TiktokenTokenizer::LoadSpecialTokens(const std::string& config_path
   std::string eos_text;
   if (std::filesystem::exists(config_path)) {
     DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
+    DELTASERVE_RETURN_IF_ERROR(
+        CheckJsonBounds(text, kMaxTokenizerFileBytes, kMaxTokenizerConfigDepth, config_path));
     const json config = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not valid JSON"));

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The AddressSanitizer + UndefinedBehaviorSanitizer build and the fuzzers
+# (docs/security.md, Limits): configures build-asan/ with clang,
+# -DDELTASERVE_SANITIZE=address,undefined and -DDELTASERVE_FUZZ=ON, runs the
+# tests of the labels in DELTASERVE_SANITIZE_LABELS under the sanitizers, then
+# each libFuzzer target for DELTASERVE_FUZZ_SECONDS over its committed corpus.
+# Any sanitizer report fails the test it happens in. Prints how long each part
+# took. Extra arguments go to the sanitized ctest run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+labels="${DELTASERVE_SANITIZE_LABELS:-cpu|e2e}"
+fuzz_seconds="${DELTASERVE_FUZZ_SECONDS:-45}"
+
+# halt_on_error: UBSan's first finding ends the process (the build also has
+# -fno-sanitize-recover=undefined). LSan suppressions: deploy/sanitizers/lsan.supp
+# says which leaks are the libraries' own and why they are not ours.
+# quarantine_size_mb: freed memory ASan holds back to catch use after free
+# (256 MB by default) counts in a process's RSS, which the limits tests hold
+# to a bound; 64 MB keeps them meaningful.
+export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1:quarantine_size_mb=64"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export LSAN_OPTIONS="suppressions=$PWD/deploy/sanitizers/lsan.supp:print_suppressions=0"
+
+# Warnings are not errors here: the kernels' SIMD code draws clang-only
+# warnings (-Wpsabi on the generic level's 8-float vectors) that say nothing
+# about memory safety; build/ (GCC, -Werror) is the warnings gate.
+start=$(date +%s)
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DDELTASERVE_WERROR=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_CXX_FLAGS=-gline-tables-only -DDELTASERVE_CUDA=OFF -DDELTASERVE_BENCH=OFF \
+    -DDELTASERVE_SANITIZE=address,undefined -DDELTASERVE_FUZZ=ON \
+    -DDELTASERVE_FUZZ_SECONDS="$fuzz_seconds" >/dev/null
+cmake --build build-asan --parallel "$(nproc)"
+built=$(date +%s)
+echo "sanitize: build-asan built in $((built - start)) s"
+
+cd build-asan
+status=0
+# Not MetricsDeathTest: its "threadsafe" death test (re-executing the test
+# binary) hangs under ASan here, waiting on a futex forever with or without
+# leak detection; it tests aborts on programmer errors, not memory safety.
+# The other death tests pass and stay.
+# Not isa_check_*: they check GCC's release binaries (build/), where OpenMP
+# regions stay in their CPU level's namespace; clang outlines them into
+# .omp_outlined. functions outside it.
+ctest --output-on-failure --timeout 1800 -L "$labels" -E '^MetricsDeathTest[.]|^isa_check_' "$@" || status=1
+tested=$(date +%s)
+echo "sanitize: tests labelled '$labels' under ASan+UBSan took $((tested - built)) s"
+ctest --output-on-failure -L fuzz || status=1
+echo "sanitize: fuzzing took $(($(date +%s) - tested)) s"
+exit $status
