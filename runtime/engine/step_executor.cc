@@ -173,7 +173,8 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
                              " (", *bad, " for token id ", (bad - row) % vocab, ")");
     } else if (w.output == WorkOutput::kSample) {
       // The draw depends on the seed and the position only, so a sequence
-      // re-run from its tokens so far samples the same (docs/security.md, "Failure, drain and lost workers").
+      // re-run from its tokens so far samples the same (docs/security.md, "Failure, drain and lost
+      // workers").
       kernels::Rng rng = kernels::Rng::ForPosition(seq.seed, seq.state->length);
       r.token = kernels::Sample(row, vocab, seq.sampling, rng);
       if (w.logprobs || w.top_logprobs > 0) {

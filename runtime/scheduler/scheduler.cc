@@ -1,6 +1,8 @@
 #include "runtime/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -8,7 +10,10 @@
 namespace deltaserve {
 
 Scheduler::Scheduler(const ModelConfig& config, SchedulerOptions options)
-    : context_length_(config.max_position_embeddings), options_(options), cost_(config) {}
+    : context_length_(config.max_position_embeddings),
+      vocab_size_(config.vocab_size),
+      options_(options),
+      cost_(config) {}
 
 void Scheduler::Add(SequenceRequest request) {
   auto s = std::make_shared<Sequence>();
@@ -282,6 +287,61 @@ Scheduler::Update Scheduler::TakeResult(StepResult result) {
     Process(node.mapped(), flight.items, &update);
   }
   return update;
+}
+
+absl::Status Scheduler::CheckResult(const StepResult& result) const {
+  auto flight = std::find_if(in_flight_.begin(), in_flight_.end(),
+                             [&](const InFlight& f) { return f.step_id == result.step_id; });
+  if (flight == in_flight_.end()) return absl::OkStatus();
+  std::map<uint64_t, const Item*> expected;
+  for (const Item& item : flight->items) {
+    if (item.output != WorkOutput::kNone) expected[item.sequence->request.id] = &item;
+  }
+  std::set<uint64_t> seen;
+  for (const SequenceResult& out : result.outputs) {
+    const std::string where = absl::StrCat("step ", result.step_id, ", sequence ", out.sequence_id);
+    auto it = expected.find(out.sequence_id);
+    if (it == expected.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": an output the step did not ask for"));
+    }
+    if (!seen.insert(out.sequence_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": a second output"));
+    }
+    const Item& item = *it->second;
+    const SequenceRequest& r = item.sequence->request;
+    const auto mismatch = [&](const char* what, size_t got, int64_t want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", got, " ", what, " where the step asked for ", want));
+    };
+    const int64_t top = std::min<int64_t>(r.top_logprobs, vocab_size_);
+    const bool failed = !out.error.empty();  // a failed sequence's outputs are empty
+    if (item.output == WorkOutput::kSample) {
+      if (!failed && (out.token < 0 || out.token >= vocab_size_)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": sampled token ", out.token, " outside the vocabulary"));
+      }
+      const int64_t want_top = failed || !(r.logprobs || r.top_logprobs > 0) ? 0 : top;
+      if (static_cast<int64_t>(out.top_ids.size()) != want_top) {
+        return mismatch("top ids", out.top_ids.size(), want_top);
+      }
+      if (!out.target_logprobs.empty()) {
+        return mismatch("target log-probs", out.target_logprobs.size(), 0);
+      }
+    } else if (item.output == WorkOutput::kScore) {
+      const int64_t rows = failed ? 0 : item.piece.tokens;
+      if (static_cast<int64_t>(out.target_logprobs.size()) != rows) {
+        return mismatch("target log-probs", out.target_logprobs.size(), rows);
+      }
+      if (static_cast<int64_t>(out.top_ids.size()) != rows * top) {
+        return mismatch("top ids", out.top_ids.size(), rows * top);
+      }
+    }
+    if (item.output != WorkOutput::kLogits && !out.logits.empty()) {
+      return mismatch("logits", out.logits.size(), 0);
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Scheduler::Process(const StepResult& result, const std::vector<Item>& items, Update* update) {

@@ -129,6 +129,13 @@ class Scheduler {
   // Takes a step's result. Results are used in step order, whatever order
   // they come in; one for a step not in flight is ignored.
   Update TakeResult(StepResult result);
+  // Whether a result from an untrusted worker matches the step it answers:
+  // outputs only for that step's sequences that expect one, each once, with
+  // the counts the step asked for (one token in the vocabulary per sampled
+  // row; per scored token one target log-prob and its alternatives; no
+  // logits unless asked). OK for a result of a step not in flight, which
+  // TakeResult ignores. The error names the sequence and the count.
+  absl::Status CheckResult(const StepResult& result) const;
 
   // The replica went away: every sequence leaves, in order, as a request to
   // run elsewhere. One that had not started is the request as given. A
@@ -203,6 +210,7 @@ class Scheduler {
   std::optional<FinishReason> Ends(const Sequence& s, int32_t token, std::string* stop) const;
 
   const int64_t context_length_;
+  const int64_t vocab_size_;
   const SchedulerOptions options_;
   ChunkCostModel cost_;
   uint64_t next_step_ = 1;

@@ -463,7 +463,9 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
   if (it == workers_.end()) return absl::OkStatus();
-  if (absl::Status ok = CheckPeerResult(result, config_.vocab_size); !ok.ok()) {
+  absl::Status ok = CheckPeerResult(result, config_.vocab_size);
+  if (ok.ok()) ok = it->second->scheduler.CheckResult(result);
+  if (!ok.ok()) {
     LoseWorkerLocked(it->second, absl::StrCat("it sent a malformed result: ", ok.message()),
                      /*end_link=*/false, /*leaving=*/false);
     return ok;

@@ -173,8 +173,9 @@ class Coordinator {
   // started (RESOURCE_EXHAUSTED, nothing of it left registered).
   absl::StatusOr<uint64_t> AttachWorker(const WorkerInfo& info,
                                         std::shared_ptr<WorkerConnection> connection);
-  // A remote worker's result. One that fails CheckPeerResult drops the worker
-  // (its requests re-run elsewhere) and comes back as that error.
+  // A remote worker's result. One that fails CheckPeerResult, or does not
+  // match the step it answers (Scheduler::CheckResult), drops the worker (its
+  // requests re-run elsewhere) and comes back as that error.
   absl::Status OnStepResult(uint64_t worker, StepResult result);
   // The worker's link is ending (`why` for the log; `leaving`: the worker
   // said so, on SIGTERM): it is dropped if it was not already, and its

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -108,7 +109,9 @@ struct Harness {
   }
   // Answers `step` as the replica would; the number of steps taken in.
   int64_t Answer(const Step& step) {
-    Scheduler::Update update = scheduler.TakeResult(replica.Answer(step));
+    StepResult result = replica.Answer(step);
+    EXPECT_TRUE(scheduler.CheckResult(result).ok()) << scheduler.CheckResult(result);
+    Scheduler::Update update = scheduler.TakeResult(std::move(result));
     events.insert(events.end(), update.events.begin(), update.events.end());
     return update.steps;
   }
@@ -333,6 +336,71 @@ TEST(SchedulerTest, ScoresComeInPiecesAndEndWhenAllAreIn) {
     EXPECT_EQ(e.finished, pieces == chunks.size());
   }
   EXPECT_EQ(pieces, chunks.size());
+}
+
+// A worker's answer is checked against the step it answers: each way a
+// forged result can disagree with the plan is refused, naming the sequence.
+TEST(SchedulerTest, CheckResultRefusesAnswersThatDoNotMatchTheStep) {
+  Harness h(Options(40, 1, /*fixed_chunk=*/20));
+  SequenceRequest generate = Generate(1, 5, 10);
+  generate.logprobs = true;
+  generate.top_logprobs = 3;
+  h.scheduler.Add(generate);
+  SequenceRequest score;
+  score.id = 2;
+  score.kind = SequenceKind::kScore;
+  for (int32_t t = 0; t < 20; ++t) score.prompt.push_back(t);
+  h.scheduler.Add(score);
+  const Step step = h.Next();
+  ASSERT_EQ(TokensOf(step, 1), 5);
+  ASSERT_EQ(TokensOf(step, 2), 20);
+  StepResult good = h.replica.Answer(step);
+  ASSERT_EQ(good.outputs.size(), 2u);
+  for (SequenceResult& out : good.outputs) {
+    if (out.sequence_id == 1) {
+      out.top_ids = {3, 4, 5};
+      out.top_logprobs = {-1, -2, -3};
+    }
+  }
+  ASSERT_TRUE(h.scheduler.CheckResult(good).ok()) << h.scheduler.CheckResult(good);
+  const auto refused = [&](const std::function<void(StepResult&)>& forge, const std::string& what) {
+    StepResult r = good;
+    forge(r);
+    const absl::Status status = h.scheduler.CheckResult(r);
+    EXPECT_FALSE(status.ok()) << what;
+    EXPECT_NE(status.message().find(what), std::string::npos) << status;
+  };
+  auto output = [](StepResult& r, uint64_t id) -> SequenceResult& {
+    return *std::find_if(r.outputs.begin(), r.outputs.end(),
+                         [&](const SequenceResult& o) { return o.sequence_id == id; });
+  };
+  refused([&](StepResult& r) { r.outputs.push_back(output(r, 1)); }, "a second output");
+  refused(
+      [&](StepResult& r) {
+        r.outputs.push_back(output(r, 1));
+        r.outputs.back().sequence_id = 9;
+      },
+      "did not ask for");
+  refused([&](StepResult& r) { output(r, 1).token = -1; }, "outside the vocabulary");
+  refused([&](StepResult& r) { output(r, 1).top_ids.push_back(6); }, "4 top ids");
+  refused([&](StepResult& r) { output(r, 2).target_logprobs.pop_back(); }, "19 target log-probs");
+  refused([&](StepResult& r) { output(r, 2).target_logprobs.resize(1 << 20); },
+          "1048576 target log-probs");
+  refused([&](StepResult& r) { output(r, 2).logits.assign(4, 0.0f); }, "4 logits");
+  // A failed sequence carries no outputs, and that matches.
+  StepResult failed = good;
+  for (uint64_t id : {1, 2}) {
+    SequenceResult& out = output(failed, id);
+    out = SequenceResult{};
+    out.sequence_id = id;
+    out.error = "not finite";
+  }
+  EXPECT_TRUE(h.scheduler.CheckResult(failed).ok()) << h.scheduler.CheckResult(failed);
+  // A step not in flight is ignored by TakeResult, so nothing to check.
+  StepResult stray = good;
+  stray.step_id += 100;
+  stray.outputs.push_back(stray.outputs.front());
+  EXPECT_TRUE(h.scheduler.CheckResult(stray).ok());
 }
 
 TEST(SchedulerTest, FinishReleasesTheStateWithTheNextStep) {
