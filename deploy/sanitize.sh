@@ -44,10 +44,15 @@ status=0
 # RLIMIT_AS to make thread creation fail, which ASan's shadow memory (tens of
 # TB of reserved address space) cannot live under; the child hung until the
 # timeout. It runs in the normal build (build/), which is what it tests.
+# Not WorkerLossTest.AttachDetachCycles...: it holds the coordinator's RSS
+# within 8 MB over 1000 attach/detach cycles, and ASan's quarantine (64 MB of
+# freed memory held back on purpose, with its shadow) grows RSS by design
+# (measured: 78 MB to 160 MB); threads and mappings, and the RSS bound, are
+# checked in the normal build, and LSan checks leaks here.
 # Not isa_check_*: they check GCC's release binaries (build/), where OpenMP
 # regions stay in their CPU level's namespace; clang outlines them into
 # .omp_outlined. functions outside it.
-ctest --output-on-failure --timeout 900 -L "$labels" -E '^MetricsDeathTest[.]|^isa_check_|^CoordinatorTest[.]AWorkerWhoseThreadCannotStart' "$@" || status=1
+ctest --output-on-failure --timeout 900 -L "$labels" -E '^MetricsDeathTest[.]|^isa_check_|^CoordinatorTest[.]AWorkerWhoseThreadCannotStart|^WorkerLossTest[.]AttachDetachCycles' "$@" || status=1
 tested=$(date +%s)
 echo "sanitize: tests labelled '$labels' under ASan+UBSan took $((tested - built)) s"
 ctest --output-on-failure -L fuzz || status=1
