@@ -49,10 +49,12 @@ status=0
 # freed memory held back on purpose, with its shadow) grows RSS by design
 # (measured: 78 MB to 160 MB); threads and mappings, and the RSS bound, are
 # checked in the normal build, and LSan checks leaks here.
+# Not HelpTest.BenchmarkProgramsPrintUsage...: build-asan has no benchmark
+# programs (DELTASERVE_BENCH=OFF), so it has nothing to run here.
 # Not isa_check_*: they check GCC's release binaries (build/), where OpenMP
 # regions stay in their CPU level's namespace; clang outlines them into
 # .omp_outlined. functions outside it.
-ctest --output-on-failure --timeout 900 -L "$labels" -E '^MetricsDeathTest[.]|^isa_check_|^CoordinatorTest[.]AWorkerWhoseThreadCannotStart|^WorkerLossTest[.]AttachDetachCycles' "$@" || status=1
+ctest --output-on-failure --timeout 900 -L "$labels" -E '^MetricsDeathTest[.]|^isa_check_|^CoordinatorTest[.]AWorkerWhoseThreadCannotStart|^WorkerLossTest[.]AttachDetachCycles|^HelpTest[.]BenchmarkProgramsPrintUsage' "$@" || status=1
 tested=$(date +%s)
 echo "sanitize: tests labelled '$labels' under ASan+UBSan took $((tested - built)) s"
 ctest --output-on-failure -L fuzz || status=1
