@@ -21,14 +21,6 @@ namespace {
 
 std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
 
-bool WaitForHealth(const std::string& address, const std::string& want) {
-  for (int i = 0; i < 300; ++i) {
-    if (testing::Probe("health " + address) == want + "\n") return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
-}
-
 TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
   ASSERT_NE(coordinator.stub, nullptr);
@@ -47,7 +39,7 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   // A description that would forge a log line and clear the screen.
   *hello.mutable_hello() = MakeWorkerHello(*config, *layout, "forger\ncoordinator: ok\x1b[2J");
   ASSERT_TRUE(stream->Write(hello));
-  ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << coordinator.process->Log();
+  ASSERT_TRUE(testing::WaitForHealth(coordinator.address, "SERVING")) << coordinator.process->Log();
 
   auto held = std::async(std::launch::async, [&] {
     return testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 60);
@@ -74,7 +66,7 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   stream->Finish();
 
   // The request waits for another worker rather than failing.
-  EXPECT_TRUE(WaitForHealth(coordinator.address, "NOT_SERVING"));
+  EXPECT_TRUE(testing::WaitForHealth(coordinator.address, "NOT_SERVING"));
   EXPECT_TRUE(testing::WaitForStatus(
       *coordinator.stub, [](const v1::ServerStatus& s) { return s.waiting_requests() == 1; },
       std::chrono::seconds(10)));
@@ -93,7 +85,7 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
       testing::BinPath("deltaserve") + " worker --coordinator " + coordinator.worker_address +
           " --model " + K3Tiny() + " --threads 1",
       dir + "/worker.log");
-  ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
+  ASSERT_TRUE(testing::WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
   const testing::Streamed rerun = held.get();
   EXPECT_TRUE(rerun.status.ok()) << rerun.status.error_message();
   const testing::Streamed served =

@@ -152,4 +152,14 @@ inline std::string Probe(const std::string& args, int* code = nullptr) {
   return output;
 }
 
+// Whether `address`'s grpc.health.v1 status becomes `want` (SERVING,
+// NOT_SERVING) within 30 s.
+inline bool WaitForHealth(const std::string& address, const std::string& want) {
+  for (int i = 0; i < 300; ++i) {
+    if (Probe("health " + address) == want + "\n") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 }  // namespace deltaserve::testing

@@ -35,14 +35,6 @@ std::unique_ptr<testing::ChildProcess> StartWorker(const std::string& address,
       log);
 }
 
-bool WaitForHealth(const std::string& address, const std::string& want) {
-  for (int i = 0; i < 300; ++i) {
-    if (testing::Probe("health " + address) == want + "\n") return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
-}
-
 TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   // Small steps: the 3000-token prompt runs as a dozen or more chunks, which
   // the coordinator sends ahead through the two stages (more_coming).
@@ -54,7 +46,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
 
   const std::string dir = testing::TempDir("worker");
   auto worker = StartWorker(coordinator.worker_address, dir + "/worker1.log");
-  ASSERT_TRUE(WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
+  ASSERT_TRUE(testing::WaitForHealth(coordinator.address, "SERVING")) << worker->Log();
 
   const std::vector<int32_t> prompt = testing::RandomTokens(3000, 21);
   std::string expected;
@@ -137,7 +129,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
   worker->Wait(std::chrono::seconds(10));
 
   // The coordinator is up, not serving, and keeps both requests queued.
-  EXPECT_TRUE(WaitForHealth(coordinator.address, "NOT_SERVING"));
+  EXPECT_TRUE(testing::WaitForHealth(coordinator.address, "NOT_SERVING"));
   Streamed queued;
   std::thread waiting([&] { queued = GenerateAll(*coordinator.stub, TokensRequest(prompt, 20)); });
   ASSERT_TRUE(testing::WaitForStatus(
