@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/sampling.h"
 #include "runtime/model/model.h"
+#include "runtime/model/presets.h"
 #include "runtime/model/safetensors.h"
 #include "tests/test_util.h"
 
@@ -93,6 +94,34 @@ inline std::string NanModel(const std::string& name) {
   }
   EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
   return dir;
+}
+
+// K3 at its smallest (the K3 gate, attention residuals, latent MoE) with
+// `kinds` as its layers and `vocab` tokens: dims small enough that hundreds
+// of thousands of tokens go through in seconds (the long-context and
+// million-token score tests).
+inline ModelConfig SmallestK3(std::vector<LayerKind> kinds, int64_t vocab) {
+  ModelConfig c = *PresetConfig("k3-tiny");
+  c.hidden_size = 16;
+  c.num_layers = static_cast<int64_t>(kinds.size());
+  c.vocab_size = vocab;
+  c.layer_kinds = std::move(kinds);
+  c.kda.num_heads = 2;
+  c.kda.head_dim = 8;
+  c.num_attention_heads = 1;
+  c.q_lora_rank = 8;
+  c.kv_lora_rank = 8;
+  c.qk_nope_head_dim = 4;
+  c.qk_rope_head_dim = 4;
+  c.v_head_dim = 4;
+  c.intermediate_size = 32;
+  c.num_experts = 4;
+  c.num_experts_per_token = 2;
+  c.num_shared_experts = 1;
+  c.moe_intermediate_size = 8;
+  c.routed_expert_hidden_size = 8;
+  c.attn_res_block_size = 2;
+  return c;
 }
 
 }  // namespace deltaserve::testing

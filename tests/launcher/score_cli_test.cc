@@ -18,6 +18,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/safetensors.h"
+#include "tests/model_runs.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -145,26 +146,7 @@ TEST(ScoreCliTest, LogitsOutRefusesWhatDoesNotFitNamingTheSize) {
 // scores, never a chunk's (tests/runtime/model/long_context_test.cc runs it
 // at 256k). vocab 512: [1M, vocab] float32 is 2 GiB, what must not be held.
 ModelConfig MillionConfig() {
-  ModelConfig c = *PresetConfig("k3-tiny");
-  c.hidden_size = 16;
-  c.num_layers = 2;
-  c.vocab_size = 512;
-  c.layer_kinds = {LayerKind::kKda, LayerKind::kKda};
-  c.kda.num_heads = 2;
-  c.kda.head_dim = 8;
-  c.q_lora_rank = 8;
-  c.kv_lora_rank = 8;
-  c.num_attention_heads = 1;
-  c.qk_nope_head_dim = 4;
-  c.qk_rope_head_dim = 4;
-  c.v_head_dim = 4;
-  c.intermediate_size = 32;
-  c.num_experts = 4;
-  c.num_experts_per_token = 2;
-  c.num_shared_experts = 1;
-  c.moe_intermediate_size = 8;
-  c.routed_expert_hidden_size = 8;
-  c.attn_res_block_size = 2;
+  ModelConfig c = testing::SmallestK3({LayerKind::kKda, LayerKind::kKda}, 512);
   c.first_k_dense_replace = 2;  // no MoE layer: what is measured is the logits
   return c;
 }

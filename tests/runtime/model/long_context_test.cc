@@ -250,26 +250,7 @@ TEST(LongContextTest, MlaPrefillOver256kKeysMatchesFloat64) {
 // the K3 gate, attention residuals and latent MoE, at dims small enough that
 // MLA's quadratic prefill over 256k tokens takes seconds.
 ModelConfig LongContextConfig() {
-  ModelConfig c = *PresetConfig("k3-tiny");
-  c.hidden_size = 16;
-  c.num_layers = 2;
-  c.vocab_size = 32;
-  c.layer_kinds = {LayerKind::kKda, LayerKind::kMla};
-  c.kda.num_heads = 2;
-  c.kda.head_dim = 8;
-  c.num_attention_heads = 1;
-  c.q_lora_rank = 8;
-  c.kv_lora_rank = 8;
-  c.qk_nope_head_dim = 4;
-  c.qk_rope_head_dim = 4;
-  c.v_head_dim = 4;
-  c.intermediate_size = 32;
-  c.num_experts = 4;
-  c.num_experts_per_token = 2;
-  c.num_shared_experts = 1;
-  c.moe_intermediate_size = 8;
-  c.routed_expert_hidden_size = 8;
-  c.attn_res_block_size = 2;
+  ModelConfig c = testing::SmallestK3({LayerKind::kKda, LayerKind::kMla}, 32);
   c.max_position_embeddings = kLong;
   return c;
 }
