@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -61,12 +63,24 @@ class ConfigObject {
     if (!Has(key)) return fallback;
     return IntValue(key, (*object_)[key], min, kMaxSize);
   }
-  // A finite number (integer or floating-point literal).
-  absl::StatusOr<double> Number(const std::string& key) const {
+  // A number (integer or floating-point literal) held as float32: finite,
+  // and zero or of normal float magnitude, so that the float keeps the sign
+  // checked here and is itself again when written back (1e-50 would become
+  // 0, 1e39 infinity).
+  absl::StatusOr<float> Float(const std::string& key) const {
     if (!Has(key)) return Missing(key);
-    const json& value = (*object_)[key];
-    if (!value.is_number()) return Bad(key, "must be a number, got " + Dump(value));
-    return value.get<double>();
+    const json& json_value = (*object_)[key];
+    if (!json_value.is_number()) return Bad(key, "must be a number, got " + Dump(json_value));
+    const double value = json_value.get<double>();
+    const double magnitude = std::fabs(value);
+    if (!(magnitude <= std::numeric_limits<float>::max())) {
+      return Bad(key, absl::StrCat("is ", value, ", outside the float32 range"));
+    }
+    if (magnitude != 0 && magnitude < std::numeric_limits<float>::min()) {
+      return Bad(key, absl::StrCat("is ", value, ", too small for a float32 (at least ",
+                                   std::numeric_limits<float>::min(), " in magnitude)"));
+    }
+    return static_cast<float>(value);
   }
   absl::StatusOr<bool> Bool(const std::string& key) const {
     if (!Has(key)) return Missing(key);
@@ -214,9 +228,8 @@ absl::Status ParseMoe(const ConfigObject& t, ModelConfig* c) {
   DELTASERVE_ASSIGN_OR_RETURN(c->moe_intermediate_size, t.Int("moe_intermediate_size", 1));
   DELTASERVE_ASSIGN_OR_RETURN(c->num_shared_experts, t.Int("num_shared_experts", 0));
   DELTASERVE_ASSIGN_OR_RETURN(c->moe_renormalize, t.Bool("moe_renormalize"));
-  DELTASERVE_ASSIGN_OR_RETURN(double scale, t.Number("routed_scaling_factor"));
-  if (!(scale > 0)) return t.Bad("routed_scaling_factor", "must be positive");
-  c->routed_scaling_factor = static_cast<float>(scale);
+  DELTASERVE_ASSIGN_OR_RETURN(c->routed_scaling_factor, t.Float("routed_scaling_factor"));
+  if (!(c->routed_scaling_factor > 0)) return t.Bad("routed_scaling_factor", "must be positive");
   // Routing variants the runtime does not implement are errors, not silently
   // different models.
   if (t.Has("moe_router_activation_func")) {
@@ -369,9 +382,8 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   DELTASERVE_ASSIGN_OR_RETURN(c.hidden_size, t.Int("hidden_size", 1));
   DELTASERVE_ASSIGN_OR_RETURN(c.num_layers, t.Int("num_hidden_layers", 1, kMaxLayers));
   DELTASERVE_ASSIGN_OR_RETURN(c.vocab_size, t.Int("vocab_size", 1));
-  DELTASERVE_ASSIGN_OR_RETURN(double eps, t.Number("rms_norm_eps"));
-  if (!(eps > 0)) return t.Bad("rms_norm_eps", "must be positive");
-  c.rms_norm_eps = static_cast<float>(eps);
+  DELTASERVE_ASSIGN_OR_RETURN(c.rms_norm_eps, t.Float("rms_norm_eps"));
+  if (!(c.rms_norm_eps > 0)) return t.Bad("rms_norm_eps", "must be positive");
   DELTASERVE_ASSIGN_OR_RETURN(c.max_position_embeddings, t.IntOr("max_position_embeddings", 1, 0));
   DELTASERVE_ASSIGN_OR_RETURN(c.tie_word_embeddings, t.BoolOr("tie_word_embeddings", false));
 
@@ -399,11 +411,10 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
   }
   c.kda.has_lower_bound = k3 || bound_keys.Has("gate_lower_bound");
   if (c.kda.has_lower_bound) {
-    DELTASERVE_ASSIGN_OR_RETURN(double lb, bound_keys.Number("gate_lower_bound"));
-    if (!(lb < 0)) {
+    DELTASERVE_ASSIGN_OR_RETURN(c.kda.gate_lower_bound, bound_keys.Float("gate_lower_bound"));
+    if (!(c.kda.gate_lower_bound < 0)) {
       return bound_keys.Bad("gate_lower_bound", "must be negative (the log-decay is <= 0)");
     }
-    c.kda.gate_lower_bound = static_cast<float>(lb);
   }
 
   // MLA.
@@ -427,14 +438,12 @@ absl::StatusOr<ModelConfig> ParseFields(const ConfigObject& t, const std::string
     return t.Bad("hidden_act", "is '" + c.hidden_act + "'; expected 'silu' or 'situ'");
   }
   if (k3 || c.hidden_act == "situ") {
-    DELTASERVE_ASSIGN_OR_RETURN(double beta, t.Number("activation_situ_beta"));
-    if (!(beta > 0)) return t.Bad("activation_situ_beta", "must be positive");
-    DELTASERVE_ASSIGN_OR_RETURN(double linear_beta, t.Number("activation_situ_linear_beta"));
-    if (!(linear_beta > 0)) {
+    DELTASERVE_ASSIGN_OR_RETURN(c.situ_beta, t.Float("activation_situ_beta"));
+    if (!(c.situ_beta > 0)) return t.Bad("activation_situ_beta", "must be positive");
+    DELTASERVE_ASSIGN_OR_RETURN(c.situ_linear_beta, t.Float("activation_situ_linear_beta"));
+    if (!(c.situ_linear_beta > 0)) {
       return t.Bad("activation_situ_linear_beta", "must be positive");
     }
-    c.situ_beta = static_cast<float>(beta);
-    c.situ_linear_beta = static_cast<float>(linear_beta);
   }
   DELTASERVE_ASSIGN_OR_RETURN(c.intermediate_size, t.Int("intermediate_size", 1));
   DELTASERVE_RETURN_IF_ERROR(ParseMoe(t, &c));

@@ -293,6 +293,11 @@ TEST(ConfigTest, WrongValuesAreErrorsNamingTheKey) {
       {"rms_norm_eps", "1e-5"},
       {"rms_norm_eps", 0},
       {"rms_norm_eps", -1e-5},
+      {"rms_norm_eps", 1e-50},                          // 0 as a float32
+      {"rms_norm_eps", 1e39},                           // infinite as a float32
+      {"linear_attn_config.gate_lower_bound", -1e-50},  // -0 as a float32: not negative
+      {"routed_scaling_factor", 1e-300},
+      {"activation_situ_beta", 1e300},
       {"hidden_act", "gelu"},
       {"hidden_act", 1},
       {"linear_attn_config", json::array()},
