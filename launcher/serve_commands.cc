@@ -3,9 +3,12 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +91,9 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
        "seconds a remote worker may take to answer a step or read a write before it is dropped "
        "(its requests run elsewhere)",
        absl::StrCat(c.step_timeout_s)},
+      {"step-log", "F",
+       "write a JSON line per step to F (worker, prefill chunks and their prefixes, decode rows, "
+       "wall and per-stage compute seconds)"},
       {"drain-timeout", "S",
        "on SIGTERM: seconds running and queued requests may take to finish before the rest end "
        "with UNAVAILABLE",
@@ -254,6 +260,15 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_s, flags.GetDouble("step-timeout", c.step_timeout_s));
   if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
     return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");
+  }
+  if (flags.Has("step-log")) {
+    const std::string path = flags.GetString("step-log");
+    auto log = std::make_shared<std::ofstream>(path, std::ios::trunc);
+    if (!*log) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--step-log: cannot write ", path, ": ", std::strerror(errno)));
+    }
+    c.step_log = std::move(log);
   }
   DELTASERVE_ASSIGN_OR_RETURN(o.limits, LimitsFrom(flags));
   if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");

@@ -373,12 +373,20 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
   }
   std::vector<StepPiece> pieces;
   int64_t prefill_tokens = 0;
+  StepRecord record;
+  record.step_id = result.step_id;
+  record.wall_s = result.wall_s;
+  record.stage_compute_s = result.stage_compute_s;
   for (const Item& item : items) {
     pieces.push_back(item.piece);
     if (item.output != WorkOutput::kSample || item.sequence->generated.empty()) {
       prefill_tokens += item.piece.tokens;
+      record.prefill.push_back(item.piece);
+    } else {
+      record.decode_rows += item.piece.tokens;
     }
   }
+  update->records.push_back(std::move(record));
   // The cost model learns from the slowest stage's compute time: that is
   // what bounds a step in a pipeline, and it leaves out time a stage spent
   // waiting for its neighbours. The wall time stands in when there is none.

@@ -120,11 +120,22 @@ class Scheduler {
   // (only when nothing was promised).
   std::optional<Step> Schedule(Clock::time_point now, std::vector<SchedulerEvent>* events);
 
+  // What one step did, for a step log: its prefill pieces (new tokens and
+  // the prefix before them), how many decode rows rode along, its wall time
+  // at the replica's leader and each stage's compute time.
+  struct StepRecord {
+    uint64_t step_id = 0;
+    std::vector<StepPiece> prefill;
+    int64_t decode_rows = 0;
+    double wall_s = 0;
+    std::vector<double> stage_compute_s;
+  };
   struct Update {
     std::vector<SchedulerEvent> events;
-    int64_t prefill_tokens = 0;  // prompt tokens of the steps taken in
-    double wall_s = 0;           // their wall time
-    int64_t steps = 0;           // steps taken in
+    std::vector<StepRecord> records;  // one per step taken in, in step order
+    int64_t prefill_tokens = 0;       // prompt tokens of the steps taken in
+    double wall_s = 0;                // their wall time
+    int64_t steps = 0;                // steps taken in
   };
   // Takes a step's result. Results are used in step order, whatever order
   // they come in; one for a step not in flight is ignored.

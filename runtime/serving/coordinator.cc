@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,25 @@ namespace {
 
 // Prompt tokens a request counts for in the queue: a continuation's too.
 int64_t QueuedTokens(const Request& r) { return static_cast<int64_t>(r.sequence.prompt.size()); }
+
+// --step-log: a JSON object per step and line, flushed, so that a benchmark
+// reads chunk sizes and times along a prompt while it runs.
+void WriteStepRecords(std::ostream& out, uint64_t worker,
+                      const std::vector<Scheduler::StepRecord>& records) {
+  for (const Scheduler::StepRecord& r : records) {
+    out << "{\"worker\":" << worker << ",\"step\":" << r.step_id << ",\"prefill\":[";
+    for (size_t i = 0; i < r.prefill.size(); ++i) {
+      out << (i > 0 ? "," : "") << "{\"tokens\":" << r.prefill[i].tokens
+          << ",\"prefix\":" << r.prefill[i].prefix << "}";
+    }
+    out << "],\"decode_rows\":" << r.decode_rows << ",\"wall_s\":" << r.wall_s
+        << ",\"stage_compute_s\":[";
+    for (size_t i = 0; i < r.stage_compute_s.size(); ++i) {
+      out << (i > 0 ? "," : "") << r.stage_compute_s[i];
+    }
+    out << "]}" << std::endl;
+  }
+}
 
 }  // namespace
 
@@ -656,6 +676,7 @@ void Coordinator::OnTokenLocked(Request& r, const SchedulerEvent& event) {
 
 void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
   Scheduler::Update update = w.scheduler.TakeResult(std::move(result));
+  if (options_.step_log != nullptr) WriteStepRecords(*options_.step_log, w.id, update.records);
   for (int64_t i = 0; i < update.steps && !w.sent.empty(); ++i) w.sent.pop_front();
   steps_ += update.steps;
   metrics_.steps.Add(static_cast<double>(update.steps));

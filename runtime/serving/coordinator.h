@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +53,9 @@ struct CoordinatorOptions {
   // A remote worker's step result, or a write to its stream, overdue by this
   // much drops the worker (its requests re-run elsewhere).
   double step_timeout_s = 300;
+  // When set, a JSON line per step taken in (worker, step, prefill pieces,
+  // decode rows, wall and stage compute times): `--step-log`.
+  std::shared_ptr<std::ostream> step_log;
 };
 
 struct GenerateParams {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <regex>
 #include <thread>
@@ -169,6 +170,43 @@ TEST(ServeLoadTest, ConcurrentMixedRequestsEachGetTheirOwnTokens) {
   EXPECT_GE(finished_during_prefill, 25)
       << "of 31 short requests only " << finished_during_prefill
       << " finished before the long prompt's first token (" << long_ttft << " s)";
+}
+
+TEST(ServeStepLogTest, EachStepIsALineWithItsChunksDecodeRowsAndTimes) {
+  const std::string log = testing::TempDir("step_log") + "/steps.jsonl";
+  auto server = testing::StartServer("serve --model " + K3Tiny() +
+                                     " --step-tokens 128 --threads 1 --step-log " + log);
+  const std::vector<int32_t> prompt = testing::RandomTokens(1000, 100);
+  const Streamed out = GenerateAll(*server.stub, TokensRequest(prompt, 5));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.ids.size(), 5u);
+  // Every step is in the file once its result is in, before the last token.
+  std::ifstream in(log);
+  std::string line;
+  const std::regex piece("\\{\"tokens\":(\\d+),\"prefix\":(\\d+)\\}");
+  const std::regex rest(
+      "\"decode_rows\":(\\d+),\"wall_s\":([0-9.e-]+),\"stage_compute_s\":\\[([0-9.e-]+)\\]\\}$");
+  int64_t fed = 0, decode_rows = 0, steps = 0;
+  while (std::getline(in, line)) {
+    SCOPED_TRACE(line);
+    ++steps;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), piece);
+         it != std::sregex_iterator(); ++it) {
+      EXPECT_EQ(std::stoll((*it)[2]), fed);  // chunks in prompt order, each after the last
+      const int64_t tokens = std::stoll((*it)[1]);
+      EXPECT_GT(tokens, 0);
+      EXPECT_LE(tokens, 128);
+      fed += tokens;
+    }
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(line, m, rest));
+    decode_rows += std::stoll(m[1]);
+    EXPECT_GT(std::stod(m[2]), 0.0);
+    EXPECT_GE(std::stod(m[3]), 0.0);
+  }
+  EXPECT_EQ(fed, 1000);
+  EXPECT_EQ(decode_rows, 4);  // the first token comes from the prompt's last chunk
+  EXPECT_GE(steps, 1000 / 128 + 1 + 4);
 }
 
 TEST(ServeErrorsTest, BadRequestsAreRefusedNamingTheFieldAndServingGoesOn) {
