@@ -37,18 +37,17 @@ absl::Status SetDeadline(const Flags& flags, grpc::ClientContext* context) {
   return absl::OkStatus();
 }
 
-// --prompt TEXT or --tokens 1,2,3 into the request's oneof.
+// --prompt TEXT, --tokens 1,2,3 or --tokens-file F into the request's oneof.
 template <typename Req>
 absl::Status SetInput(const Flags& flags, Req* req) {
-  if (flags.Has("prompt") == flags.Has("tokens")) {
-    return absl::InvalidArgumentError("give exactly one of --prompt, --tokens");
+  if (flags.Has("prompt") + flags.Has("tokens") + flags.Has("tokens-file") != 1) {
+    return absl::InvalidArgumentError("give exactly one of --prompt, --tokens, --tokens-file");
   }
   if (flags.Has("prompt")) {
     req->set_text(flags.GetString("prompt"));
     return absl::OkStatus();
   }
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                              ParseTokenList(flags.GetString("tokens"), "--tokens"));
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdsFlag(flags));
   req->mutable_tokens()->mutable_ids()->Add(ids.begin(), ids.end());
   return absl::OkStatus();
 }
@@ -73,12 +72,13 @@ const CommandSpec& ClientGenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client generate",
       .summary = "stream a generation from a server",
-      .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS) [flags]",
+      .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS | --tokens-file F) [flags]",
       .flags = Concat(
           {
               kServerFlag,
               {"prompt", "TEXT", "the prompt, encoded by the server's tokenizer"},
               {"tokens", "IDS", "the prompt as token ids: 1,2,3"},
+              {"tokens-file", "F", "the prompt's token ids from a file (commas and/or spaces)"},
               {"max-tokens", "N", "tokens to generate at most", "32"},
               {"temperature", "T", "0 is greedy", "0"},
               {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
@@ -103,12 +103,14 @@ const CommandSpec& ClientScoreSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client score",
       .summary = "per-token log-probs of a text or token sequence, one line per token",
-      .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS) [--timeout S]",
+      .usage =
+          "[--server HOST:PORT] (--prompt TEXT | --tokens IDS | --tokens-file F) [--timeout S]",
       .flags = Concat(
           {
               kServerFlag,
               {"prompt", "TEXT", "the text to score"},
               {"tokens", "IDS", "the token ids to score: 1,2,3"},
+              {"tokens-file", "F", "the token ids to score from a file (commas and/or spaces)"},
               kTimeoutFlag,
           },
           ChannelSecurityFlags("token-file")),

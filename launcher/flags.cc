@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/status_macros.h"
 
 namespace deltaserve {
 
@@ -215,6 +217,13 @@ absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text,
     return absl::InvalidArgumentError(absl::StrCat(what, ": no token ids"));
   }
   return tokens;
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags) {
+  if (!flags.Has("tokens-file")) return ParseTokenList(flags.GetString("tokens"), "--tokens");
+  const std::string path = flags.GetString("tokens-file");
+  DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, int64_t{64} << 20));
+  return ParseTokenList(text, path);
 }
 
 }  // namespace deltaserve

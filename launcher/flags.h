@@ -77,4 +77,8 @@ class Flags {
 absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text,
                                                     const std::string& what);
 
+// The ids of --tokens IDS or, when given instead, of --tokens-file F (a
+// regular file of at most 64 MiB, read as ParseTokenList reads text).
+absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags);
+
 }  // namespace deltaserve

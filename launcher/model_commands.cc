@@ -33,15 +33,7 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const Mode
   if (has_prompt + has_tokens + has_file != 1) {
     return absl::InvalidArgumentError("give exactly one of --prompt, --tokens, --tokens-file");
   }
-  if (has_tokens) return ParseTokenList(flags.GetString("tokens"), "--tokens");
-  if (has_file) {
-    const std::string path = flags.GetString("tokens-file");
-    std::ifstream in(path);
-    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-    std::stringstream text;
-    text << in.rdbuf();
-    return ParseTokenList(text.str(), path);
-  }
+  if (has_tokens || has_file) return TokenIdsFlag(flags);
   const std::string prompt = flags.GetString("prompt");
   if (prompt.empty()) return absl::InvalidArgumentError("--prompt is empty");
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,

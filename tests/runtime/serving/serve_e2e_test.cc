@@ -46,8 +46,9 @@ TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
   const std::vector<int32_t> prompt = testing::RandomTokens(37, 3);
   for (const auto& [sampling, seed] :
        {std::pair<std::string, int>{"", 0}, {" --temperature 0.8 --top-k 40 --top-p 0.9", 11}}) {
-    const std::string flags = " --tokens " + absl::StrJoin(prompt, ",") + " --max-tokens 24 --ids" +
-                              sampling + (seed ? " --seed " + std::to_string(seed) : "");
+    const std::string rest =
+        " --max-tokens 24 --ids" + sampling + (seed ? " --seed " + std::to_string(seed) : "");
+    const std::string flags = " --tokens " + absl::StrJoin(prompt, ",") + rest;
     int code = 0;
     const std::string expected =
         FirstLine(Deltaserve("generate --model " + ModelDir() + flags + " 2>/dev/null", &code));
@@ -74,6 +75,12 @@ TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
     // deltaserve client.
     EXPECT_EQ(FirstLine(Deltaserve("client generate --server " + server.address + flags +
                                    " 2>/dev/null")),
+              expected);
+    // The same prompt from a file (spaces and newlines between the ids).
+    const std::string file = testing::TempDir("client_tokens") + "/prompt.txt";
+    std::ofstream(file) << absl::StrJoin(prompt, " ") << "\n";
+    EXPECT_EQ(FirstLine(Deltaserve("client generate --server " + server.address +
+                                   " --tokens-file " + file + rest + " 2>/dev/null")),
               expected);
     // The Python example, with Debian's python3-grpcio.
     std::string output;
