@@ -1,5 +1,7 @@
 #include "launcher/deployment.h"
 
+#include <sys/resource.h>
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -127,10 +129,13 @@ void PrintPipelineStats(const Deployment& d) {
     absl::StrAppend(&held, held.empty() ? "" : ", ", dtype, " ",
                     absl::StrFormat("%.1f MB", bytes / 1e6));
   }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB on Linux
   std::fprintf(stderr,
                "%s: weights %s; matrices mapped from the checkpoint %.1f MB, copied at load "
-               "%.1f MB\n",
-               d.description.c_str(), held.c_str(), w.mapped / 1e6, w.copied / 1e6);
+               "%.1f MB; peak resident memory %.1f MB\n",
+               d.description.c_str(), held.c_str(), w.mapped / 1e6, w.copied / 1e6,
+               static_cast<double>(usage.ru_maxrss) * 1024 / 1e6);
   if (!d.distributed) return;
   const PipelineStats& s = d.executor->stage().stats();
   std::fprintf(stderr,

@@ -351,6 +351,9 @@ const CommandSpec& WorkerSpec() {
                            "the coordinator's worker port (its --worker-port) to attach to"},
                           {"connect-timeout", "S", "seconds to wait for the coordinator", "60"},
                           {"plan-context", "T", "context the stage split is balanced for", "32768"},
+                          {"stats", "",
+                           "on exit, print each rank's weight bytes, peak resident memory, "
+                           "bytes sent to the next stage and compute time"},
                       }),
       .examples =
           {"deltaserve worker --coordinator HOST:50052 --model DIR",
@@ -446,7 +449,9 @@ absl::Status RunWorkerCommand(const Args& args) {
     std::fprintf(stderr, "deltaserve worker: %s, attaching to %s\n", options.description.c_str(),
                  coordinator.c_str());
   }
-  return RunWorker(replica, config, options);
+  absl::Status status = RunWorker(replica, config, options);
+  if (flags.Has("stats")) PrintPipelineStats(deployment);
+  return status;
 }
 
 }  // namespace deltaserve
