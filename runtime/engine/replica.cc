@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
@@ -108,13 +109,43 @@ absl::StatusOr<Replica::Local> Replica::Execute(const Step& step) {
   return local;
 }
 
-absl::Status Replica::Start(const Step& step) {
+bool Replica::FeedsReady(const Step& step) const {
+  return std::none_of(step.work.begin(), step.work.end(), [&](const SequenceWork& w) {
+    auto it = sampled_.find(w.sequence_id);
+    return w.feed_sampled && it != sampled_.end() && it->second < 0;
+  });
+}
+
+absl::Status Replica::Start(const Step& given) {
   if (!is_leader()) return absl::FailedPreconditionError("only the leader rank starts steps");
   if (stopped_) return absl::FailedPreconditionError("the replica was stopped");
   const auto start = std::chrono::steady_clock::now();
+  for (uint64_t id : given.release) sampled_.erase(id);
+  // The tokens sent ahead of their sampling step's result: fed here, so the
+  // other ranks get plain tokens.
+  std::optional<Step> fed;
+  for (size_t i = 0; i < given.work.size(); ++i) {
+    if (!given.work[i].feed_sampled) continue;
+    const uint64_t id = given.work[i].sequence_id;
+    auto it = sampled_.find(id);
+    if (it == sampled_.end() || it->second < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", given.id, " feeds sequence ", id,
+                       "'s sampled token, which no collected step sampled"));
+    }
+    if (!fed) fed = given;
+    fed->work[i].tokens = {it->second};
+    fed->work[i].feed_sampled = false;
+  }
+  const Step& step = fed ? *fed : given;
   DELTASERVE_RETURN_IF_ERROR(SendToFollowers(step.id, EncodeStep(step)));
   DELTASERVE_ASSIGN_OR_RETURN(Local local, Execute(step));
   local.start = start;
+  for (const SequenceWork& w : step.work) {
+    if (w.output != WorkOutput::kSample) continue;
+    local.samples.push_back(w.sequence_id);
+    sampled_[w.sequence_id] = -1;  // known when this step is collected
+  }
   outstanding_.push_back(std::move(local));
   return absl::OkStatus();
 }
@@ -160,6 +191,18 @@ absl::StatusOr<StepResult> Replica::Collect() {
   DELTASERVE_RETURN_IF_ERROR(WaitForSends(result.step_id));
   result.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - local.start).count();
+  // The tokens later steps may feed, of the sequences not released since.
+  // One that failed here (logits not finite) has none: the scheduler ends
+  // it, and a step already sent ahead runs it on token 0, whose output is
+  // dropped.
+  for (uint64_t id : local.samples) {
+    auto it = sampled_.find(id);
+    if (it == sampled_.end()) continue;
+    it->second = 0;
+    for (const SequenceResult& out : result.outputs) {
+      if (out.sequence_id == id && out.token >= 0) it->second = out.token;
+    }
+  }
   return result;
 }
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,8 +39,13 @@ class Replica {
 
   // Leader: sends `step` to the other ranks and runs this rank's part. A
   // step the executor refuses is not an error here: its result says why.
-  // Errors are communication failures, after which the job cannot go on.
+  // Errors are communication failures, after which the job cannot go on,
+  // and a step that feeds a sampled token (SequenceWork::feed_sampled) this
+  // rank has not collected (see FeedsReady).
   absl::Status Start(const Step& step);
+  // Leader: whether every token `step` feeds was sampled by a step already
+  // collected; if not, Collect the older steps first.
+  bool FeedsReady(const Step& step) const;
   // Leader: steps started and not yet collected.
   size_t outstanding() const { return outstanding_.size(); }
   // Leader: the oldest outstanding step's result, gathered from every rank.
@@ -67,6 +73,7 @@ class Replica {
     std::vector<SequenceResult> outputs;  // the output rank's
     Report report;
     std::chrono::steady_clock::time_point start;
+    std::vector<uint64_t> samples;  // the sequences whose next token it samples
   };
   absl::StatusOr<Local> Execute(const Step& step);
   // Sends `bytes` to every other rank of the replica without waiting.
@@ -76,6 +83,8 @@ class Replica {
 
   StepExecutor& executor_;
   std::deque<Local> outstanding_;
+  // Leader: each live sequence's last token sampled by a collected step.
+  std::map<uint64_t, int32_t> sampled_;
   bool stopped_ = false;
   // One step's messages in flight to the other ranks, alive until waited for.
   struct Sends {

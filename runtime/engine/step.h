@@ -25,7 +25,7 @@ enum class WorkOutput : int32_t {
 struct SequenceWork {
   uint64_t sequence_id = 0;
   bool start = false;           // make the sequence's state first
-  std::vector<int32_t> tokens;  // new tokens, non-empty
+  std::vector<int32_t> tokens;  // new tokens, non-empty unless feed_sampled
   WorkOutput output = WorkOutput::kNone;
   kernels::SamplingParams sampling;  // read with start
   uint64_t seed = 0;                 // read with start
@@ -35,6 +35,11 @@ struct SequenceWork {
   // With start: the new state is a copy of this sequence's state as it was
   // before the step (a prefix computed once, forked for several requests).
   std::optional<uint64_t> fork_from;
+  // kSample, sent before the result of the sequence's previous step (which
+  // sampled a token) came back: `tokens` is empty and the replica's leader
+  // feeds that sampled token (Replica::Start), so decoding sequences keep
+  // stepping without waiting for a round trip through the scheduler.
+  bool feed_sampled = false;
 };
 
 struct Step {

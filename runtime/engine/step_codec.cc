@@ -77,7 +77,7 @@ class Reader {
 };
 
 // Smallest encodings, for the count checks.
-constexpr size_t kMinWorkBytes = 8 + 1 + 8 + 4 + 4 + 8 + 4 + 8 + 1 + 4 + 8 + 1 + 8;
+constexpr size_t kMinWorkBytes = 8 + 1 + 8 + 4 + 4 + 8 + 4 + 8 + 1 + 4 + 8 + 1 + 8 + 1;
 constexpr size_t kMinResultBytes = 8 + 4 + 4 + 5 * 8;
 
 }  // namespace
@@ -102,6 +102,7 @@ std::string EncodeStep(const Step& step) {
     w.PutVector(s.targets);
     w.Put<uint8_t>(s.fork_from.has_value());
     w.Put<uint64_t>(s.fork_from.value_or(0));
+    w.Put<uint8_t>(s.feed_sampled);
   }
   return w.Take();
 }
@@ -139,6 +140,8 @@ absl::StatusOr<Step> DecodeStep(std::string_view bytes) {
     DELTASERVE_RETURN_IF_ERROR(r.Get(&flag));
     DELTASERVE_RETURN_IF_ERROR(r.Get(&fork));
     if (flag != 0) s.fork_from = fork;
+    DELTASERVE_RETURN_IF_ERROR(r.Get(&flag));
+    s.feed_sampled = flag != 0;
   }
   DELTASERVE_RETURN_IF_ERROR(r.Finish());
   return step;

@@ -95,13 +95,29 @@ bool Scheduler::Idle() const {
 
 bool Scheduler::CanSchedule() const {
   if (in_flight_.empty()) return HasWork();
-  return promised_ && in_flight() < std::max(1, options_.pipeline_stages);
+  const int64_t window = std::max(1, options_.pipeline_stages) * (options_.decode_ahead ? 2 : 1);
+  if (in_flight() >= window) return false;
+  return promised_ || (options_.decode_ahead && AnyDecodeReady());
 }
 
 bool Scheduler::PromptLeft() const {
   if (!waiting_.empty() && Occupied() < options_.max_running) return true;
   return std::any_of(running_.begin(), running_.end(),
                      [](const SequencePtr& s) { return s->prompt_left(); });
+}
+
+bool Scheduler::DecodeReady(const Sequence& s) const {
+  if (!s.decoding()) return false;
+  if (s.sampling == 0) return true;
+  // Ends() after the token in flight, were it no stop token.
+  const int64_t generated = static_cast<int64_t>(s.generated.size()) + 1;
+  return options_.decode_ahead && s.sampling == 1 && generated < s.request.max_tokens &&
+         (context_length_ <= 0 || s.length() + 2 <= context_length_);
+}
+
+bool Scheduler::AnyDecodeReady() const {
+  return std::any_of(running_.begin(), running_.end(),
+                     [&](const SequencePtr& s) { return DecodeReady(*s); });
 }
 
 bool Scheduler::DecodersOutside(const std::vector<Item>& items) const {
@@ -157,6 +173,7 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
       ForkDone(*r.fork_from);
     }
     w.tokens.assign(tokens.begin(), tokens.end());
+    w.feed_sampled = tokens.empty();
     w.output = output;
     w.sampling = r.sampling;
     w.seed = r.seed;
@@ -169,7 +186,8 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
       }
     }
     step.work.push_back(std::move(w));
-    const StepPiece piece{static_cast<int64_t>(tokens.size()), s->length()};
+    const StepPiece piece{std::max<int64_t>(static_cast<int64_t>(tokens.size()), 1),
+                          s->length() + s->sampling};
     budget_tokens -= piece.tokens;
     budget_s -= cost_.Cost(piece.tokens, piece.prefix);
     flight.items.push_back({s, piece, output});
@@ -181,16 +199,17 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
     }
     s->started = true;
     s->last_step = step.id;
-    if (output == WorkOutput::kSample) s->awaiting = true;
+    if (output == WorkOutput::kSample) ++s->sampling;
   };
 
   // Decode: one token for each sequence past its prompt whose last token is
-  // known, 1/P of them per step, least recently served first.
+  // known (or, ahead, being sampled), 1/P of them per step, least recently
+  // served first.
   std::vector<SequencePtr> decoders, ready;
   for (const SequencePtr& s : running_) {
     if (!s->decoding()) continue;
     decoders.push_back(s);
-    if (!s->awaiting) ready.push_back(s);
+    if (DecodeReady(*s)) ready.push_back(s);
   }
   const size_t stages = std::max(1, options_.pipeline_stages);
   const size_t per_step = (decoders.size() + stages - 1) / stages;
@@ -199,7 +218,9 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
   });
   if (ready.size() > per_step) ready.resize(per_step);
   for (const SequencePtr& s : ready) {
-    add(s, std::span(&s->generated.back(), 1), WorkOutput::kSample);
+    // Ahead: no token; the replica feeds the one the step in flight samples.
+    add(s, s->sampling > 0 ? std::span<const int32_t>() : std::span(&s->generated.back(), 1),
+        WorkOutput::kSample);
   }
 
   // Prefill: the oldest prompt keeps a quarter of the budget; the rest goes
@@ -253,8 +274,11 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
     return std::nullopt;
   }
   // Promise a successor when the next step has work that needs nothing from
-  // this one: prompt left to prefill, or decoding sequences not in this step.
-  promised_ = options_.pipeline_stages > 1 && (PromptLeft() || DecodersOutside(flight.items));
+  // this one: prompt left to prefill, decoding sequences not in this step,
+  // or, with decode_ahead, ones that may go again at once.
+  promised_ = (options_.pipeline_stages > 1 || options_.decode_ahead) &&
+              (PromptLeft() || DecodersOutside(flight.items) ||
+               (options_.decode_ahead && AnyDecodeReady()));
   step.more_coming = promised_;
   in_flight_.push_back(std::move(flight));
   return step;
@@ -348,7 +372,7 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
   ++update->steps;
   held_ = {result.live_sequences, result.kda_state_bytes, result.mla_cache_bytes, held_tokens()};
   for (const Item& item : items) {
-    if (item.output == WorkOutput::kSample) item.sequence->awaiting = false;
+    if (item.output == WorkOutput::kSample) --item.sequence->sampling;
   }
   auto gone = [&](const Sequence& s) {
     return std::none_of(running_.begin(), running_.end(),

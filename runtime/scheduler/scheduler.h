@@ -14,7 +14,10 @@
 // rest goes to the shortest remaining prompts first, so short requests are
 // not stuck behind a million-token prefill. A step whose successor needs
 // nothing from its result says more_coming, and up to one step per pipeline
-// stage is in flight; a sequence whose next token is being sampled sits out.
+// stage is in flight; a sequence whose next token is being sampled sits out,
+// or, with decode_ahead, goes once more with the token fed by the replica
+// (two steps per stage in flight then). A step sent ahead of a stop token's
+// result samples one token too many, which is dropped.
 //
 // Token-level endings happen here (stop token ids, max_tokens, the context);
 // text-level ones (stop strings), cancellation and lost workers are the
@@ -43,6 +46,12 @@ struct SchedulerOptions {
   int64_t max_running = 64;   // sequences holding (or about to hold) state
   int64_t step_tokens = 512;  // token budget of one step
   int pipeline_stages = 1;    // of the replica: steps in flight, decode groups
+  // A decoding sequence may have a second step in flight, sent before the
+  // first one's result (SequenceWork::feed_sampled: the replica feeds the
+  // token), and two steps per stage may be in flight: the round trip of a
+  // result through the scheduler leaves the critical path of decoding. For a
+  // replica behind a link (the coordinator's remote workers).
+  bool decode_ahead = false;
   // Prefill chunks are cut by the cost model, or, when > 0, at most this many
   // tokens each (deltaserve generate/score --prefill-chunk).
   int64_t fixed_chunk = 0;
@@ -113,7 +122,8 @@ class Scheduler {
   bool Finish(uint64_t id);
 
   // Whether a step may go out now: nothing in flight and work to do, or the
-  // last step promised a successor and the window has room.
+  // window has room and the last step promised a successor (or, with
+  // decode_ahead, a decoding sequence may go).
   bool CanSchedule() const;
   // The next step, with `events` receiving the deadlines that passed
   // (kFailed) and the sequences started. Empty when there is nothing to send
@@ -182,7 +192,7 @@ class Scheduler {
     SequenceRequest request;
     size_t fed = 0;          // prompt tokens sent
     bool started = false;    // the replica holds (or will hold) its state
-    bool awaiting = false;   // a step that samples its next token is in flight
+    int sampling = 0;        // steps in flight that sample its next token (0..2)
     uint64_t last_step = 0;  // the last step that carried work for it
     std::vector<int32_t> generated;
     size_t scored = 0;            // kScore / kLogits: prompt tokens whose output came back
@@ -208,6 +218,11 @@ class Scheduler {
 
   bool HasWork() const;
   bool PromptLeft() const;
+  // Whether `s` may take a decode step now: its last token known, or with
+  // decode_ahead, one step sampling it in flight whose token would not end
+  // it by length or context.
+  bool DecodeReady(const Sequence& s) const;
+  bool AnyDecodeReady() const;
   bool DecodersOutside(const std::vector<Item>& items) const;
   void Drop(const Sequence& s);  // out of waiting / running; release if started
   SequencePtr Find(uint64_t id) const;

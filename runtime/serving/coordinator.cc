@@ -412,6 +412,10 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
   options.max_running = options_.max_running;
   options.step_tokens = options_.step_tokens;
   options.pipeline_stages = info.pipeline_stages;
+  // A worker behind a link keeps its decoding sequences stepping while their
+  // results travel back (Scheduler's decode_ahead); one in this process
+  // answers each step at once.
+  options.decode_ahead = !connection->Inline();
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return absl::UnavailableError("the coordinator is shutting down");
   auto w = std::make_shared<Worker>(next_worker_++, info, std::move(connection),

@@ -119,25 +119,30 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
     // Once it has said it is leaving, it runs nothing more: the coordinator
     // has given its requests to others and ends the stream.
     if (!leave.BeginStep()) continue;
-    absl::Status started = replica.Start(*step);
-    if (!started.ok()) {
-      leave.Close();
-      return started;
+    bool link_ok = true;
+    // Answers the oldest step started.
+    const auto answer = [&]() -> absl::Status {
+      DELTASERVE_ASSIGN_OR_RETURN(StepResult result, replica.Collect());
+      v1::WorkerMessage reply;
+      ResultToProto(result, reply.mutable_result());
+      link_ok = stream->Write(reply);
+      return absl::OkStatus();
+    };
+    // A step sent ahead feeds tokens sampled by steps still running here:
+    // those are answered first.
+    absl::Status started = absl::OkStatus();
+    while (started.ok() && link_ok && replica.outstanding() > 0 && !replica.FeedsReady(*step)) {
+      started = answer();
     }
+    if (started.ok() && link_ok) started = replica.Start(*step);
     // With more to come, answer the older steps only: the later stages are
     // still working on them while this rank starts the next step. Asked to
     // leave, answer them all.
     const size_t keep = step->more_coming && !leave.requested() ? pp - 1 : 0;
-    bool link_ok = true;
-    while (replica.outstanding() > keep && link_ok) {
-      absl::StatusOr<StepResult> result = replica.Collect();
-      if (!result.ok()) {
-        leave.Close();
-        return result.status();
-      }
-      v1::WorkerMessage reply;
-      ResultToProto(*result, reply.mutable_result());
-      link_ok = stream->Write(reply);
+    while (started.ok() && link_ok && replica.outstanding() > keep) started = answer();
+    if (!started.ok()) {
+      leave.Close();
+      return started;
     }
     leave.EndStep(replica.outstanding() == 0);
     if (!link_ok) break;

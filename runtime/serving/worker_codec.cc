@@ -27,6 +27,7 @@ void StepToProto(const Step& step, v1::StepPlan* plan) {
     p->set_top_logprobs(w.top_logprobs);
     p->mutable_targets()->Add(w.targets.begin(), w.targets.end());
     if (w.fork_from) p->set_fork_from(*w.fork_from);
+    p->set_feed_sampled(w.feed_sampled);
   }
 }
 
@@ -63,6 +64,14 @@ absl::StatusOr<Step> StepFromProto(const v1::StepPlan& plan) {
     w.top_logprobs = p.top_logprobs();
     w.targets.assign(p.targets().begin(), p.targets().end());
     if (p.has_fork_from()) w.fork_from = p.fork_from();
+    w.feed_sampled = p.feed_sampled();
+    if (w.feed_sampled &&
+        (!w.tokens.empty() || w.output != WorkOutput::kSample || w.start || w.fork_from)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", plan.step_id(), ": sequence ", p.sequence_id(),
+                       " feeds its sampled token but also has tokens, another output than a "
+                       "sample, or starts"));
+    }
     step.work.push_back(std::move(w));
   }
   return step;

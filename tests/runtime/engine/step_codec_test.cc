@@ -30,7 +30,11 @@ Step SampleStep() {
   b.targets = {6, -1};
   b.start = true;
   b.fork_from = 3;
-  step.work = {a, b};
+  SequenceWork c;  // sent ahead: the replica feeds the token
+  c.sequence_id = 8;
+  c.output = WorkOutput::kSample;
+  c.feed_sampled = true;
+  step.work = {a, b, c};
   return step;
 }
 
@@ -41,7 +45,10 @@ TEST(StepCodecTest, StepRoundTrips) {
   EXPECT_EQ(decoded->id, 42u);
   EXPECT_TRUE(decoded->more_coming);
   EXPECT_EQ(decoded->release, step.release);
-  ASSERT_EQ(decoded->work.size(), 2u);
+  ASSERT_EQ(decoded->work.size(), 3u);
+  EXPECT_FALSE(decoded->work[0].feed_sampled);
+  EXPECT_TRUE(decoded->work[2].feed_sampled);
+  EXPECT_TRUE(decoded->work[2].tokens.empty());
   const SequenceWork& a = decoded->work[0];
   EXPECT_EQ(a.sequence_id, 3u);
   EXPECT_TRUE(a.start);

@@ -60,7 +60,10 @@ class FakeReplica {
     for (uint64_t id : step.release) lengths_.erase(id);
     for (const SequenceWork& w : step.work) {
       if (w.fork_from) lengths_[w.sequence_id] = lengths_.at(*w.fork_from);
-      const int64_t n = static_cast<int64_t>(w.tokens.size());
+      // A token fed by the replica: the one its last sampling step gave.
+      EXPECT_TRUE(!w.feed_sampled || (w.tokens.empty() && lengths_.count(w.sequence_id)))
+          << "step " << step.id << ", sequence " << w.sequence_id;
+      const int64_t n = w.feed_sampled ? 1 : static_cast<int64_t>(w.tokens.size());
       pieces.push_back({n, lengths_[w.sequence_id]});
       lengths_[w.sequence_id] += n;
       if (w.output == WorkOutput::kNone) continue;
@@ -289,6 +292,86 @@ TEST(SchedulerTest, DecodesSplitIntoOneGroupPerPipelineStage) {
     in_flight.pop_front();
   }
   EXPECT_GE(decode_steps, 2 * 9);
+}
+
+// A replica behind a link: decoding sequences go again before their result
+// is in, the replica feeding the token (decode_ahead), so two steps per stage
+// are in flight; lengths and contexts end exactly, a stop token one step late.
+TEST(SchedulerTest, DecodeAheadKeepsTwoStepsPerStageInFlightAndEndsExactly) {
+  ModelConfig config = Config();
+  config.max_position_embeddings = 13;
+  SchedulerOptions options = Options(512, /*stages=*/2);
+  options.decode_ahead = true;
+  Harness h(options, config);
+  SequenceRequest stop = Generate(1, 3, 100);
+  stop.stop_ids = {9};
+  h.scheduler.Add(stop);
+  h.scheduler.Add(Generate(2, 3, 6));
+  h.scheduler.Add(Generate(3, 3, 7));
+  h.scheduler.Add(Generate(4, 3, 100));  // ends at the context: 3 + 10 = 13
+  h.Answer(h.Next());                    // the prompts; a first token each
+  std::deque<Step> in_flight;
+  size_t most_in_flight = 0;
+  int answered = 0;
+  bool stopped = false;
+  std::map<uint64_t, int> fed;  // steps that fed each sequence's token
+  while (!h.scheduler.Idle()) {
+    while (h.scheduler.CanSchedule()) {
+      const Step step = h.Next();
+      for (const SequenceWork& w : step.work) {
+        int carrying = 0;  // steps in flight sampling it
+        for (const Step& other : in_flight) {
+          for (const SequenceWork& o : other.work) carrying += o.sequence_id == w.sequence_id;
+        }
+        // Sent ahead exactly when its token is being sampled, at most once.
+        EXPECT_LE(carrying, 1) << "step " << step.id << ", sequence " << w.sequence_id;
+        EXPECT_EQ(w.feed_sampled, carrying == 1) << "step " << step.id;
+        fed[w.sequence_id] += w.feed_sampled;
+      }
+      // A released sequence is in no step after its release.
+      for (uint64_t id : step.release) {
+        for (const Step& other : in_flight) EXPECT_EQ(TokensOf(other, id), 0) << id;
+      }
+      in_flight.push_back(step);
+      most_in_flight = std::max(most_in_flight, in_flight.size());
+    }
+    ASSERT_FALSE(in_flight.empty());
+    // Sequence 1 samples its stop token in a step answered after a few,
+    // with its next step already sent ahead.
+    const auto has = [](const Step& step, uint64_t id) {
+      return std::any_of(step.work.begin(), step.work.end(),
+                         [&](const SequenceWork& w) { return w.sequence_id == id; });
+    };
+    const bool stop_now = ++answered > 4 && !stopped && has(in_flight.front(), 1) &&
+                          std::any_of(in_flight.begin() + 1, in_flight.end(),
+                                      [&](const Step& step) { return has(step, 1); });
+    stopped = stopped || stop_now;
+    h.replica.next_token = stop_now ? 9 : 3;
+    h.Answer(in_flight.front());
+    in_flight.pop_front();
+  }
+  EXPECT_EQ(most_in_flight, 4u);  // two per stage
+  for (uint64_t id = 1; id <= 4; ++id) EXPECT_GT(fed[id], 0) << id;
+  // Lengths and the context end exactly, with nothing sent ahead past them.
+  EXPECT_EQ(h.TokensFor(2).size(), 6u);
+  EXPECT_EQ(h.LastOf(2)->reason, FinishReason::kLength);
+  EXPECT_EQ(h.TokensFor(3).size(), 7u);
+  EXPECT_EQ(h.TokensFor(4).size(), 10u);
+  EXPECT_EQ(h.LastOf(4)->reason, FinishReason::kContext);
+  int64_t samples_of_2 = 0;
+  for (const Step& step : h.steps) {
+    for (const SequenceWork& w : step.work) samples_of_2 += w.sequence_id == 2;
+  }
+  EXPECT_EQ(samples_of_2, 6);  // the prompt's chunk, then 5 decode steps
+  // The stop token ends sequence 1 where it came; the token a step sent
+  // ahead sampled after it is dropped.
+  const std::vector<int32_t> one = h.TokensFor(1);
+  ASSERT_TRUE(stopped);
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(one.back(), 9);
+  EXPECT_EQ(h.LastOf(1)->reason, FinishReason::kStop);
+  EXPECT_EQ(std::count(one.begin(), one.end(), 9), 1);
+  EXPECT_EQ(h.replica.held(), 0);  // every state released
 }
 
 TEST(SchedulerTest, SequencesEndAtStopTokensMaxTokensAndTheContext) {

@@ -6,7 +6,9 @@
 // a second replica that takes over the streams of one that is lost.
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -216,6 +218,70 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
                                 &output),
             0);
   EXPECT_NE(output.find("not the coordinator's"), std::string::npos) << output;
+}
+
+// Decoding on a worker behind a link goes ahead of its results (the worker
+// feeds each sampled token into the step sent before it came back): eight
+// clients at once on two stages, greedy and sampled, ending by length and by
+// stop tokens (one step sent ahead samples a token that is dropped), each get
+// the tokens `serve`, whose worker answers every step at once, gives them alone.
+TEST(WorkerJobTest, ConcurrentClientsDecodingAheadOnTwoStagesGetTheirOwnTokens) {
+  struct Job {
+    v1::GenerateRequest request;
+    Streamed alone, together;
+  };
+  std::vector<Job> jobs(8);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    v1::GenerateRequest& r = jobs[i].request;
+    r = TokensRequest(testing::RandomTokens(5 + 40 * i, 300 + i), 6 + 3 * static_cast<int>(i));
+    if (i % 2 == 1) {
+      r.mutable_sampling()->set_temperature(0.9f);
+      r.mutable_sampling()->set_seed(17 + i);
+    }
+  }
+  {
+    auto serve = testing::StartServer("serve --model " + K3Tiny() + " --threads 1");
+    for (Job& job : jobs) {
+      job.alone = GenerateAll(*serve.stub, job.request);
+      ASSERT_TRUE(job.alone.status.ok()) << job.alone.status.error_message();
+    }
+  }
+  // Stop tokens: the 4th token of three of them (ending there), from the
+  // run alone.
+  for (size_t i : {0, 3, 6}) {
+    Job& job = jobs[i];
+    ASSERT_GT(job.alone.ids.size(), 4u);
+    const int32_t stop = job.alone.ids[3];
+    job.request.add_stop_token_ids(stop);
+    const auto end = std::find(job.alone.ids.begin(), job.alone.ids.end(), stop);
+    job.alone.ids.erase(end + 1, job.alone.ids.end());
+  }
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  const std::string dir = testing::TempDir("decode_ahead");
+  auto worker = StartWorker(coordinator.worker_address, dir + "/worker.log");
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+      std::chrono::seconds(60)))
+      << worker->Log();
+  std::vector<std::thread> threads;
+  for (Job& job : jobs) {
+    threads.emplace_back([&] { job.together = GenerateAll(*coordinator.stub, job.request); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(jobs[i].together.status.ok())
+        << i << ": " << jobs[i].together.status.error_message();
+    EXPECT_EQ(jobs[i].together.ids, jobs[i].alone.ids) << "request " << i;
+  }
+  // Every sequence's state is released, the dropped tokens' too.
+  EXPECT_TRUE(testing::WaitForStatus(
+      *coordinator.stub,
+      [](const v1::ServerStatus& s) {
+        return s.running_sequences() == 0 && s.kda_state_bytes() == 0;
+      },
+      std::chrono::seconds(10)));
+  worker->Signal(SIGTERM);
+  worker->Wait(std::chrono::seconds(20));
 }
 
 }  // namespace
