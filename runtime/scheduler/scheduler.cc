@@ -95,9 +95,12 @@ bool Scheduler::Idle() const {
 
 bool Scheduler::CanSchedule() const {
   if (in_flight_.empty()) return HasWork();
-  const int64_t window = std::max(1, options_.pipeline_stages) * (options_.decode_ahead ? 2 : 1);
-  if (in_flight() >= window) return false;
-  return promised_ || (options_.decode_ahead && AnyDecodeReady());
+  const int64_t stages = std::max(1, options_.pipeline_stages);
+  const bool ahead = options_.decode_ahead && AnyDecodeReady();
+  if (in_flight() < stages) return promised_ || ahead;
+  // Past one step per stage, only decode steps go ahead: prefill chunks
+  // queued deeper would hold back a new request's first chunk.
+  return in_flight() < 2 * stages && ahead;
 }
 
 bool Scheduler::PromptLeft() const {
@@ -224,9 +227,12 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
   }
 
   // Prefill: the oldest prompt keeps a quarter of the budget; the rest goes
-  // shortest remaining prompt first; what is left returns to the oldest.
+  // shortest remaining prompt first; what is left returns to the oldest. Not
+  // in a decode step sent ahead past one step per stage (CanSchedule).
   std::vector<SequencePtr> prefills;
-  const std::vector<SequencePtr> candidates = running_;  // ForkReady may drop some
+  const bool decode_only = in_flight() >= std::max(1, options_.pipeline_stages);
+  const std::vector<SequencePtr> candidates =
+      decode_only ? std::vector<SequencePtr>() : running_;  // ForkReady may drop some
   for (const SequencePtr& s : candidates) {
     if (!s->prompt_left()) continue;
     if (!s->started && s->request.fork_from && !ForkReady(s, step.id, events)) continue;

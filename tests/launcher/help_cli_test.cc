@@ -106,6 +106,7 @@ TEST(HelpTest, BenchmarkProgramsPrintUsageInsteadOfRunning) {
         std::string("bash bench/serve_bench.sh --help"),
         std::string("bash bench/coordinator_pipeline_bench.sh -h"),
         std::string("bash bench/million_prefill.sh --help"),
+        std::string("bash bench/pipeline_decode_bench.sh --help"),
         std::string("bash bench/llamacpp_compare.sh --help")}) {
     SCOPED_TRACE(program);
     const auto start = std::chrono::steady_clock::now();

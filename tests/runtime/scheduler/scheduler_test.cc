@@ -374,6 +374,43 @@ TEST(SchedulerTest, DecodeAheadKeepsTwoStepsPerStageInFlightAndEndsExactly) {
   EXPECT_EQ(h.replica.held(), 0);  // every state released
 }
 
+// Decode steps sent ahead past one step per stage carry no prefill chunk:
+// a long prompt's chunks stay one step per stage deep, so a new request's
+// first chunk waits behind no more of them than without decode_ahead.
+TEST(SchedulerTest, DecodeAheadPastOneStepPerStageCarriesNoPrefill) {
+  SchedulerOptions options = Options(256, /*stages=*/2);
+  options.decode_ahead = true;
+  Harness h(options);
+  h.scheduler.Add(Generate(1, 3, 40));
+  h.Answer(h.Next());  // decoding from here
+  h.scheduler.Add(Generate(2, 3000, 2));
+  std::deque<Step> in_flight;
+  int deep = 0;
+  while (!h.scheduler.Idle()) {
+    while (h.scheduler.CanSchedule()) {
+      const bool past = in_flight.size() >= 2;
+      const Step step = h.Next();
+      if (past) {
+        ++deep;
+        for (const SequenceWork& w : step.work) {
+          EXPECT_EQ(w.output, WorkOutput::kSample) << "step " << step.id;
+          EXPECT_NE(w.sequence_id, 2u) << "step " << step.id << " carries the prompt";
+        }
+      }
+      int prefill_in_flight = TokensOf(step, 2) > 0;
+      for (const Step& other : in_flight) prefill_in_flight += TokensOf(other, 2) > 0;
+      EXPECT_LE(prefill_in_flight, 2) << "step " << step.id;
+      in_flight.push_back(step);
+    }
+    ASSERT_FALSE(in_flight.empty());
+    h.Answer(in_flight.front());
+    in_flight.pop_front();
+  }
+  EXPECT_GT(deep, 0);
+  EXPECT_EQ(h.TokensFor(1).size(), 40u);
+  EXPECT_EQ(h.TokensFor(2).size(), 2u);
+}
+
 TEST(SchedulerTest, SequencesEndAtStopTokensMaxTokensAndTheContext) {
   ModelConfig config = Config();
   config.max_position_embeddings = 20;
