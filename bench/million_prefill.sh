@@ -13,13 +13,14 @@
 # Prints the report as markdown; the files it read stay in the run folder.
 #
 #   bash bench/million_prefill.sh [prompt tokens] [step tokens] [run folder]
-#   (default 1048576 8192 /tmp/deltaserve_million_run)
+#   (default 1048576 65536 /tmp/deltaserve_million_run: a step budget of 65536 tokens at
+#   prefix 0 keeps steps near a second each, so chunks stay in the hundreds of tokens at 1M)
 set -euo pipefail
 # --help: the comment above.
 if [[ ${1:-} == --help || ${1:-} == -h ]]; then sed -n '2,/^set /{s/^# \{0,1\}//p}' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 T=${1:-1048576}
-step=${2:-8192}
+step=${2:-65536}
 run=${3:-/tmp/deltaserve_million_run}
 new=4  # tokens generated
 bin=build/bin/deltaserve
