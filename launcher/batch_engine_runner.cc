@@ -196,6 +196,7 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
     const auto now = Clock::now();
     switch (e.kind) {
       case SchedulerEvent::Kind::kPrefilled:  // documents only
+      case SchedulerEvent::Kind::kProgress:   // on_step counts the prompt tokens sent
         return;
       case SchedulerEvent::Kind::kStarted:
         if (!r.was_started) {

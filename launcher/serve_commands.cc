@@ -139,6 +139,9 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            absl::StrCat(c.max_waiting)},
           {"max-waiting-tokens", "N", "prompt tokens queued", absl::StrCat(c.max_waiting_tokens)},
           {"step-tokens", "N", "token budget of one step", absl::StrCat(c.step_tokens)},
+          {"progress-interval", "S",
+           "seconds between the prefill progress messages of a request's stream (0: none)",
+           absl::StrCat(c.progress_interval_s)},
       });
   return Concat(flags, LimitFlags());
 }
@@ -254,6 +257,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_s, flags.GetDouble("step-timeout", c.step_timeout_s));
   if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
     return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(c.progress_interval_s,
+                              flags.GetDouble("progress-interval", c.progress_interval_s));
+  if (!(c.progress_interval_s >= 0) || c.progress_interval_s > 86400) {
+    return absl::InvalidArgumentError("--progress-interval must be in [0, 86400] seconds");
   }
   DELTASERVE_ASSIGN_OR_RETURN(o.limits, LimitsFrom(flags));
   if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");
