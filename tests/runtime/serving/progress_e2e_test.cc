@@ -5,7 +5,7 @@
 // each further than the last; ScoreStream's log-probs are Score's;
 // GetServerStatus lists a request part-way through its prefill, to its own
 // principal only; `deltaserve client --progress` draws the bar on stderr
-// and leaves stdout as it is without.
+// and leaves stdout as it is without; the Python example shows it too.
 #include <sys/stat.h>
 
 #include <cmath>
@@ -248,7 +248,7 @@ TEST(ProgressTest, TheClientDrawsABarOnStderrAndLeavesStdoutAsItIs) {
   ASSERT_NE(s.coordinator.stub, nullptr);
   const std::string dir = testing::TempDir("progress_client");
   const std::string tokens = absl::StrJoin(Prompt(4096), ",");
-  for (const std::string command : {"generate --max-tokens 4 --ids", "score"}) {
+  for (const std::string command : {"score", "generate --max-tokens 4 --ids"}) {
     const std::string base =
         absl::StrCat(testing::BinPath("deltaserve"), " client ", command, " --server ",
                      s.coordinator.address, " --tokens ", tokens);
@@ -284,6 +284,19 @@ TEST(ProgressTest, TheClientDrawsABarOnStderrAndLeavesStdoutAsItIs) {
       EXPECT_EQ(bar, plain) << command;  // greedy: the same tokens
     }
   }
+  // The Python example prints the progress on stderr too, and the tokens
+  // of the generation just run (plain.out) on stdout.
+  std::string output;
+  const std::string python =
+      absl::StrCat(testing::kSystemPython, " ", DELTASERVE_SOURCE_DIR,
+                   "/examples/python/deltaserve_client.py --stubs ", DELTASERVE_PYTHON_DIR,
+                   " generate --ids --max-tokens 4 --progress --server ", s.coordinator.address,
+                   " --tokens ", tokens);
+  ASSERT_EQ(testing::RunCommand(python + " >" + dir + "/py.out 2>" + dir + "/py.err", &output), 0)
+      << Slurp(dir + "/py.err");
+  EXPECT_NE(Slurp(dir + "/py.err").find("/4096 tokens"), std::string::npos)
+      << Slurp(dir + "/py.err");
+  EXPECT_EQ(Slurp(dir + "/py.out"), Slurp(dir + "/plain.out"));
 }
 
 }  // namespace
