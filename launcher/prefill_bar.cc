@@ -11,7 +11,12 @@
 namespace deltaserve {
 
 std::string FormatDuration(double s) {
-  const int64_t t = static_cast<int64_t>(std::max(s, 0.0) + 0.5);
+  // Capped (and NaN made 0) before the cast, which is undefined out of range:
+  // a rate near 0 makes an ETA of years.
+  constexpr double kMax = 1e8;
+  if (!(s > 0)) s = 0;
+  if (s > kMax) return ">27000h";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
   if (t < 60) return absl::StrCat(t, "s");
   if (t < 3600) return absl::StrCat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
   return absl::StrCat(t / 3600, "h", (t / 60) % 60 < 10 ? "0" : "", (t / 60) % 60, "m");

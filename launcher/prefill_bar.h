@@ -11,7 +11,7 @@
 
 namespace deltaserve {
 
-// "42s", "3m07s", "2h05m": a duration for people.
+// "42s", "3m07s", "2h05m": a duration for people (">27000h" past 1e8 s).
 std::string FormatDuration(double seconds);
 
 class PrefillBar {

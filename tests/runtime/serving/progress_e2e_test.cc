@@ -80,14 +80,18 @@ TEST(ProgressTest, GenerateAndScoreStreamTellTheirPrefillsProgressBeforeTheOutpu
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   v1::GenerateRequest req = testing::TokensRequest(prompt, 4);
   req.set_request_id("long");
+  const auto sent = std::chrono::steady_clock::now();
   auto reader = s.coordinator.stub->Generate(&context, req);
   v1::GenerateResponse response;
   std::vector<v1::PrefillProgress> progress;
   std::vector<int32_t> ids;
   bool completed = false;
+  std::chrono::steady_clock::time_point first_progress, first_token;
   while (reader->Read(&response)) {
     EXPECT_EQ(response.request_id(), "long");
+    if (response.tokens_size() > 0 && ids.empty()) first_token = std::chrono::steady_clock::now();
     if (response.has_progress()) {
+      if (progress.empty()) first_progress = std::chrono::steady_clock::now();
       EXPECT_EQ(response.tokens_size(), 0);
       EXPECT_FALSE(response.has_completion());
       EXPECT_TRUE(ids.empty()) << "progress after the first token";
@@ -100,6 +104,12 @@ TEST(ProgressTest, GenerateAndScoreStreamTellTheirPrefillsProgressBeforeTheOutpu
   EXPECT_TRUE(completed);
   EXPECT_EQ(ids.size(), 4u);
   ExpectProgress(progress, 4096);
+  // At most one message per 0.05 s interval, the first one interval after
+  // admission (which came after `sent`): bounds the server must keep
+  // whatever the network does.
+  const double prefill_s = std::chrono::duration<double>(first_token - sent).count();
+  EXPECT_LE(static_cast<double>(progress.size()), prefill_s / 0.05 + 1) << prefill_s;
+  EXPECT_GE(std::chrono::duration<double>(first_progress - sent).count(), 0.05);
 
   // ScoreStream: progress, then the result, which is Score's.
   grpc::ClientContext stream_context;
