@@ -52,11 +52,6 @@ struct Running {
   }
 };
 
-std::string Name(const BatchUnit& unit) {
-  return unit.question < 0 ? absl::StrCat("id ", unit.id_json)
-                           : absl::StrCat("id ", unit.id_json, " question ", unit.question);
-}
-
 }  // namespace
 
 absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
@@ -302,7 +297,7 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
     } else if (longest == nullptr) {
       progress.SetPrefill("", 0, 0);
     } else {
-      progress.SetPrefill(Name(longest->unit), longest->fed,
+      progress.SetPrefill(UnitName(longest->unit), longest->fed,
                           static_cast<int64_t>(longest->unit.prompt.size()));
     }
     progress.Tick();
