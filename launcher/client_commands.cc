@@ -145,7 +145,9 @@ const CommandSpec& ClientInfoSpec() {
 const CommandSpec& ClientStatusSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client status",
-      .summary = "what the server holds: queue, sequences, state bytes (GetServerStatus)",
+      .summary =
+          "what the server holds: queue, sequences, state bytes, your requests' prefill "
+          "progress, each worker's fitted step cost (GetServerStatus)",
       .usage = "[--server HOST:PORT]",
       .flags = Concat({kServerFlag}, ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve client status --server 127.0.0.1:50051"},

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
