@@ -280,12 +280,13 @@ std::optional<RequestOutcome> Coordinator::Poll(const RequestHandle& handle,
   r.events_cv.wait_for(lock, wait, [&] {
     return !r.events.empty() || r.ended || (progress != nullptr && r.progress);
   });
-  for (TokenEvent& e : r.events) tokens->push_back(std::move(e));
-  r.events.clear();
   if (progress != nullptr) {
-    *progress = r.progress;
+    // Told before a token came in and taken with it: the token says more.
+    *progress = r.events.empty() ? r.progress : std::nullopt;
     r.progress.reset();
   }
+  for (TokenEvent& e : r.events) tokens->push_back(std::move(e));
+  r.events.clear();
   if (!r.ended) return std::nullopt;
   return r.outcome;
 }

@@ -192,8 +192,9 @@ class Coordinator {
   // returns the outcome once the request has ended (and nothing after it).
   // `progress`, when given, receives the prefill's progress when there is
   // news for the client: at most every progress_interval_s (the first one
-  // interval after admission), while prompt is left, before the first token,
-  // and only past what was last reported (nullopt otherwise).
+  // interval after admission), while prompt is left, before the first token
+  // (never in a call that returns tokens), and only past what was last
+  // reported (nullopt otherwise).
   std::optional<RequestOutcome> Poll(const RequestHandle& handle, std::vector<TokenEvent>* tokens,
                                      std::chrono::milliseconds wait,
                                      std::optional<PrefillProgress>* progress = nullptr);

@@ -78,8 +78,8 @@ class GenerationService final : public v1::Generation::Service {
           coordinator_.Poll(*handle, &tokens, kPollInterval, &progress);
       v1::GenerateResponse response;
       response.set_request_id(*id);
-      // Progress comes before any token (Poll says so), and alone.
-      if (progress && tokens.empty()) SetProgress(*progress, response.mutable_progress());
+      // Progress comes before any token, and alone (Poll says so).
+      if (progress) SetProgress(*progress, response.mutable_progress());
       for (TokenEvent& e : tokens) {
         v1::GeneratedToken* t = response.add_tokens();
         t->set_id(e.id);
