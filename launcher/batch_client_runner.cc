@@ -3,8 +3,12 @@
 // workers), `concurrency` at a time.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +78,47 @@ bool RequestsFault(grpc::StatusCode code) {
          code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNIMPLEMENTED;
 }
 
+// The server's prefill progress of the requests in flight, one per client
+// thread: the one with the most prompt left is the progress line's.
+class ServerPrefills {
+ public:
+  explicit ServerPrefills(BatchProgress& progress) : progress_(progress) {}
+
+  void Set(int slot, const std::string& name, int64_t done, int64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefills_[slot] = {name, done, total};
+    ShowLocked();
+  }
+  void Clear(int slot) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (prefills_.erase(slot) > 0) ShowLocked();
+  }
+
+ private:
+  struct Prefill {
+    std::string name;
+    int64_t done = 0, total = 0;
+  };
+  void ShowLocked() {
+    const Prefill* most = nullptr;
+    for (const auto& [slot, p] : prefills_) {
+      if (most == nullptr || p.total - p.done > most->total - most->done) most = &p;
+    }
+    if (most == nullptr) {
+      progress_.SetPrefill("", 0, 0);
+    } else {
+      progress_.SetPrefill(most->name, most->done, most->total);
+    }
+  }
+
+  BatchProgress& progress_;
+  std::mutex mu_;
+  std::map<int, Prefill> prefills_;
+};
+
+// What a call does with the server's PrefillProgress messages.
+using OnProgress = std::function<void(const v1::PrefillProgress&)>;
+
 struct Call {
   grpc::Status status;
   std::string record;  // when status is OK
@@ -81,7 +126,8 @@ struct Call {
 };
 
 // `has_text`: the server has a tokenizer, so its tokens carry text.
-Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text) {
+Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
+              const OnProgress& on_progress) {
   grpc::ClientContext context;
   context.set_wait_for_ready(true);
   auto reader = stub.Generate(&context, GenerateRequestOf(unit));
@@ -90,6 +136,7 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text) 
   o.has_text = has_text;
   v1::Completion completion;
   while (reader->Read(&response)) {
+    if (response.has_progress()) on_progress(response.progress());
     for (const v1::GeneratedToken& t : response.tokens()) {
       o.token_ids.push_back(t.id());
       o.text += t.text();
@@ -116,15 +163,35 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text) 
   return call;
 }
 
-Call Score(v1::Generation::Stub& stub, const BatchUnit& unit) {
+Call Score(v1::Generation::Stub& stub, const BatchUnit& unit, const OnProgress& on_progress) {
   grpc::ClientContext context;
   context.set_wait_for_ready(true);
   v1::ScoreRequest req;
   SetInput(unit, &req);
+  auto reader = stub.ScoreStream(&context, req);
+  v1::ScoreStreamResponse message;
   v1::ScoreResponse response;
+  bool got_result = false;
+  while (reader->Read(&message)) {
+    if (message.has_progress()) on_progress(message.progress());
+    if (message.has_result()) {
+      response = std::move(*message.mutable_result());
+      got_result = true;
+    }
+  }
   Call call;
-  call.status = stub.Score(&context, req, &response);
+  call.status = reader->Finish();
   if (!call.status.ok()) return call;
+  // The server's answer, checked before it is used: one log-prob per token
+  // after the first.
+  if (!got_result || response.logprobs_size() != std::max(response.token_ids_size() - 1, 0)) {
+    call.status =
+        grpc::Status(grpc::StatusCode::DATA_LOSS,
+                     absl::StrCat("the server's ScoreStream ended without a whole result (",
+                                  response.token_ids_size(), " tokens, ", response.logprobs_size(),
+                                  " log-probs)"));
+    return call;
+  }
   ScoreOutcome o;
   o.token_ids.assign(response.token_ids().begin(), response.token_ids().end());
   o.logprobs.assign(response.logprobs().begin(), response.logprobs().end());
@@ -175,7 +242,8 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
     if (failure.ok()) failure = std::move(status);
     stop = true;
   };
-  auto client = [&] {
+  ServerPrefills prefills(progress);
+  auto client = [&](int slot) {
     while (!stop) {
       absl::StatusOr<std::optional<BatchUnit>> next = source.Next();
       if (!next.ok()) return fail(next.status());
@@ -185,9 +253,14 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
       auto retry_until =
           Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.retry_s * 1e3));
       auto backoff = std::chrono::milliseconds(100);
+      const std::string name = UnitName(unit);
+      const OnProgress on_progress = [&](const v1::PrefillProgress& p) {
+        prefills.Set(slot, name, p.tokens_done(), p.tokens_total());
+      };
       while (true) {
-        call =
-            unit.task == BatchTask::kScore ? Score(*stub, unit) : Generate(*stub, unit, has_text);
+        call = unit.task == BatchTask::kScore ? Score(*stub, unit, on_progress)
+                                              : Generate(*stub, unit, has_text, on_progress);
+        prefills.Clear(slot);
         if (call.status.ok() || !Transient(call.status.error_code())) break;
         if (Clock::now() > retry_until || stop) break;
         std::this_thread::sleep_for(backoff);
@@ -214,8 +287,8 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
   std::vector<std::thread> threads;
   std::atomic<int> finished{0};
   for (int i = 0; i < options.concurrency; ++i) {
-    threads.emplace_back([&] {
-      client();
+    threads.emplace_back([&, i] {
+      client(i);
       ++finished;
     });
   }

@@ -52,11 +52,6 @@ struct Running {
   }
 };
 
-std::string Name(const BatchUnit& unit) {
-  return unit.question < 0 ? absl::StrCat("id ", unit.id_json)
-                           : absl::StrCat("id ", unit.id_json, " question ", unit.question);
-}
-
 }  // namespace
 
 absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
@@ -196,6 +191,7 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
     const auto now = Clock::now();
     switch (e.kind) {
       case SchedulerEvent::Kind::kPrefilled:  // documents only
+      case SchedulerEvent::Kind::kProgress:   // on_step counts the prompt tokens sent
         return;
       case SchedulerEvent::Kind::kStarted:
         if (!r.was_started) {
@@ -301,7 +297,7 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
     } else if (longest == nullptr) {
       progress.SetPrefill("", 0, 0);
     } else {
-      progress.SetPrefill(Name(longest->unit), longest->fed,
+      progress.SetPrefill(UnitName(longest->unit), longest->fed,
                           static_cast<int64_t>(longest->unit.prompt.size()));
     }
     progress.Tick();

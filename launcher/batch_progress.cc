@@ -5,16 +5,10 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/prefill_bar.h"
 
 namespace deltaserve {
 namespace {
-
-std::string Duration(double s) {
-  const int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t < 60) return absl::StrCat(t, "s");
-  if (t < 3600) return absl::StrCat(t / 60, "m", t % 60 < 10 ? "0" : "", t % 60, "s");
-  return absl::StrCat(t / 3600, "h", (t / 60) % 60 < 10 ? "0" : "", (t / 60) % 60, "m");
-}
 
 std::string Rate(double count, double seconds) {
   char buffer[32];
@@ -80,9 +74,9 @@ std::string BatchProgress::LineLocked(Clock::time_point now) const {
                   " tok/s");
   // The time left at this run's pace: requests left over requests done.
   if (done_ > 0 && complete < total_) {
-    absl::StrAppend(
-        &line, ", ETA ",
-        Duration(elapsed * static_cast<double>(total_ - complete) / static_cast<double>(done_)));
+    absl::StrAppend(&line, ", ETA ",
+                    FormatDuration(elapsed * static_cast<double>(total_ - complete) /
+                                   static_cast<double>(done_)));
   }
   if (!prefill_what_.empty()) {
     absl::StrAppend(&line, "; prefill of ", prefill_what_, " at ", prefill_position_, "/",
@@ -113,7 +107,7 @@ void BatchProgress::Summary(const std::string& output, int64_t records_before,
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
   if (terminal_ && printed_) std::fprintf(stderr, "\r\033[K");
   std::string line = absl::StrCat("batch: wrote ", records_, " records (", errors_, " errors) to ",
-                                  output, " in ", Duration(elapsed), "; ");
+                                  output, " in ", FormatDuration(elapsed), "; ");
   if (records_before > 0) {
     absl::StrAppend(&line, records_before, " records (", errors_before,
                     " errors) were there from before; ");

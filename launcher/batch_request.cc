@@ -465,4 +465,9 @@ std::string RecordKey(const std::string& id_json, int question, int64_t line) {
   return question < 0 ? id_json : absl::StrCat(id_json, " question ", question);
 }
 
+std::string UnitName(const BatchUnit& unit) {
+  return unit.question < 0 ? absl::StrCat("id ", unit.id_json)
+                           : absl::StrCat("id ", unit.id_json, " question ", unit.question);
+}
+
 }  // namespace deltaserve

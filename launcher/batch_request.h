@@ -93,6 +93,9 @@ struct BatchUnit {
   std::string error;  // non-empty: the unit failed its checks, and this is why
 };
 
+// The unit for people, in progress lines: `id "doc"`, `id "doc" question 2`.
+std::string UnitName(const BatchUnit& unit);
+
 // What the checks against a model need: its config and its tokenizer (null
 // when it has none: text is refused, as the API refuses it).
 struct BatchModel {

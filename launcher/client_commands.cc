@@ -1,6 +1,7 @@
 // client: a small gRPC client of the Generation API (generate, score, info,
 // status), for people at a terminal, scripts and the e2e tests.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
+#include "launcher/prefill_bar.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/grpc_status.h"
 
@@ -67,6 +69,16 @@ const char* FinishName(v1::FinishReason reason) {
 
 const FlagSpec kServerFlag = {"server", "HOST:PORT", "the server", "127.0.0.1:50051"};
 const FlagSpec kTimeoutFlag = {"timeout", "S", "the request's deadline in seconds (0: none)", "0"};
+const FlagSpec kProgressFlag = {
+    "progress", "",
+    "show the prefill's progress on stderr (tokens, rate, ETA) even when stderr is not a "
+    "terminal (on one it is shown anyway)"};
+
+// The bar is drawn where a person watches (stderr a terminal) or when asked.
+PrefillBar BarFor(const Flags& flags) {
+  return PrefillBar(flags.Has("progress") || ::isatty(STDERR_FILENO) == 1,
+                    PrefillBar::Clock::now());
+}
 
 const CommandSpec& ClientGenerateSpec() {
   static const auto* spec = new CommandSpec{
@@ -91,6 +103,7 @@ const CommandSpec& ClientGenerateSpec() {
               {"top-logprobs", "N", "print N alternatives per token to stderr (0..20)", "0"},
               {"ids", "", "print token ids instead of text"},
               {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
+              kProgressFlag,
           },
           ChannelSecurityFlags("token-file")),
       .examples =
@@ -104,7 +117,8 @@ const CommandSpec& ClientScoreSpec() {
       .name = "client score",
       .summary = "per-token log-probs of a text or token sequence, one line per token",
       .usage =
-          "[--server HOST:PORT] (--prompt TEXT | --tokens IDS | --tokens-file F) [--timeout S]",
+          "[--server HOST:PORT] (--prompt TEXT | --tokens IDS | --tokens-file F) [--timeout S] "
+          "[--progress]",
       .flags = Concat(
           {
               kServerFlag,
@@ -112,6 +126,7 @@ const CommandSpec& ClientScoreSpec() {
               {"tokens", "IDS", "the token ids to score: 1,2,3"},
               {"tokens-file", "F", "the token ids to score from a file (commas and/or spaces)"},
               kTimeoutFlag,
+              kProgressFlag,
           },
           ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve client score --server 127.0.0.1:50051 --tokens 1,2,3,4"},
@@ -133,7 +148,9 @@ const CommandSpec& ClientInfoSpec() {
 const CommandSpec& ClientStatusSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client status",
-      .summary = "what the server holds: queue, sequences, state bytes (GetServerStatus)",
+      .summary =
+          "what the server holds: queue, sequences, state bytes, your requests' prefill "
+          "progress, each worker's fitted step cost (GetServerStatus)",
       .usage = "[--server HOST:PORT]",
       .flags = Concat({kServerFlag}, ChannelSecurityFlags("token-file")),
       .examples = {"deltaserve client status --server 127.0.0.1:50051"},
@@ -173,11 +190,16 @@ absl::Status ClientGenerate(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
   DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
+  PrefillBar bar = BarFor(flags);
   auto reader = stub->Generate(&context, req);
   v1::GenerateResponse response;
   bool first = true;
   v1::Completion completion;
   while (reader->Read(&response)) {
+    if (response.has_progress()) {
+      bar.Update(response.progress().tokens_done(), response.progress().tokens_total());
+    }
+    if (response.tokens_size() > 0 || response.has_completion()) bar.Done();
     for (const auto& t : response.tokens()) {
       if (ids) {
         std::printf(first ? "%d" : " %d", t.id());
@@ -192,6 +214,7 @@ absl::Status ClientGenerate(const Args& args) {
     std::fflush(stdout);
     if (response.has_completion()) completion = response.completion();
   }
+  bar.Done();
   std::printf("\n");
   std::fflush(stdout);
   DELTASERVE_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
@@ -216,8 +239,30 @@ absl::Status ClientScore(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
   DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
+  PrefillBar bar = BarFor(flags);
+  auto reader = stub->ScoreStream(&context, req);
+  v1::ScoreStreamResponse message;
   v1::ScoreResponse response;
-  DELTASERVE_RETURN_IF_ERROR(FromGrpc(stub->Score(&context, req, &response)));
+  bool got_result = false;
+  while (reader->Read(&message)) {
+    if (message.has_progress()) {
+      bar.Update(message.progress().tokens_done(), message.progress().tokens_total());
+    }
+    if (message.has_result()) {
+      response = std::move(*message.mutable_result());
+      got_result = true;
+    }
+  }
+  bar.Done();
+  DELTASERVE_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
+  // The server's answer, checked before it is indexed: one log-prob per
+  // token after the first.
+  if (!got_result || response.token_ids_size() == 0 ||
+      response.logprobs_size() != response.token_ids_size() - 1) {
+    return absl::DataLossError(absl::StrCat(
+        "the server's ScoreStream ended without a whole result (", response.token_ids_size(),
+        " tokens, ", response.logprobs_size(), " log-probs)"));
+  }
   for (int i = 0; i < response.logprobs_size(); ++i) {
     std::printf("%d %.6f\n", response.token_ids(i + 1), response.logprobs(i));
   }

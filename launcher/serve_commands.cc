@@ -145,6 +145,9 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            absl::StrCat(c.max_waiting)},
           {"max-waiting-tokens", "N", "prompt tokens queued", absl::StrCat(c.max_waiting_tokens)},
           {"step-tokens", "N", "token budget of one step", absl::StrCat(c.step_tokens)},
+          {"progress-interval", "S",
+           "seconds between the prefill progress messages of a request's stream (0: none)",
+           absl::StrCat(c.progress_interval_s)},
       });
   return Concat(flags, LimitFlags());
 }
@@ -269,6 +272,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
           absl::StrCat("--step-log: cannot write ", path, ": ", std::strerror(errno)));
     }
     c.step_log = std::move(log);
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(c.progress_interval_s,
+                              flags.GetDouble("progress-interval", c.progress_interval_s));
+  if (!(c.progress_interval_s >= 0) || c.progress_interval_s > 86400) {
+    return absl::InvalidArgumentError("--progress-interval must be in [0, 86400] seconds");
   }
   DELTASERVE_ASSIGN_OR_RETURN(o.limits, LimitsFrom(flags));
   if (c.max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");

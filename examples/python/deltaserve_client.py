@@ -7,7 +7,12 @@ proto/deltaserve/v1/generation.proto:
 
   generate  streams Generate and prints the text (or, with --ids, the token
             ids) as it arrives; finish reason, usage and timings go to stderr
-  score     prints `token_id logprob` per scored token; the total to stderr
+  score     streams ScoreStream and prints `token_id logprob` per scored
+            token; the total to stderr
+
+While a long prompt is prefilled, both print the server's PrefillProgress
+messages to stderr (`prefill: 1024/4096 tokens`) when stderr is a terminal
+or with --progress.
   info      prints GetModelInfo
   status    prints GetServerStatus
   health    calls grpc.health.v1.Health/Check and prints SERVING or NOT_SERVING
@@ -95,6 +100,13 @@ def set_input(request, args):
         request.tokens.ids.extend(args.tokens)
 
 
+def show_progress(args, progress):
+    """A PrefillProgress message, on stderr, when asked or at a terminal."""
+    if args.progress or sys.stderr.isatty():
+        print("prefill: %d/%d tokens" % (progress.tokens_done, progress.tokens_total),
+              file=sys.stderr, flush=True)
+
+
 def generate(args, pb, pb_grpc):
     request = pb.GenerateRequest(max_tokens=args.max_tokens, stop=args.stop or [])
     set_input(request, args)
@@ -110,6 +122,8 @@ def generate(args, pb, pb_grpc):
         printed = False
         try:
             for response in stream:
+                if response.HasField("progress"):
+                    show_progress(args, response.progress)
                 for token in response.tokens:
                     if args.ids:  # as `deltaserve generate --ids`: "1 2 3" on one line
                         sys.stdout.write((" %d" if printed else "%d") % token.id)
@@ -138,9 +152,16 @@ def generate(args, pb, pb_grpc):
 def score(args, pb, pb_grpc):
     request = pb.ScoreRequest()
     set_input(request, args)
+    response = None
     with connect(args) as channel:
-        response = pb_grpc.GenerationStub(channel).Score(request, timeout=args.timeout,
-                                                              metadata=metadata(args))
+        for message in pb_grpc.GenerationStub(channel).ScoreStream(
+                request, timeout=args.timeout, metadata=metadata(args)):
+            if message.HasField("progress"):
+                show_progress(args, message.progress)
+            if message.HasField("result"):
+                response = message.result
+    if response is None:
+        raise SystemExit("the server's ScoreStream ended without a result")
     # logprobs[i] is the log-prob of token_ids[i + 1]; the first token has none.
     for token_id, logprob in zip(response.token_ids[1:], response.logprobs):
         print("%d %.6f" % (token_id, logprob))
@@ -254,6 +275,9 @@ def parse_args(argv):
         group = sub.add_mutually_exclusive_group(required=True)
         group.add_argument("--prompt", metavar="TEXT", help="tokenized by the server")
         group.add_argument("--tokens", type=token_list, metavar="1,2,3", help="token ids")
+        sub.add_argument("--progress", action="store_true",
+                         help="print the prefill's progress to stderr even when it is not a "
+                              "terminal")
         return sub
 
     gen = with_input(command("generate", "stream generated text or token ids"))

@@ -254,6 +254,7 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
                               : n == remaining                  ? WorkOutput::kSample
                                                                 : WorkOutput::kNone;
     add(s, std::span(r.prompt).subspan(s->fed, n), output);
+    flight.items.back().prompt = true;
     s->fed += n;
     if (!s->prompt_left()) {
       flight.items.back().last_piece = true;
@@ -409,7 +410,7 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
   record.stage_compute_s = result.stage_compute_s;
   for (const Item& item : items) {
     pieces.push_back(item.piece);
-    if (item.output != WorkOutput::kSample || item.sequence->generated.empty()) {
+    if (item.prompt) {
       prefill_tokens += item.piece.tokens;
       record.prefill.push_back(item.piece);
     } else {
@@ -431,6 +432,15 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
   for (const Item& item : items) {
     const SequencePtr& s = item.sequence;
     if (gone(*s)) continue;  // finished or cancelled while the step ran
+    if (item.prompt) {
+      s->prefilled += static_cast<size_t>(item.piece.tokens);
+      SchedulerEvent e;
+      e.id = s->request.id;
+      e.kind = SchedulerEvent::Kind::kProgress;
+      e.prefilled = static_cast<int64_t>(s->prefilled);
+      e.prompt_tokens = static_cast<int64_t>(s->request.prompt.size());
+      update->events.push_back(std::move(e));
+    }
     if (item.last_piece && s->request.kind == SequenceKind::kPrefix) {
       SchedulerEvent e;
       e.id = s->request.id;

@@ -96,6 +96,7 @@ struct SchedulerEvent {
     kToken,      // a sampled token (output)
     kPiece,      // a scored piece: target log-probs or logits (output)
     kPrefilled,  // a kPrefix sequence's prompt is in (finished: released too)
+    kProgress,   // a step with prompt tokens of the sequence has run (prefilled)
     kFailed,     // status says why; the sequence is gone
   };
   uint64_t id = 0;
@@ -106,6 +107,9 @@ struct SchedulerEvent {
   FinishReason reason = FinishReason::kLength;
   std::string stop;  // kStop by a token: "token N"
   absl::Status status;
+  // kProgress: prompt tokens whose step has run, of the prompt's. Comes
+  // before the same step's output event of the sequence.
+  int64_t prefilled = 0, prompt_tokens = 0;
 };
 
 class Scheduler {
@@ -191,6 +195,7 @@ class Scheduler {
   struct Sequence {
     SequenceRequest request;
     size_t fed = 0;          // prompt tokens sent
+    size_t prefilled = 0;    // prompt tokens whose step's result came back
     bool started = false;    // the replica holds (or will hold) its state
     int sampling = 0;        // steps in flight that sample its next token (0..2)
     uint64_t last_step = 0;  // the last step that carried work for it
@@ -209,6 +214,7 @@ class Scheduler {
     SequencePtr sequence;
     StepPiece piece;
     WorkOutput output;
+    bool prompt = false;      // a chunk of the prompt (not a decode token)
     bool last_piece = false;  // the prompt's last chunk
   };
   struct InFlight {

@@ -216,6 +216,17 @@ std::string ScopedRequestId(const std::string& principal, const std::string& req
   return absl::StrCat(principal, "/", request_id);
 }
 
+std::optional<std::string> OwnRequestId(const std::string& principal,
+                                        const std::string& scoped_id) {
+  if (principal.empty()) return scoped_id;
+  // Principals hold no '/', so the prefix names exactly one of them.
+  const std::string prefix = absl::StrCat(principal, "/");
+  if (scoped_id.size() <= prefix.size() || scoped_id.compare(0, prefix.size(), prefix) != 0) {
+    return std::nullopt;
+  }
+  return scoped_id.substr(prefix.size());
+}
+
 bool IsLoopbackHost(const std::string& host) {
   if (host == "localhost") return true;
   std::string literal = host;

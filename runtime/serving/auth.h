@@ -94,6 +94,11 @@ class Authenticator {
 // authentication) leaves the id as it is.
 std::string ScopedRequestId(const std::string& principal, const std::string& request_id);
 
+// The inverse, for listing requests: the id `principal` knows `scoped_id`
+// by, or nullopt when the request is another principal's. "" (no
+// authentication) has one namespace: every id is its own.
+std::optional<std::string> OwnRequestId(const std::string& principal, const std::string& scoped_id);
+
 // Whether `host` (an IPv4 or IPv6 literal, or "localhost") is a loopback
 // address, reachable from this machine only.
 bool IsLoopbackHost(const std::string& host);

@@ -48,10 +48,16 @@ struct Request {
   std::vector<float> score_logprobs;
   Clock::time_point accepted, scheduled, first_token, last_token;
   bool was_scheduled = false;
+  int64_t prefilled = 0;  // prompt tokens of the current run whose step has run
+  // What its client was last told of the prefill, and when (admission
+  // before the first).
+  int64_t progress_told = 0;
+  Clock::time_point progress_at;
 
   // RPC side (under the coordinator's mutex).
   std::condition_variable events_cv;  // its RPC thread waits here
   std::vector<TokenEvent> events;
+  std::optional<PrefillProgress> progress;  // news for the client, taken by Poll
   bool ended = false;
   std::optional<RequestOutcome> outcome;  // set when ended, taken by Poll
 };
@@ -275,6 +281,7 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
   }
   r->sequence.id = next_sequence_++;
   r->accepted = Clock::now();
+  r->progress_at = r->accepted;
   by_id_[r->request_id] = r;
   by_sequence_[r->sequence.id] = r;
   waiting_.push_back(r);
@@ -286,10 +293,18 @@ absl::StatusOr<RequestHandle> Coordinator::Admit(std::shared_ptr<Request> r) {
 
 std::optional<RequestOutcome> Coordinator::Poll(const RequestHandle& handle,
                                                 std::vector<TokenEvent>* tokens,
-                                                std::chrono::milliseconds wait) {
+                                                std::chrono::milliseconds wait,
+                                                std::optional<PrefillProgress>* progress) {
   Request& r = *handle.request_;
   std::unique_lock<std::mutex> lock(mu_);
-  r.events_cv.wait_for(lock, wait, [&] { return !r.events.empty() || r.ended; });
+  r.events_cv.wait_for(lock, wait, [&] {
+    return !r.events.empty() || r.ended || (progress != nullptr && r.progress);
+  });
+  if (progress != nullptr) {
+    // Told before a token came in and taken with it: the token says more.
+    *progress = r.events.empty() ? r.progress : std::nullopt;
+    r.progress.reset();
+  }
   for (TokenEvent& e : r.events) tokens->push_back(std::move(e));
   r.events.clear();
   if (!r.ended) return std::nullopt;
@@ -327,6 +342,25 @@ ServerStatusData Coordinator::Status() const {
   }
   s.steps = steps_;
   s.requests_finished = finished_;
+  for (const auto& [sequence, r] : by_sequence_) {  // sequence ids grow with admission
+    RequestStatusData& e = s.requests.emplace_back();
+    e.request_id = r->request_id;
+    e.score = r->score;
+    e.prompt_tokens = r->prompt_tokens;
+    e.prefill = {r->prefilled, static_cast<int64_t>(r->sequence.prompt.size())};
+    e.generated_tokens = r->generated;
+    e.worker = r->worker;
+  }
+  for (const auto& [id, w] : workers_) {
+    WorkerStatusData& e = s.worker_status.emplace_back();
+    e.id = id;
+    e.pipeline_stages = w->info.pipeline_stages;
+    e.tensor_parallel = w->info.tensor_parallel;
+    e.running_sequences = w->scheduler.load();
+    e.steps = w->steps;
+    e.cost_per_token_s = w->scheduler.cost().a();
+    e.cost_per_pair_s = w->scheduler.cost().b();
+  }
   if (!workers_.empty()) {
     const WorkerInfo& info = workers_.begin()->second->info;
     s.pp = info.pipeline_stages;
@@ -557,6 +591,7 @@ void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string&
     }
     if (r.score) r.score_logprobs.clear();  // scoring starts over
     r.sequence = std::move(s);
+    r.prefilled = 0;
     r.worker = 0;
     waiting_tokens_ += QueuedTokens(r);
     rerun.push_back(it->second);
@@ -623,6 +658,9 @@ void Coordinator::HandleEventsLocked(const std::vector<SchedulerEvent>& events) 
         break;
       case SchedulerEvent::Kind::kPrefilled:  // no prefix requests over the API yet
         break;
+      case SchedulerEvent::Kind::kProgress:
+        OnProgressLocked(*r, e);
+        break;
       case SchedulerEvent::Kind::kToken:
         OnTokenLocked(*r, e);
         break;
@@ -638,6 +676,24 @@ void Coordinator::HandleEventsLocked(const std::vector<SchedulerEvent>& events) 
       }
     }
   }
+}
+
+void Coordinator::OnProgressLocked(Request& r, const SchedulerEvent& event) {
+  r.prefilled = event.prefilled;
+  // The client hears of it only while prompt is left (the first token or the
+  // scores say the rest), before any token, at most once an interval, and
+  // only past what it was told (a re-run starts its prefill over).
+  const double interval = options_.progress_interval_s;
+  if (!(interval > 0) || r.generated > 0 || event.prefilled >= event.prompt_tokens ||
+      event.prefilled <= r.progress_told) {
+    return;
+  }
+  const auto now = Clock::now();
+  if (Seconds(r.progress_at, now) < interval) return;
+  r.progress = PrefillProgress{event.prefilled, event.prompt_tokens};
+  r.progress_told = event.prefilled;
+  r.progress_at = now;
+  r.events_cv.notify_all();
 }
 
 void Coordinator::OnTokenLocked(Request& r, const SchedulerEvent& event) {
@@ -683,6 +739,7 @@ void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
   if (options_.step_log != nullptr) WriteStepRecords(*options_.step_log, w.id, update.records);
   for (int64_t i = 0; i < update.steps && !w.sent.empty(); ++i) w.sent.pop_front();
   steps_ += update.steps;
+  w.steps += update.steps;
   metrics_.steps.Add(static_cast<double>(update.steps));
   metrics_.prompt_tokens.Add(static_cast<double>(update.prefill_tokens));
   if (update.prefill_tokens > 0 && update.wall_s > 0) {

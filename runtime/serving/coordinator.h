@@ -56,6 +56,9 @@ struct CoordinatorOptions {
   // When set, a JSON line per step taken in (worker, step, prefill pieces,
   // decode rows, wall and stage compute times): `--step-log`.
   std::shared_ptr<std::ostream> step_log;
+  // A request's prefill progress goes to its client at most this often
+  // (seconds; 0: never). See Poll.
+  double progress_interval_s = 1;
 };
 
 struct GenerateParams {
@@ -75,6 +78,13 @@ struct TokenEvent {
   float logprob = 0;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
+};
+
+// How far a prompt's prefill has come: prompt tokens whose step has run, of
+// all the run prefills.
+struct PrefillProgress {
+  int64_t tokens_done = 0;
+  int64_t tokens_total = 0;
 };
 
 struct RequestOutcome {
@@ -100,13 +110,34 @@ class RequestHandle {
   std::shared_ptr<Request> request_;
 };
 
+// A live request, queued or running.
+struct RequestStatusData {
+  std::string request_id;  // as submitted (scoped by the service layer)
+  bool score = false;
+  int64_t prompt_tokens = 0;
+  PrefillProgress prefill;  // of the run now on a worker
+  int64_t generated_tokens = 0;
+  uint64_t worker = 0;  // 0: queued
+};
+
+// An attached worker and the cost model its scheduler fitted to its steps.
+struct WorkerStatusData {
+  uint64_t id = 0;
+  int32_t pipeline_stages = 0, tensor_parallel = 0;
+  int64_t running_sequences = 0;  // assigned to it
+  int64_t steps = 0;
+  double cost_per_token_s = 0, cost_per_pair_s = 0;  // ChunkCostModel::a() and b()
+};
+
 struct ServerStatusData {
   bool worker_attached = false;
   int32_t workers = 0;
   int64_t waiting_requests = 0, waiting_tokens = 0, running_sequences = 0;
   int64_t kda_state_bytes = 0, mla_cache_bytes = 0, mla_cache_tokens = 0;
   int64_t steps = 0, requests_finished = 0;
-  int32_t pp = 0, tp = 0;  // of the first worker
+  int32_t pp = 0, tp = 0;                   // of the first worker
+  std::vector<RequestStatusData> requests;  // in the order admitted
+  std::vector<WorkerStatusData> worker_status;
 };
 
 // Who a worker is: its layout and model, from its hello.
@@ -163,8 +194,14 @@ class Coordinator {
                                             std::optional<Clock::time_point> deadline);
   // Takes the tokens made since the last call, waiting up to `wait` for any;
   // returns the outcome once the request has ended (and nothing after it).
+  // `progress`, when given, receives the prefill's progress when there is
+  // news for the client: at most every progress_interval_s (the first one
+  // interval after admission), while prompt is left, before the first token
+  // (never in a call that returns tokens), and only past what was last
+  // reported (nullopt otherwise).
   std::optional<RequestOutcome> Poll(const RequestHandle& handle, std::vector<TokenEvent>* tokens,
-                                     std::chrono::milliseconds wait);
+                                     std::chrono::milliseconds wait,
+                                     std::optional<PrefillProgress>* progress = nullptr);
   // Ends the request with `reason` (CANCELLED, DEADLINE_EXCEEDED) if it has
   // not ended; its state is released with the next step.
   void Cancel(const RequestHandle& handle, const absl::Status& reason);
@@ -228,6 +265,7 @@ class Coordinator {
     // step order), and when a write that is not a step (goodbye) began.
     std::deque<Clock::time_point> sent;
     std::optional<Clock::time_point> writing;
+    int64_t steps = 0;  // results taken in
   };
 
   absl::StatusOr<RequestHandle> Admit(std::shared_ptr<Request> r);
@@ -236,6 +274,7 @@ class Coordinator {
   void TakeResultLocked(Worker& w, StepResult result);
   void HandleEventsLocked(const std::vector<SchedulerEvent>& events);
   void OnTokenLocked(Request& r, const SchedulerEvent& event);
+  void OnProgressLocked(Request& r, const SchedulerEvent& event);
   void FinishLocked(Request& r, RequestOutcome outcome);
   void FailLocked(Request& r, const absl::Status& status);
   // Drops `w` (held by value: the caller's reference may be the map entry

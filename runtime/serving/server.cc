@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,11 @@ std::optional<Clock::time_point> Deadline(const grpc::ServerContext& context) {
   const auto left = deadline - std::chrono::system_clock::now();
   if (left > std::chrono::hours(24 * 365)) return std::nullopt;
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
+}
+
+void SetProgress(const PrefillProgress& p, v1::PrefillProgress* out) {
+  out->set_tokens_done(p.tokens_done);
+  out->set_tokens_total(p.tokens_total);
 }
 
 void SetTimings(const RequestOutcome& o, v1::Timings* t) {
@@ -67,9 +73,13 @@ class GenerationService final : public v1::Generation::Service {
     if (!handle.ok()) return ToGrpc(handle.status());
     while (true) {
       std::vector<TokenEvent> tokens;
-      std::optional<RequestOutcome> outcome = coordinator_.Poll(*handle, &tokens, kPollInterval);
+      std::optional<PrefillProgress> progress;
+      std::optional<RequestOutcome> outcome =
+          coordinator_.Poll(*handle, &tokens, kPollInterval, &progress);
       v1::GenerateResponse response;
       response.set_request_id(*id);
+      // Progress comes before any token, and alone (Poll says so).
+      if (progress) SetProgress(*progress, response.mutable_progress());
       for (TokenEvent& e : tokens) {
         v1::GeneratedToken* t = response.add_tokens();
         t->set_id(e.id);
@@ -92,21 +102,9 @@ class GenerationService final : public v1::Generation::Service {
         c->mutable_usage()->set_completion_tokens(outcome->completion_tokens);
         SetTimings(*outcome, c->mutable_timings());
       }
-      if (response.tokens_size() > 0 || response.has_completion()) {
-        WriteWatchdog::Watch watch(watchdog_, *context);
-        if (!writer->Write(response)) {
-          absl::Status why = absl::CancelledError("the client went away");
-          if (watch.fired()) {
-            why = absl::CancelledError(absl::StrCat("the client did not read its stream for ",
-                                                    watchdog_.timeout_seconds(),
-                                                    " s (--client-write-timeout)"));
-            // The id may be the client's text: quoted, escaped and cut short.
-            std::fprintf(stderr, "server: request \"%s\" cancelled: %s\n",
-                         absl::CHexEscape(id->substr(0, 128)).c_str(),
-                         std::string(why.message()).c_str());
-          }
-          coordinator_.Cancel(*handle, why);
-          return ToGrpc(why);
+      if (response.tokens_size() > 0 || response.has_completion() || response.has_progress()) {
+        if (absl::Status ok = Write(*context, *writer, response, *handle, *id); !ok.ok()) {
+          return ToGrpc(ok);
         }
       }
       if (outcome) return ToGrpc(outcome->status);
@@ -116,22 +114,51 @@ class GenerationService final : public v1::Generation::Service {
 
   grpc::Status Score(grpc::ServerContext* context, const v1::ScoreRequest* req,
                      v1::ScoreResponse* response) override {
-    auto principal = auth_.Authenticate(*context);
-    if (!principal.ok()) return ToGrpc(principal.status());
-    auto id = validator_.RequestId(req->request_id());
-    if (!id.ok()) return ToGrpc(id.status());
-    auto tokens = validator_.Score(*req);
-    if (!tokens.ok()) return ToGrpc(tokens.status());
-    response->mutable_token_ids()->Add(tokens->begin(), tokens->end());
-    auto handle = coordinator_.SubmitScore(ScopedRequestId(*principal, *id), std::move(*tokens),
-                                           Deadline(*context));
-    if (!handle.ok()) return ToGrpc(handle.status());
+    return ToGrpc(RunScore(*context, *req, response, nullptr));
+  }
+
+  grpc::Status ScoreStream(grpc::ServerContext* context, const v1::ScoreRequest* req,
+                           grpc::ServerWriter<v1::ScoreStreamResponse>* writer) override {
+    v1::ScoreStreamResponse last;
+    absl::Status ok = RunScore(
+        *context, *req, last.mutable_result(),
+        [&](const PrefillProgress& progress, const RequestHandle& handle, const std::string& id) {
+          v1::ScoreStreamResponse message;
+          message.set_request_id(id);
+          SetProgress(progress, message.mutable_progress());
+          return Write(*context, *writer, message, handle, id);
+        });
+    if (!ok.ok()) return ToGrpc(ok);
+    last.set_request_id(last.result().request_id());
+    // The request has ended: a client that does not read gets the watchdog's
+    // cancellation of the RPC, and nothing is left to cancel.
+    WriteWatchdog::Watch watch(watchdog_, *context);
+    if (!writer->Write(last)) return ToGrpc(absl::CancelledError("the client went away"));
+    return grpc::Status::OK;
+  }
+
+  // A Score, streaming its progress through `on_progress` when given (which
+  // may fail the call: the client went away).
+  using ProgressWriter = std::function<absl::Status(const PrefillProgress&, const RequestHandle&,
+                                                    const std::string& id)>;
+  absl::Status RunScore(grpc::ServerContext& context, const v1::ScoreRequest& req,
+                        v1::ScoreResponse* response, const ProgressWriter& on_progress) {
+    DELTASERVE_ASSIGN_OR_RETURN(std::string principal, auth_.Authenticate(context));
+    DELTASERVE_ASSIGN_OR_RETURN(std::string id, validator_.RequestId(req.request_id()));
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, validator_.Score(req));
+    response->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+    DELTASERVE_ASSIGN_OR_RETURN(RequestHandle handle,
+                                coordinator_.SubmitScore(ScopedRequestId(principal, id),
+                                                         std::move(tokens), Deadline(context)));
     while (true) {
       std::vector<TokenEvent> unused;
-      std::optional<RequestOutcome> outcome = coordinator_.Poll(*handle, &unused, kPollInterval);
+      std::optional<PrefillProgress> progress;
+      std::optional<RequestOutcome> outcome = coordinator_.Poll(
+          handle, &unused, kPollInterval, on_progress != nullptr ? &progress : nullptr);
+      if (progress && !outcome) DELTASERVE_RETURN_IF_ERROR(on_progress(*progress, handle, id));
       if (outcome) {
-        if (!outcome->status.ok()) return ToGrpc(outcome->status);
-        response->set_request_id(*id);
+        if (!outcome->status.ok()) return outcome->status;
+        response->set_request_id(id);
         double total = 0;
         for (float lp : outcome->score_logprobs) {
           response->add_logprobs(lp);
@@ -140,9 +167,9 @@ class GenerationService final : public v1::Generation::Service {
         response->set_total_logprob(total);
         response->mutable_usage()->set_prompt_tokens(outcome->prompt_tokens);
         SetTimings(*outcome, response->mutable_timings());
-        return grpc::Status::OK;
+        return absl::OkStatus();
       }
-      if (context->IsCancelled()) CancelFor(*context, *handle);
+      if (context.IsCancelled()) CancelFor(context, handle);
     }
   }
 
@@ -193,6 +220,28 @@ class GenerationService final : public v1::Generation::Service {
     status->set_steps(s.steps);
     status->set_requests_finished(s.requests_finished);
     status->set_workers(s.workers);
+    // Only the caller's own requests, by the ids it knows them by.
+    for (const RequestStatusData& r : s.requests) {
+      std::optional<std::string> id = OwnRequestId(*principal, r.request_id);
+      if (!id) continue;
+      v1::RequestStatus* e = status->add_requests();
+      e->set_request_id(std::move(*id));
+      e->set_kind(r.score ? v1::REQUEST_KIND_SCORE : v1::REQUEST_KIND_GENERATE);
+      e->set_prompt_tokens(r.prompt_tokens);
+      SetProgress(r.prefill, e->mutable_prefill());
+      e->set_generated_tokens(r.generated_tokens);
+      e->set_worker(r.worker);
+    }
+    for (const WorkerStatusData& w : s.worker_status) {
+      v1::WorkerStatus* e = status->add_worker_status();
+      e->set_id(w.id);
+      e->set_pipeline_stages(w.pipeline_stages);
+      e->set_tensor_parallel(w.tensor_parallel);
+      e->set_running_sequences(static_cast<int32_t>(w.running_sequences));
+      e->set_steps(w.steps);
+      e->set_cost_per_token_s(w.cost_per_token_s);
+      e->set_cost_per_pair_s(w.cost_per_pair_s);
+    }
     return grpc::Status::OK;
   }
 
@@ -214,6 +263,26 @@ class GenerationService final : public v1::Generation::Service {
     info.set_tokenizer(coordinator.tokenizer() ? coordinator.tokenizer()->name() : "none");
     info.set_parameters(CountParameters(c).total);
     return info;
+  }
+
+  // Writes one message of a request's stream; a client that went away, or
+  // did not read within --client-write-timeout, cancels the request.
+  template <typename Message>
+  absl::Status Write(grpc::ServerContext& context, grpc::ServerWriter<Message>& writer,
+                     const Message& message, const RequestHandle& handle, const std::string& id) {
+    WriteWatchdog::Watch watch(watchdog_, context);
+    if (writer.Write(message)) return absl::OkStatus();
+    absl::Status why = absl::CancelledError("the client went away");
+    if (watch.fired()) {
+      why = absl::CancelledError(absl::StrCat("the client did not read its stream for ",
+                                              watchdog_.timeout_seconds(),
+                                              " s (--client-write-timeout)"));
+      // The id may be the client's text: quoted, escaped and cut short.
+      std::fprintf(stderr, "server: request \"%s\" cancelled: %s\n",
+                   absl::CHexEscape(id.substr(0, 128)).c_str(), std::string(why.message()).c_str());
+    }
+    coordinator_.Cancel(handle, why);
+    return why;
   }
 
   void CancelFor(const grpc::ServerContext& context, const RequestHandle& handle) {

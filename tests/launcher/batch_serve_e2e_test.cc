@@ -147,6 +147,32 @@ TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
                              testing::ReadRecords(dir + "/embedded.jsonl"));
 }
 
+// The server's progress messages reach the progress line: the long prompt
+// in flight, generated or scored, is the one shown, at tokens of its total.
+TEST(BatchServeTest, TheProgressLineShowsTheServersPrefillProgress) {
+  const std::string dir = testing::TempDir("batch_server_progress");
+  std::string input =
+      Json{{"id", "short"}, {"tokens", testing::Tokens(20, 1)}, {"max_tokens", 2}}.dump() + "\n";
+  input +=
+      Json{{"id", "long"}, {"tokens", testing::Tokens(4096, 2)}, {"max_tokens", 2}}.dump() + "\n";
+  input +=
+      Json{{"id", "doc"}, {"task", "score"}, {"tokens", testing::Tokens(4096, 3)}}.dump() + "\n";
+  testing::WriteFile(dir + "/in.jsonl", input);
+  const Server server = StartServe("--step-tokens 64 --progress-interval 0.02 --threads 1");
+  std::string log;
+  ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                      " --concurrency 1 --progress-interval 0.000001 --input ", dir,
+                                      "/in.jsonl --output ", dir, "/out.jsonl"),
+                         &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("prefill of id \"long\" at "), std::string::npos) << log;
+  EXPECT_NE(log.find("prefill of id \"doc\" at "), std::string::npos) << log;
+  EXPECT_NE(log.find("/4096 tokens"), std::string::npos) << log;
+  EXPECT_EQ(log.find("prefill of id \"short\""), std::string::npos) << log;
+  EXPECT_NE(log.find("batch: wrote 3 records (0 errors)"), std::string::npos) << log;
+}
+
 TEST(BatchServeTest, KilledClientResumesAndAServerThatIsGoneStopsTheJob) {
   const std::string dir = testing::TempDir("batch_server_kill");
   testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/8, /*max_tokens=*/32));

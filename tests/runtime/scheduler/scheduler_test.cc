@@ -458,6 +458,43 @@ TEST(SchedulerTest, ScoresComeInPiecesAndEndWhenAllAreIn) {
   EXPECT_EQ(pieces, chunks.size());
 }
 
+// Progress counts prompt tokens whose step has come back, not those sent:
+// with two steps in flight on a 2-stage replica, none until a result; each
+// event precedes the same step's token, and decode steps make none.
+TEST(SchedulerTest, ProgressFollowsTheResultsOfPromptChunks) {
+  Harness h(Options(40, /*stages=*/2, /*fixed_chunk=*/40));
+  h.scheduler.Add(Generate(1, 100, 3));
+  const Step first = h.Next();
+  ASSERT_TRUE(h.scheduler.CanSchedule());
+  const Step second = h.Next();
+  auto progress = [&] {
+    std::vector<int64_t> done;
+    for (const auto& e : h.events) {
+      if (e.kind != SchedulerEvent::Kind::kProgress) continue;
+      EXPECT_EQ(e.id, 1u);
+      EXPECT_EQ(e.prompt_tokens, 100);
+      done.push_back(e.prefilled);
+    }
+    return done;
+  };
+  EXPECT_TRUE(progress().empty());
+  h.Answer(first);
+  EXPECT_EQ(progress(), (std::vector<int64_t>{40}));
+  h.Answer(second);
+  EXPECT_EQ(progress(), (std::vector<int64_t>{40, 80}));
+  h.RunToEnd();
+  EXPECT_EQ(progress(), (std::vector<int64_t>{40, 80, 100}));
+  EXPECT_EQ(h.TokensFor(1).size(), 3u);
+  // The last chunk's progress comes before the first token, and none after.
+  bool token_seen = false;
+  for (const auto& e : h.events) {
+    if (e.kind == SchedulerEvent::Kind::kToken) token_seen = true;
+    if (e.kind == SchedulerEvent::Kind::kProgress) {
+      EXPECT_FALSE(token_seen);
+    }
+  }
+}
+
 // A worker's answer is checked against the step it answers: each way a
 // forged result can disagree with the plan is refused, naming the sequence.
 TEST(SchedulerTest, CheckResultRefusesAnswersThatDoNotMatchTheStep) {

@@ -95,6 +95,21 @@ TEST(RequestScopeTest, PrincipalsNeverShareARequestId) {
   EXPECT_EQ(ScopedRequestId("alice", "bob/req-1"), "alice/bob/req-1");
 }
 
+// The status lists a principal's requests by the ids it gave, and no
+// other principal's, even one whose name starts the same or an id that
+// looks scoped.
+TEST(RequestScopeTest, APrincipalOwnsOnlyTheIdsOfItsScope) {
+  EXPECT_EQ(OwnRequestId("alice", ScopedRequestId("alice", "req-1")), "req-1");
+  EXPECT_EQ(OwnRequestId("alice", ScopedRequestId("alice", "bob/req-1")), "bob/req-1");
+  EXPECT_EQ(OwnRequestId("alice", ScopedRequestId("bob", "req-1")), std::nullopt);
+  EXPECT_EQ(OwnRequestId("alice", ScopedRequestId("alice2", "req-1")), std::nullopt);
+  EXPECT_EQ(OwnRequestId("alice", ScopedRequestId("", "alice")), std::nullopt);
+  EXPECT_EQ(OwnRequestId("alice", "alice/"), std::nullopt);
+  // No authentication: one namespace, every id the caller's.
+  EXPECT_EQ(OwnRequestId("", "req-1"), "req-1");
+  EXPECT_EQ(OwnRequestId("", "alice/req-1"), "alice/req-1");
+}
+
 TEST(LoopbackTest, OnlyLoopbackAddressesAreLoopback) {
   for (const char* host :
        {"127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]", "::ffff:127.0.0.1"}) {

@@ -298,6 +298,75 @@ TEST_F(CoordinatorTest, ARequestRunsAgainOnTheNextWorkerAfterLosingTwo) {
   EXPECT_EQ(Finish(survivor), Alone(prompt, 6));
 }
 
+// A link that runs `steps` steps on a real replica, then breaks.
+class BreakingLink final : public WorkerConnection {
+ public:
+  BreakingLink(const Model& model, int steps) : local_(model), steps_(steps) {}
+  absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override {
+    if (steps_-- <= 0) return absl::UnavailableError("the test breaks the link mid-prefill");
+    auto result = local_.replica().Run(step);
+    if (!result.ok()) return result.status();
+    return std::optional<StepResult>(std::move(*result));
+  }
+
+ private:
+  testing::LocalReplica local_;
+  int steps_;
+};
+
+// Progress is told as it comes (an interval of 1 ns), each further than the
+// last: when the worker breaks mid-prefill and the request starts over on
+// another, its client hears nothing until the new prefill passes the old.
+TEST_F(CoordinatorTest, PrefillProgressNeverGoesBackWhenARequestRunsAgain) {
+  CoordinatorOptions options;
+  options.step_tokens = 16;
+  options.progress_interval_s = 1e-9;
+  coordinator_ = std::make_unique<Coordinator>(model_->config(), nullptr, options, metrics_);
+  std::vector<int32_t> prompt(200);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 5 + 1) % 256);
+  RequestHandle handle = Submit(prompt, 2);
+  ASSERT_TRUE(
+      coordinator_
+          ->AttachWorker(MakeWorkerInfo(model_->config(), *WorldLayout::Make(1, 1, 1), "breaking"),
+                         std::make_shared<BreakingLink>(*model_, 6))
+          .ok());
+  std::vector<int64_t> told;
+  auto take = [&](std::vector<TokenEvent>* tokens) {
+    std::optional<PrefillProgress> progress;
+    auto outcome = coordinator_->Poll(handle, tokens, std::chrono::milliseconds(10), &progress);
+    if (progress) {
+      EXPECT_EQ(progress->tokens_total, 200);
+      EXPECT_TRUE(tokens->empty()) << "progress with or after the first token";
+      told.push_back(progress->tokens_done);
+    }
+    return outcome;
+  };
+  std::vector<TokenEvent> tokens;
+  for (int i = 0; i < 500 && coordinator_->Status().workers > 0; ++i) take(&tokens);
+  ASSERT_EQ(coordinator_->Status().workers, 0);
+  take(&tokens);
+  ASSERT_FALSE(told.empty());
+  const int64_t before = told.back();
+  EXPECT_GE(before, 16 * 5 / 2) << "the broken worker ran 6 steps of up to 16 tokens";
+  // Queued again, from the start of its prompt.
+  const ServerStatusData queued = coordinator_->Status();
+  ASSERT_EQ(queued.requests.size(), 1u);
+  EXPECT_EQ(queued.requests[0].worker, 0u);
+  EXPECT_EQ(queued.requests[0].prefill.tokens_done, 0);
+  worker_ = std::make_unique<RecordingWorker>(*model_, *coordinator_);
+  worker_->Attach(model_->config(), 1);
+  std::optional<RequestOutcome> outcome;
+  while (!outcome) outcome = take(&tokens);
+  ASSERT_TRUE(outcome->status.ok()) << outcome->status;
+  ASSERT_GT(told.size(), 1u);
+  EXPECT_GT(told.back(), before) << "nothing told of the second prefill";
+  for (size_t i = 1; i < told.size(); ++i) EXPECT_GT(told[i], told[i - 1]) << i;
+  EXPECT_LT(told.back(), 200);
+  std::vector<int32_t> ids;
+  for (const TokenEvent& e : tokens) ids.push_back(e.id);
+  EXPECT_EQ(ids, Alone(prompt, 2));
+}
+
 // The third worker lost under a request ends it, so a request that kills
 // every worker it runs on cannot take the fleet down in turn.
 TEST_F(CoordinatorTest, ARequestThatLosesThreeWorkersInTurnEnds) {
