@@ -147,8 +147,8 @@ FloodResult ContinuationFlood(int port, pid_t server, int64_t limit) {
 
 constexpr int64_t kMiB = 1 << 20;
 
-TEST(H2GuardTest, AContinuationFloodIsCutOnBothPortsAndTheServerStaysSmallAndServes) {
-  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+TEST(H2FloodTest, AContinuationFloodIsCutOnBothPortsAndTheServerStaysSmallAndServes) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --metrics-port 0");
   ASSERT_NE(coordinator.stub, nullptr);
   const int worker_port = std::stoi(coordinator.worker_address.substr(10));
   for (const int port : {coordinator.port, worker_port}) {
@@ -163,6 +163,17 @@ TEST(H2GuardTest, AContinuationFloodIsCutOnBothPortsAndTheServerStaysSmallAndSer
     EXPECT_LE(r.max_growth, 64 * kMiB) << "port " << port;
     EXPECT_LE(r.growth_after, 64 * kMiB) << "port " << port;
   }
+  // Each cut is logged with the peer and the reason, and counted.
+  const std::string log = coordinator.process->Log();
+  for (const std::string port : {"client", "worker"}) {
+    EXPECT_NE(log.find("server: the " + port + " port: closed the connection of 127.0.0.1:"),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(log.find("a header block of over 49152 bytes on stream 1"), std::string::npos) << log;
+  EXPECT_NE(testing::HttpGet(coordinator.metrics_port, "/metrics")
+                .find("deltaserve_http2_connections_cut_total 2\n"),
+            std::string::npos);
   // Both ports serve on: a real worker attaches, a real client generates.
   auto worker = testing::ChildProcess::Start(
       testing::BinPath("deltaserve") + " worker --coordinator " + coordinator.worker_address +
