@@ -1,17 +1,23 @@
-// HTTP/2 floods against a real `deltaserve coordinator`, from raw TCP
+// The HTTP/2 limits of real `deltaserve` servers. A flood from raw TCP
 // clients that speak h2c frame by frame (no gRPC library on the attacking
 // side): a header block that never ends (CONTINUATION after CONTINUATION,
 // the CVE-2023-33953 class that gRPC 1.51 does not bound) on the client port
 // and on the worker port, with the coordinator's VmRSS watched throughout;
-// then a real worker attaches and a real client generates.
+// then a real worker attaches and a real client generates. The settings the
+// flags give reach the SETTINGS frame of both ports, and streams over
+// --max-connection-streams on one connection wait while the allowed ones run.
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/runtime/serving/serving_test_util.h"
 
@@ -90,6 +96,25 @@ class RawConnection {
     return true;
   }
 
+  // The server's first SETTINGS frame (not an ACK): identifier -> value.
+  std::map<int, uint32_t> ReadSettings() {
+    std::map<int, uint32_t> settings;
+    while (true) {
+      unsigned char header[9];
+      if (!ReadExactly(header, sizeof(header))) return {};
+      const size_t length = size_t{header[0]} << 16 | size_t{header[1]} << 8 | header[2];
+      std::string payload(length, '\0');
+      if (!ReadExactly(payload.data(), length)) return {};
+      if (header[3] != kSettings || (header[4] & 1) != 0) continue;
+      for (size_t i = 0; i + 6 <= length; i += 6) {
+        const auto* p = reinterpret_cast<const unsigned char*>(payload.data() + i);
+        settings[p[0] << 8 | p[1]] =
+            uint32_t{p[2]} << 24 | uint32_t{p[3]} << 16 | uint32_t{p[4]} << 8 | p[5];
+      }
+      return settings;
+    }
+  }
+
   // Reads (and drops) what the server sends until it closes the connection
   // (true) or nothing comes for the timeout (false).
   bool ReadUntilClosed() {
@@ -102,6 +127,16 @@ class RawConnection {
   }
 
  private:
+  bool ReadExactly(void* data, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = recv(fd_, static_cast<char*>(data) + got, n - got, 0);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+
   int fd_ = -1;
   bool connected_ = false;
 };
@@ -187,6 +222,65 @@ TEST(H2FloodTest, AContinuationFloodIsCutOnBothPortsAndTheServerStaysSmallAndSer
       testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3}, 8), 60);
   ASSERT_TRUE(served.status.ok()) << served.status.error_message();
   EXPECT_EQ(served.ids.size(), 8u);
+}
+
+// SETTINGS_MAX_CONCURRENT_STREAMS (3) and SETTINGS_MAX_HEADER_LIST_SIZE (6)
+// are what the flags say, on both ports.
+TEST(Http2LimitsTest, TheFlagsReachTheSettingsOfBothPorts) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
+                                          " --max-connection-streams 7 --max-metadata-bytes 5000");
+  ASSERT_NE(coordinator.stub, nullptr);
+  for (const int port : {coordinator.port, std::stoi(coordinator.worker_address.substr(10))}) {
+    RawConnection c(port, std::chrono::seconds(5));
+    ASSERT_TRUE(c.Send(kPreface) && c.Send(Frame(kSettings, 0, 0, "")));
+    std::map<int, uint32_t> settings = c.ReadSettings();
+    EXPECT_EQ(settings[3], 7u) << "port " << port;
+    EXPECT_EQ(settings[6], 5000u) << "port " << port;
+  }
+}
+
+// Four long streams started at once on one connection: with
+// --max-connection-streams 2 the server never holds more than two of them
+// (the client waits for a free stream, as gRPC does) and all four complete;
+// without the flag it holds all four at once.
+TEST(Http2LimitsTest, StreamsOverTheConnectionLimitWaitWhileTheAllowedOnesRun) {
+  for (const int limit : {2, 0}) {
+    auto server = testing::StartServer(
+        "serve --model " + K3Tiny() + " --threads 1" +
+        (limit > 0 ? " --max-connection-streams " + std::to_string(limit) : ""));
+    ASSERT_NE(server.stub, nullptr);
+    // The observer has a connection of its own (gRPC would share one
+    // between channels of the same target and arguments).
+    grpc::ChannelArguments own;
+    own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto observer = v1::Generation::NewStub(
+        grpc::CreateCustomChannel(server.address, grpc::InsecureChannelCredentials(), own));
+    // One call first, so the client knows the server's SETTINGS before the
+    // four streams open on the same connection.
+    testing::Status(*server.stub);
+    std::vector<testing::Streamed> streamed(4);
+    std::atomic<int> done{0};
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 4; ++i) {
+      clients.emplace_back([&, i] {
+        streamed[i] =
+            testing::GenerateAll(*server.stub, testing::TokensRequest({1, 2, 3, i + 4}, 300), 60);
+        done.fetch_add(1);
+      });
+    }
+    int64_t most = 0;
+    while (done.load() < 4) {
+      const v1::ServerStatus s = testing::Status(*observer);
+      most = std::max<int64_t>(most, s.running_sequences() + s.waiting_requests());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (std::thread& t : clients) t.join();
+    for (const testing::Streamed& s : streamed) {
+      EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+      EXPECT_EQ(s.ids.size(), 300u);
+    }
+    EXPECT_EQ(most, limit > 0 ? limit : 4) << "limit " << limit;
+  }
 }
 
 }  // namespace
