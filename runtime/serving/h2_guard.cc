@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <system_error>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -161,13 +163,21 @@ struct H2Guard::Relay {
   // its end and the client has what it wrote, or either side failed;
   // kCut (with *why) when the client broke a rule.
   State Pump(absl::Status* why);
+  // Whether gRPC has closed its end, also while bytes it wrote before still
+  // wait in the socketpair behind a client that does not read.
+  bool GrpcClosed() const {
+    if (grpc_eof) return true;
+    pollfd p{inner, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP)) != 0;
+  }
 
   const int tcp, inner;
   const std::string peer;
   H2FrameCheck check;
   Buffer up, down;
   bool client_eof = false, grpc_eof = false, up_shut = false;
-  bool queued = false;  // in this round's list of relays to pump
+  bool queued = false;                                    // in this round's list of relays to pump
+  Clock::time_point flush_by = Clock::time_point::max();  // set once GrpcClosed()
 };
 
 H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
@@ -244,20 +254,29 @@ absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& host
   }
   DELTASERVE_ASSIGN_OR_RETURN(const ListeningSocket listening, ListenTcp(host, port, who));
   const int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake < 0) {
-    const int err = errno;
+  const int err = errno;
+  const int epoll = wake < 0 ? -1 : ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll < 0) {
+    const int epoll_err = errno;
     ::close(listening.fd);
-    return ErrnoStatus(err, absl::StrCat(who, ": eventfd"));
+    if (wake >= 0) ::close(wake);
+    return ErrnoStatus(wake < 0 ? err : epoll_err,
+                       absl::StrCat(who, wake < 0 ? ": eventfd" : ": epoll_create1"));
   }
   return std::unique_ptr<H2Guard>(
-      new H2Guard(listening.fd, wake, listening.port, std::move(options)));
+      new H2Guard(listening.fd, wake, epoll, listening.port, std::move(options)));
 }
 
-H2Guard::H2Guard(int listen_fd, int wake_fd, int port, H2GuardOptions options)
-    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), options_(std::move(options)) {}
+H2Guard::H2Guard(int listen_fd, int wake_fd, int epoll_fd, int port, H2GuardOptions options)
+    : listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      epoll_fd_(epoll_fd),
+      port_(port),
+      options_(std::move(options)) {}
 
 H2Guard::~H2Guard() {
   Stop(std::chrono::milliseconds(0));
+  ::close(epoll_fd_);
   ::close(wake_fd_);
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
@@ -297,18 +316,14 @@ void H2Guard::Stop(std::chrono::milliseconds grace) {
 }
 
 void H2Guard::Run() {
-  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd < 0) {
-    std::fprintf(stderr, "HTTP/2 guard on port %d: epoll_create1: %s; not serving\n", port_,
-                 std::strerror(errno));
-    return;
-  }
+  const int epoll_fd = epoll_fd_;
   // The listening socket and the eventfd are told apart by these tags; a
   // connection's two sockets point at its Relay.
   char listen_tag = 0, wake_tag = 0;
   Watch(epoll_fd, EPOLL_CTL_ADD, wake_fd_, EPOLLIN, &wake_tag);
   std::unordered_map<Relay*, std::unique_ptr<Relay>> relays;
-  bool listening = false;  // listen_fd_ is in the epoll set
+  std::unordered_set<Relay*> flushing;  // gRPC closed them; the client has till flush_by
+  bool listening = false;               // listen_fd_ is in the epoll set
   Clock::time_point accept_resume = Clock::time_point::min();
   const size_t max_connections = static_cast<size_t>(options_.max_connections);
   std::vector<epoll_event> events(256);
@@ -331,6 +346,15 @@ void H2Guard::Run() {
       listen_fd_ = -1;
     }
     if (stopping && (relays.empty() || now >= stop_by)) break;
+    for (auto it = flushing.begin(); it != flushing.end();) {
+      Relay* relay = *it;
+      if (now < relay->flush_by) {
+        ++it;
+        continue;
+      }
+      it = flushing.erase(it);
+      relays.erase(relay);
+    }
     const bool want = listen_fd_ >= 0 && relays.size() < max_connections && now >= accept_resume;
     if (want != listening) {
       Watch(epoll_fd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, EPOLLIN, &listen_tag);
@@ -344,6 +368,7 @@ void H2Guard::Run() {
     };
     if (stopping) until(stop_by);
     if (listen_fd_ >= 0 && now < accept_resume) until(accept_resume);
+    for (Relay* relay : flushing) until(relay->flush_by);
     const int n =
         ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -367,11 +392,18 @@ void H2Guard::Run() {
       relay->queued = false;
       absl::Status why;
       const Relay::State state = relay->Pump(&why);
-      if (state == Relay::State::kOpen) continue;
+      if (state == Relay::State::kOpen) {
+        if (!flushing.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
+          flushing.insert(relay);
+          relay->flush_by = Clock::now() + options_.flush_after_close;
+        }
+        continue;
+      }
       if (state == Relay::State::kCut) {
         cut_.fetch_add(1);
         if (options_.on_cut) options_.on_cut(relay->peer, why);
       }
+      flushing.erase(relay);
       relays.erase(relay);  // closes both sockets: gRPC sees its end close
     }
     // New connections, up to the cap.
@@ -415,7 +447,6 @@ void H2Guard::Run() {
     }
   }
   relays.clear();
-  ::close(epoll_fd);
 }
 
 }  // namespace deltaserve

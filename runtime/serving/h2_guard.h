@@ -74,6 +74,10 @@ struct H2GuardOptions {
   int max_connections = 1024;
   // Each direction's buffer, per connection.
   size_t buffer_bytes = 64 << 10;
+  // Once gRPC has closed its end, how long the client has to take what gRPC
+  // wrote last before the connection is closed: a client that does not read
+  // would otherwise hold its place (and max_connections) for ever.
+  std::chrono::milliseconds flush_after_close{5000};
   // Called on the guard's thread for each connection closed for breaking a
   // rule, with the peer's address and why (for the log and a metric).
   std::function<void(const std::string& peer, const absl::Status& why)> on_cut;
@@ -110,11 +114,12 @@ class H2Guard {
 
  private:
   struct Relay;
-  H2Guard(int listen_fd, int wake_fd, int port, H2GuardOptions options);
+  H2Guard(int listen_fd, int wake_fd, int epoll_fd, int port, H2GuardOptions options);
   void Run();
 
-  int listen_fd_;      // closed by the thread once accepting stops
-  const int wake_fd_;  // an eventfd: StopAccepting and Stop write it
+  int listen_fd_;       // closed by the thread once accepting stops
+  const int wake_fd_;   // an eventfd: StopAccepting and Stop write it
+  const int epoll_fd_;  // the thread's
   const int port_;
   const H2GuardOptions options_;
   Handoff handoff_;

@@ -114,8 +114,12 @@ TEST(H2FrameCheckTest, AnErrorSticks) {
   EXPECT_FALSE(check.Consume(kPreface).ok());
 }
 
-int Connect(int port) {
+// receive_buffer > 0: SO_RCVBUF, set before connecting so the window is small.
+int Connect(int port, int receive_buffer = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (receive_buffer > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -186,9 +190,10 @@ class EchoPeers {
   std::atomic<int> handed_off_{0}, closed_{0};
 };
 
-std::unique_ptr<H2Guard> StartGuard(EchoPeers& peers, std::vector<std::string>* cuts,
+std::unique_ptr<H2Guard> StartGuard(H2Guard::Handoff handoff, std::vector<std::string>* cuts,
                                     std::mutex* cuts_mu) {
   H2GuardOptions options;
+  options.flush_after_close = std::chrono::milliseconds(300);
   options.rules.max_header_block_bytes = 4096;
   options.buffer_bytes = 4096;  // small, so that backpressure is exercised
   options.on_cut = [cuts, cuts_mu](const std::string& peer, const absl::Status& why) {
@@ -198,7 +203,7 @@ std::unique_ptr<H2Guard> StartGuard(EchoPeers& peers, std::vector<std::string>* 
   auto guard = H2Guard::Listen("127.0.0.1", 0, "the test port", std::move(options));
   EXPECT_TRUE(guard.ok()) << guard.status();
   if (!guard.ok()) return nullptr;
-  EXPECT_TRUE((*guard)->Start(peers.Handoff()).ok());
+  EXPECT_TRUE((*guard)->Start(std::move(handoff)).ok());
   return std::move(*guard);
 }
 
@@ -214,7 +219,7 @@ TEST(H2GuardTest, RelaysBothWaysUnderBackpressure) {
   EchoPeers peers;
   std::vector<std::string> cuts;
   std::mutex cuts_mu;
-  auto guard = StartGuard(peers, &cuts, &cuts_mu);
+  auto guard = StartGuard(peers.Handoff(), &cuts, &cuts_mu);
   ASSERT_NE(guard, nullptr);
   const int fd = Connect(guard->port());
   ASSERT_GE(fd, 0);
@@ -241,7 +246,7 @@ TEST(H2GuardTest, ACutClosesBothSidesAndNamesThePeerAndTheReason) {
   EchoPeers peers;
   std::vector<std::string> cuts;
   std::mutex cuts_mu;
-  auto guard = StartGuard(peers, &cuts, &cuts_mu);
+  auto guard = StartGuard(peers.Handoff(), &cuts, &cuts_mu);
   ASSERT_NE(guard, nullptr);
   const int fd = Connect(guard->port());
   ASSERT_GE(fd, 0);
@@ -263,7 +268,7 @@ TEST(H2GuardTest, StopAcceptingClosesThePortAndStopClosesWhatIsOpen) {
   EchoPeers peers;
   std::vector<std::string> cuts;
   std::mutex cuts_mu;
-  auto guard = StartGuard(peers, &cuts, &cuts_mu);
+  auto guard = StartGuard(peers.Handoff(), &cuts, &cuts_mu);
   ASSERT_NE(guard, nullptr);
   const int open = Connect(guard->port());
   ASSERT_GE(open, 0);
@@ -279,6 +284,48 @@ TEST(H2GuardTest, StopAcceptingClosesThePortAndStopClosesWhatIsOpen) {
   EXPECT_EQ(ReadAll(open), "");
   close(open);
   EXPECT_TRUE(WaitFor([&] { return peers.closed() == 1; }));
+}
+
+// A peer in gRPC's place that writes until every buffer on the way is full
+// and closes, to a client that reads nothing: the guard holds the
+// connection for the client to take the rest, and closes it once
+// flush_after_close (300 ms here) has passed instead of holding it for ever.
+TEST(H2GuardTest, AClientThatDoesNotTakeTheLastBytesIsClosedAfterAWhile) {
+  std::vector<std::string> cuts;
+  std::mutex cuts_mu;
+  std::thread writer;
+  std::atomic<size_t> written{0};
+  auto guard = StartGuard(
+      [&](int fd) {
+        writer = std::thread([fd, &written] {
+          const std::string chunk(65536, 'x');
+          int idle_ms = 0;
+          while (idle_ms < 500) {  // full: nothing more went for half a second
+            const ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+            if (n > 0) {
+              written += static_cast<size_t>(n);
+              idle_ms = 0;
+            } else {
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+              idle_ms += 10;
+            }
+          }
+          close(fd);
+        });
+      },
+      &cuts, &cuts_mu);
+  ASSERT_NE(guard, nullptr);
+  const int fd = Connect(guard->port(), 4096);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, kPreface));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // reads nothing
+  writer.join();
+  const auto start = std::chrono::steady_clock::now();
+  const std::string got = ReadAll(fd);  // what reached this socket, then the close
+  EXPECT_LT(got.size(), written.load());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  close(fd);
+  EXPECT_EQ(guard->connections_cut(), 0);
 }
 
 }  // namespace
