@@ -411,6 +411,39 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   EXPECT_NE(output.find("UNAVAILABLE"), std::string::npos) << output;
 }
 
+// A TLS port without client certificates is gRPC's own listener, which the
+// HTTP/2 guard cannot read for: the server warns, naming the ports and the
+// flag that closes it; with mutual TLS on both it does not. It serves either
+// way.
+TEST_F(SecurityTest, TlsWithoutClientCertificatesWarnsOfItsHttp2Exposure) {
+  const std::string tls = " --tls-cert " + File("server.pem") + " --tls-key " + File("server.key");
+  const std::string tokens =
+      " --client-tokens-file " + File("clients") + " --worker-token-file " + File("workers");
+  const std::string warning = "server: warning: TLS without client certificates on ";
+  struct Case {
+    std::string flags, warned;  // warned: the ports named, empty for no warning
+  };
+  for (const Case& c :
+       {Case{tls + tokens,
+             "the client port (--tls-client-ca) and the worker port (--tls-worker-ca)"},
+        Case{tls + tokens + " --tls-client-ca " + File("ca.pem"),
+             "the worker port (--tls-worker-ca)"},
+        Case{tls + " --tls-client-ca " + File("ca.pem") + " --tls-worker-ca " + File("ca.pem"),
+             ""}}) {
+    auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + c.flags);
+    ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
+    ChannelSecurity security = Tls("ca", "alice");
+    security.token_file = File("alice");
+    EXPECT_TRUE(StatusCall(*Client(coordinator.address, security)).ok());
+    const std::string log = coordinator.process->Log();
+    if (c.warned.empty()) {
+      EXPECT_EQ(log.find(warning), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find(warning + c.warned + ":"), std::string::npos) << log;
+    }
+  }
+}
+
 TEST_F(SecurityTest, AHeaderFloodGetsAnErrorAndTheServerServesOn) {
   // A header list limit below gRPC's default of 8 KiB, so that the refusal
   // of 6 KiB shows the flag reaches the transport. 1 MiB is past what the
