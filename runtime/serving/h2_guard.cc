@@ -184,8 +184,8 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
   bool moved = true;
   while (moved) {
     moved = false;
-    if (!client_eof && up.room() > 0) {
-      const ssize_t n = ::recv(tcp, up.data.get() + up.end, up.room(), 0);
+    if (const size_t room = up.room(); !client_eof && room > 0) {
+      const ssize_t n = ::recv(tcp, up.data.get() + up.end, room, 0);
       if (n > 0) {
         if (absl::Status ok = check.Consume({up.data.get() + up.end, static_cast<size_t>(n)});
             !ok.ok()) {
@@ -217,8 +217,8 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
       ::shutdown(inner, SHUT_WR);  // gRPC reads the end of the stream
       up_shut = true;
     }
-    if (!grpc_eof && down.room() > 0) {
-      const ssize_t n = ::recv(inner, down.data.get() + down.end, down.room(), 0);
+    if (const size_t room = down.room(); !grpc_eof && room > 0) {
+      const ssize_t n = ::recv(inner, down.data.get() + down.end, room, 0);
       if (n > 0) {
         down.end += static_cast<size_t>(n);
         moved = true;
