@@ -440,13 +440,8 @@ absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOpt
       std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(),
                    peer.c_str(), std::string(why.message()).c_str());
     };
-    auto listening = H2Guard::Listen(options.host, port, who, std::move(guard));
-    if (!listening.ok()) {
-      return absl::Status(
-          listening.status().code(),
-          absl::StrCat("cannot listen on ", address, ": ", listening.status().message()));
-    }
-    out.guard = std::move(*listening);
+    DELTASERVE_ASSIGN_OR_RETURN(out.guard,
+                                H2Guard::Listen(options.host, port, who, std::move(guard)));
     out.port = out.guard->port();
   }
   out.server = builder.BuildAndStart();
