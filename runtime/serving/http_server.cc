@@ -1,8 +1,6 @@
 #include "runtime/serving/http_server.h"
 
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -13,13 +11,14 @@
 #include <cerrno>
 #include <cstdint>
 #include <exception>
-#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/serving/listen_socket.h"
 
 namespace deltaserve {
 namespace {
@@ -34,30 +33,6 @@ constexpr std::chrono::milliseconds kMaxLinger{1000};
 // After accept() fails for lack of descriptors or memory, wait this long
 // before trying again instead of spinning on the readable listening socket.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
-
-std::string ErrnoMessage(int err) { return std::system_category().message(err); }
-
-absl::Status ErrnoStatus(int err, absl::string_view what) {
-  const std::string message = absl::StrCat(what, ": ", ErrnoMessage(err));
-  switch (err) {
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case EADDRINUSE:
-      return absl::UnavailableError(message);
-    case EADDRNOTAVAIL:
-    case EINVAL:
-      return absl::InvalidArgumentError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-std::string HostPort(const std::string& host, int port) {
-  if (host.empty()) return absl::StrCat("*:", port);
-  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
-  return absl::StrCat(host, ":", port);
-}
 
 void CloseFd(int fd) {
   if (fd >= 0) ::close(fd);
@@ -363,66 +338,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
                      "must be positive"));
   }
 
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* addresses = nullptr;
-  const std::string service = std::to_string(port);
-  const int gai =
-      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &addresses);
-  if (gai != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("HTTP server: cannot resolve ", where, ": ", ::gai_strerror(gai)));
-  }
-  // The first address that takes a listening socket wins.
-  int listen_fd = -1;
-  int last_errno = 0;
-  const char* failed_step = "socket";
-  for (const addrinfo* ai = addresses; ai != nullptr; ai = ai->ai_next) {
-    const int fd =
-        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last_errno = errno;
-      failed_step = "socket";
-      continue;
-    }
-    // A restarted server can rebind while old connections sit in TIME_WAIT.
-    const int one = 1;
-    if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
-      last_errno = errno;
-      failed_step = "setsockopt(SO_REUSEADDR)";
-    } else if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      last_errno = errno;
-      failed_step = "bind";
-    } else if (::listen(fd, SOMAXCONN) != 0) {
-      last_errno = errno;
-      failed_step = "listen";
-    } else {
-      listen_fd = fd;
-      break;
-    }
-    CloseFd(fd);
-  }
-  ::freeaddrinfo(addresses);
-  if (listen_fd < 0) {
-    return ErrnoStatus(
-        last_errno, absl::StrCat("HTTP server: cannot listen on ", where, " (", failed_step, ")"));
-  }
-
-  sockaddr_storage bound = {};
-  socklen_t bound_len = sizeof(bound);
-  if (::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0) {
-    const int err = errno;
-    CloseFd(listen_fd);
-    return ErrnoStatus(err, absl::StrCat("HTTP server on ", where, ": getsockname"));
-  }
-  int bound_port = port;
-  if (bound.ss_family == AF_INET) {
-    bound_port = ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
-  } else if (bound.ss_family == AF_INET6) {
-    bound_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port);
-  }
+  DELTASERVE_ASSIGN_OR_RETURN(const ListeningSocket listening,
+                              ListenTcp(host, port, "HTTP server"));
+  const int listen_fd = listening.fd;
+  const int bound_port = listening.port;
 
   int wake[2];
   if (::pipe2(wake, O_NONBLOCK | O_CLOEXEC) != 0) {

@@ -5,7 +5,9 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/server_posix.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <functional>
@@ -18,6 +20,7 @@
 #include "runtime/model/weight_spec.h"
 #include "runtime/serving/auth.h"
 #include "runtime/serving/grpc_status.h"
+#include "runtime/serving/h2_guard.h"
 #include "runtime/serving/http_server.h"
 #include "runtime/serving/request_validation.h"
 #include "runtime/serving/worker_codec.h"
@@ -434,6 +437,15 @@ absl::Status CheckExposure(const ServerOptions& o) {
 
 }  // namespace
 
+// One gRPC port. With TLS gRPC listens itself; in plaintext the guard owns
+// the listening socket and hands gRPC each connection (h2_guard.h). The
+// guard is declared last so that it stops before the server it feeds goes.
+struct GrpcPort {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<H2Guard> guard;  // plaintext only
+  int port = -1;
+};
+
 struct Server::Impl {
   MetricsRegistry metrics;
   std::unique_ptr<Coordinator> coordinator;
@@ -441,11 +453,9 @@ struct Server::Impl {
   std::unique_ptr<WriteWatchdog> watchdog;
   std::unique_ptr<GenerationService> generation;
   std::unique_ptr<WorkerLinkService> worker_link;
-  std::unique_ptr<grpc::Server> server;         // the client port
-  std::unique_ptr<grpc::Server> worker_server;  // the worker port, when there is one
+  GrpcPort client;  // the client port
+  GrpcPort worker;  // the worker port, when there is one
   std::unique_ptr<HttpServer> http;
-  int port = 0;
-  int worker_port = -1;
   bool shut_down = false;
 };
 
@@ -454,14 +464,12 @@ Server::~Server() { Shutdown(); }
 
 namespace {
 
-// One listener: `address` with `credentials`, the transport's limits, and
-// SO_REUSEPORT off: with it gRPC opens a second socket per extra completion
-// queue, and for port 0 that second socket got a port of its own that no one
-// announced; it would also let another process of this user share the port.
-void Listen(grpc::ServerBuilder& builder, const std::string& address,
-            const std::shared_ptr<grpc::ServerCredentials>& credentials,
-            const ServerOptions& options, grpc::ResourceQuota& quota, int* port) {
-  builder.AddListeningPort(address, credentials, port);
+// The transport's limits and SO_REUSEPORT off: with it gRPC opens a second
+// socket per extra completion queue, and for port 0 that second socket got
+// a port of its own that no one announced; it would also let another
+// process of this user share the port.
+void Configure(grpc::ServerBuilder& builder, const ServerOptions& options,
+               grpc::ResourceQuota& quota) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_connection_streams);
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options.max_metadata_bytes);
@@ -477,6 +485,89 @@ void Listen(grpc::ServerBuilder& builder, const std::string& address,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+// Builds and starts `builder`'s server on host:port as `who` ("the client
+// port"): TLS (`tls`) through gRPC's own listener, plaintext behind an
+// H2Guard whose cut connections are logged and counted in `cut`.
+absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOptions& options,
+                                   int port, bool tls,
+                                   const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                   const std::string& who, Counter& cut) {
+  const std::string address = absl::StrCat(options.host, ":", port);
+  GrpcPort out;
+  if (tls) {
+    builder.AddListeningPort(address, credentials, &out.port);
+  } else {
+    H2GuardOptions guard;
+    // A block gRPC would refuse with RESOURCE_EXHAUSTED (over the metadata
+    // limit) still reaches it up to twice the limit, so a client sending too
+    // much metadata gets that answer; past it the connection is cut.
+    guard.rules.max_header_block_bytes = 2 * int64_t{options.max_metadata_bytes} + (16 << 10);
+    guard.on_cut = [who, &cut](const std::string& peer, const absl::Status& why) {
+      cut.Add();
+      std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(),
+                   peer.c_str(), std::string(why.message()).c_str());
+    };
+    DELTASERVE_ASSIGN_OR_RETURN(out.guard,
+                                H2Guard::Listen(options.host, port, who, std::move(guard)));
+    out.port = out.guard->port();
+  }
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || out.port <= 0) {
+    if (out.server) out.server->Shutdown();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " for ", who,
+                                               " (in use, or not an address of this host)"));
+  }
+  if (out.guard) {
+    grpc::Server* server = out.server.get();
+    absl::Status started =
+        out.guard->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
+    if (!started.ok()) {
+      out.server->Shutdown();
+      return started;
+    }
+  }
+  return out;
+}
+
+// Stops taking connections, shuts the servers down (their calls end, gRPC
+// closes its connections), then lets the guards relay what gRPC wrote last,
+// for half a second at most.
+void ShutdownPorts(std::initializer_list<GrpcPort*> ports,
+                   std::chrono::system_clock::time_point deadline) {
+  for (GrpcPort* p : ports) {
+    if (p->guard) p->guard->StopAccepting();
+  }
+  for (GrpcPort* p : ports) {
+    if (p->server) p->server->Shutdown(deadline);
+  }
+  const auto flushed_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (GrpcPort* p : ports) {
+    if (p->guard) {
+      p->guard->Stop(std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max(flushed_by - std::chrono::steady_clock::now(),
+                   std::chrono::steady_clock::duration::zero())));
+    }
+  }
+}
+
+// A TLS port whose peers need no certificate lets anyone who completes the
+// handshake send HTTP/2 frames to gRPC 1.51, which the guard cannot read
+// (they are encrypted); a bearer token is checked only after the headers.
+void WarnOfUnauthenticatedTls(const ServerOptions& o) {
+  std::string ports;
+  if (o.tls.client_ca_file.empty()) ports = "the client port (--tls-client-ca)";
+  if (o.worker_port >= 0 && o.worker_ca_file.empty()) {
+    absl::StrAppend(&ports, ports.empty() ? "" : " and ", "the worker port (--tls-worker-ca)");
+  }
+  if (ports.empty()) return;
+  std::fprintf(stderr,
+               "server: warning: TLS without client certificates on %s: any peer that completes "
+               "the handshake reaches gRPC's HTTP/2 parser, which does not bound a header block "
+               "that never ends (CVE-2023-33953, gRPC 1.51); use mutual TLS, or keep the port "
+               "on a trusted network (docs/security.md)\n",
+               ports.c_str());
 }
 
 absl::Status CheckLimits(const ServerOptions& o) {
@@ -536,32 +627,34 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  const std::string address = absl::StrCat(options.host, ":", options.port);
+  Counter& cut = impl->metrics.AddCounter(
+      "deltaserve_http2_connections_cut_total",
+      "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
+      "(an endless or oversized header block, a bad preface or frame).");
+  const bool tls = !options.tls.cert_file.empty();
+  if (tls) WarnOfUnauthenticatedTls(options);
   grpc::ServerBuilder builder;
-  Listen(builder, address, client_credentials, options, quota, &impl->port);
+  Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());
-  impl->server = builder.BuildAndStart();
-  if (impl->server == nullptr || impl->port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", address, " (in use, or not an address of this host)"));
-  }
+  DELTASERVE_ASSIGN_OR_RETURN(impl->client, StartPort(builder, options, options.port, tls,
+                                                      client_credentials, "the client port", cut));
   if (options.worker_port >= 0) {
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
-    const std::string worker_address = absl::StrCat(options.host, ":", options.worker_port);
     grpc::ServerBuilder worker_builder;
-    Listen(worker_builder, worker_address, worker_credentials, options, quota, &impl->worker_port);
+    Configure(worker_builder, options, quota);
     worker_builder.SetOption(std::make_unique<NoPlugins>());
     worker_builder.SetOption(
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     worker_builder.RegisterService(impl->worker_link.get());
-    impl->worker_server = worker_builder.BuildAndStart();
-    if (impl->worker_server == nullptr || impl->worker_port == 0) {
-      impl->server->Shutdown();
-      return absl::UnavailableError(absl::StrCat("cannot listen for workers on ", worker_address,
-                                                 " (in use, or not an address of this host)"));
+    auto worker = StartPort(worker_builder, options, options.worker_port, tls, worker_credentials,
+                            "the worker port", cut);
+    if (!worker.ok()) {
+      ShutdownPorts({&impl->client}, std::chrono::system_clock::now());
+      return worker.status();
     }
+    impl->worker = std::move(*worker);
   }
-  grpc::HealthCheckServiceInterface* health = impl->server->GetHealthCheckService();
+  grpc::HealthCheckServiceInterface* health = impl->client.server->GetHealthCheckService();
   impl->coordinator->SetServingCallback([health](bool serving) {
     health->SetServingStatus(serving);
     health->SetServingStatus("deltaserve.v1.Generation", serving);
@@ -584,8 +677,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-int Server::port() const { return impl_->port; }
-int Server::worker_port() const { return impl_->worker_port; }
+int Server::port() const { return impl_->client.port; }
+int Server::worker_port() const { return impl_->worker.port; }
 int Server::metrics_port() const { return impl_->http ? impl_->http->port() : -1; }
 Coordinator& Server::coordinator() { return *impl_->coordinator; }
 
@@ -600,8 +693,7 @@ void Server::Shutdown() {
   impl_->shut_down = true;
   impl_->coordinator->Shutdown();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
-  if (impl_->worker_server) impl_->worker_server->Shutdown(deadline);
-  impl_->server->Shutdown(deadline);
+  ShutdownPorts({&impl_->worker, &impl_->client}, deadline);
   if (impl_->http) impl_->http->Stop();
 }
 

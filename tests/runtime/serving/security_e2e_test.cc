@@ -411,11 +411,46 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   EXPECT_NE(output.find("UNAVAILABLE"), std::string::npos) << output;
 }
 
+// A TLS port without client certificates is gRPC's own listener, which the
+// HTTP/2 guard cannot read for: the server warns, naming the ports and the
+// flag that closes it; with mutual TLS on both it does not. It serves either
+// way.
+TEST_F(SecurityTest, TlsWithoutClientCertificatesWarnsOfItsHttp2Exposure) {
+  const std::string tls = " --tls-cert " + File("server.pem") + " --tls-key " + File("server.key");
+  const std::string tokens =
+      " --client-tokens-file " + File("clients") + " --worker-token-file " + File("workers");
+  const std::string warning = "server: warning: TLS without client certificates on ";
+  struct Case {
+    std::string flags, warned;  // warned: the ports named, empty for no warning
+  };
+  for (const Case& c :
+       {Case{tls + tokens,
+             "the client port (--tls-client-ca) and the worker port (--tls-worker-ca)"},
+        Case{tls + tokens + " --tls-client-ca " + File("ca.pem"),
+             "the worker port (--tls-worker-ca)"},
+        Case{tls + " --tls-client-ca " + File("ca.pem") + " --tls-worker-ca " + File("ca.pem"),
+             ""}}) {
+    auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + c.flags);
+    ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
+    ChannelSecurity security = Tls("ca", "alice");
+    security.token_file = File("alice");
+    EXPECT_TRUE(StatusCall(*Client(coordinator.address, security)).ok());
+    const std::string log = coordinator.process->Log();
+    if (c.warned.empty()) {
+      EXPECT_EQ(log.find(warning), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find(warning + c.warned + ":"), std::string::npos) << log;
+    }
+  }
+}
+
 TEST_F(SecurityTest, AHeaderFloodGetsAnErrorAndTheServerServesOn) {
   // A header list limit below gRPC's default of 8 KiB, so that the refusal
-  // of 6 KiB shows the flag reaches the transport.
-  auto server =
-      testing::StartServer("serve --model " + K3Tiny() + " --threads 1 --max-metadata-bytes 4096");
+  // of 6 KiB shows the flag reaches the transport. 1 MiB is past what the
+  // HTTP/2 guard lets through to gRPC (twice the limit plus 16 KiB): the
+  // connection is closed in the middle of the block (UNAVAILABLE).
+  auto server = testing::StartServer("serve --model " + K3Tiny() +
+                                     " --threads 1 --max-metadata-bytes 4096 --metrics-port 0");
   ASSERT_NE(server.stub, nullptr);
   for (const size_t bytes : {size_t{6} << 10, size_t{1} << 20}) {
     auto stub = Client(server.address, ChannelSecurity());
@@ -424,9 +459,13 @@ TEST_F(SecurityTest, AHeaderFloodGetsAnErrorAndTheServerServesOn) {
     v1::ServerStatus status;
     const grpc::Status flooded =
         stub->GetServerStatus(&context, v1::GetServerStatusRequest(), &status);
-    EXPECT_EQ(flooded.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+    EXPECT_EQ(flooded.error_code(), bytes < (16 << 10) ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                                       : grpc::StatusCode::UNAVAILABLE)
         << bytes << ": " << flooded.error_message();
   }
+  EXPECT_NE(testing::HttpGet(server.metrics_port, "/metrics")
+                .find("deltaserve_http2_connections_cut_total 1\n"),
+            std::string::npos);
   // Metadata within the limit passes, and the server goes on serving.
   auto fresh = Client(server.address, ChannelSecurity());
   grpc::ClientContext context;

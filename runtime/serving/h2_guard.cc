@@ -1,0 +1,452 @@
+#include "runtime/serving/h2_guard.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <system_error>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/serving/listen_socket.h"
+
+namespace deltaserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+constexpr size_t kPrefaceBytes = sizeof(kPreface) - 1;
+constexpr uint8_t kHeaders = 0x1, kPushPromise = 0x5, kContinuation = 0x9;
+constexpr uint8_t kEndHeaders = 0x4;
+// After accept() fails for lack of descriptors or memory, wait this long
+// before trying again instead of spinning on the readable listening socket.
+constexpr std::chrono::milliseconds kAcceptBackoff{100};
+
+bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+std::string PeerName(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    return HostPort(text, ntohs(in->sin_port));
+  }
+  if (addr.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    return HostPort(text, ntohs(in6->sin6_port));
+  }
+  return "an unknown peer";
+}
+
+// epoll_ctl(op) of `fd` for `events`, reported with `tag`.
+void Watch(int epoll_fd, int op, int fd, uint32_t events, void* tag) {
+  epoll_event event{};
+  event.events = events;
+  event.data.ptr = tag;
+  ::epoll_ctl(epoll_fd, op, fd, &event);
+}
+
+}  // namespace
+
+absl::Status H2FrameCheck::Consume(absl::string_view bytes) {
+  size_t i = 0;
+  while (error_.ok() && i < bytes.size()) {
+    if (preface_matched_ < kPrefaceBytes) {
+      const size_t n = std::min(kPrefaceBytes - preface_matched_, bytes.size() - i);
+      if (std::memcmp(bytes.data() + i, kPreface + preface_matched_, n) != 0) {
+        error_ = absl::InvalidArgumentError(
+            "not the HTTP/2 client preface (a TLS or HTTP/1 client on a plaintext gRPC port?)");
+        break;
+      }
+      preface_matched_ += n;
+      i += n;
+    } else if (payload_left_ > 0) {
+      const size_t n = std::min<size_t>(payload_left_, bytes.size() - i);
+      payload_left_ -= static_cast<uint32_t>(n);
+      i += n;
+    } else {
+      header_[header_bytes_++] = static_cast<unsigned char>(bytes[i++]);
+      if (header_bytes_ == sizeof(header_)) {
+        header_bytes_ = 0;
+        error_ = OnFrameHeader();
+      }
+    }
+  }
+  return error_;
+}
+
+absl::Status H2FrameCheck::OnFrameHeader() {
+  const uint32_t length = uint32_t{header_[0]} << 16 | uint32_t{header_[1]} << 8 | header_[2];
+  const uint8_t type = header_[3];
+  const uint8_t flags = header_[4];
+  const uint32_t stream = (uint32_t{header_[5]} << 24 | uint32_t{header_[6]} << 16 |
+                           uint32_t{header_[7]} << 8 | header_[8]) &
+                          0x7fffffffu;
+  if (in_block_) {
+    if (type != kContinuation || stream != block_stream_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a frame of type ", type, " on stream ", stream, " inside the header block of stream ",
+          block_stream_, ": only its CONTINUATION frames may follow"));
+    }
+    block_bytes_ += sizeof(header_) + length;
+  } else if (type == kContinuation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a CONTINUATION frame on stream ", stream, " with no header block open"));
+  } else if (type == kHeaders || type == kPushPromise) {
+    in_block_ = true;
+    block_stream_ = stream;
+    block_bytes_ = sizeof(header_) + length;
+  }
+  if (in_block_) {
+    if (block_bytes_ > rules_.max_header_block_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a header block of over ", rules_.max_header_block_bytes, " bytes on stream ",
+          block_stream_, " (its limit: twice --max-metadata-bytes, plus 16 KiB)"));
+    }
+    if (flags & kEndHeaders) in_block_ = false;
+  }
+  payload_left_ = length;
+  return absl::OkStatus();
+}
+
+// One relayed connection: the client's TCP socket and the guard's end of
+// the socketpair whose other end gRPC serves.
+struct H2Guard::Relay {
+  // A fixed-size window of bytes on their way: [begin, end) of data.
+  struct Buffer {
+    explicit Buffer(size_t capacity) : data(new char[capacity]), capacity(capacity) {}
+    size_t size() const { return end - begin; }
+    // Free space at the end, moving what is left to the front when needed.
+    size_t room() {
+      if (begin == end) {
+        begin = end = 0;
+      } else if (end == capacity && begin > 0) {
+        std::memmove(data.get(), data.get() + begin, size());
+        end -= begin;
+        begin = 0;
+      }
+      return capacity - end;
+    }
+    std::unique_ptr<char[]> data;
+    size_t capacity, begin = 0, end = 0;
+  };
+
+  Relay(int tcp, int inner, std::string peer, const H2GuardOptions& o)
+      : tcp(tcp),
+        inner(inner),
+        peer(std::move(peer)),
+        check(o.rules),
+        up(o.buffer_bytes),
+        down(o.buffer_bytes) {}
+  ~Relay() {
+    ::close(tcp);
+    ::close(inner);
+  }
+
+  enum class State { kOpen, kEnded, kCut };
+  // Moves bytes both ways until nothing moves: up (client to gRPC) through
+  // the check, down (gRPC to client) as it is. kEnded once gRPC has closed
+  // its end and the client has what it wrote, or either side failed;
+  // kCut (with *why) when the client broke a rule.
+  State Pump(absl::Status* why);
+  // Whether gRPC has closed its end, also while bytes it wrote before still
+  // wait in the socketpair behind a client that does not read.
+  bool GrpcClosed() const {
+    if (grpc_eof) return true;
+    pollfd p{inner, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP)) != 0;
+  }
+
+  const int tcp, inner;
+  const std::string peer;
+  H2FrameCheck check;
+  Buffer up, down;
+  bool client_eof = false, grpc_eof = false, up_shut = false;
+  bool queued = false;                                    // in this round's list of relays to pump
+  Clock::time_point flush_by = Clock::time_point::max();  // set once GrpcClosed()
+};
+
+H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
+  bool moved = true;
+  while (moved) {
+    moved = false;
+    if (const size_t room = up.room(); !client_eof && room > 0) {
+      const ssize_t n = ::recv(tcp, up.data.get() + up.end, room, 0);
+      if (n > 0) {
+        if (absl::Status ok = check.Consume({up.data.get() + up.end, static_cast<size_t>(n)});
+            !ok.ok()) {
+          *why = std::move(ok);
+          return State::kCut;
+        }
+        up.end += static_cast<size_t>(n);
+        moved = true;
+      } else if (n == 0) {
+        client_eof = moved = true;
+      } else if (!WouldBlock(errno)) {
+        return State::kEnded;  // reset by the client
+      } else {
+        moved |= errno == EINTR;
+      }
+    }
+    if (up.size() > 0) {
+      const ssize_t n = ::send(inner, up.data.get() + up.begin, up.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        up.begin += static_cast<size_t>(n);
+        moved = true;
+      } else if (!WouldBlock(errno)) {
+        return State::kEnded;  // gRPC closed its end
+      } else {
+        moved |= errno == EINTR;
+      }
+    }
+    if (client_eof && up.size() == 0 && !up_shut) {
+      ::shutdown(inner, SHUT_WR);  // gRPC reads the end of the stream
+      up_shut = true;
+    }
+    if (const size_t room = down.room(); !grpc_eof && room > 0) {
+      const ssize_t n = ::recv(inner, down.data.get() + down.end, room, 0);
+      if (n > 0) {
+        down.end += static_cast<size_t>(n);
+        moved = true;
+      } else if (n == 0 || !WouldBlock(errno)) {
+        grpc_eof = moved = true;
+      } else {
+        moved |= errno == EINTR;
+      }
+    }
+    if (down.size() > 0) {
+      const ssize_t n = ::send(tcp, down.data.get() + down.begin, down.size(), MSG_NOSIGNAL);
+      if (n > 0) {
+        down.begin += static_cast<size_t>(n);
+        moved = true;
+      } else if (!WouldBlock(errno)) {
+        return State::kEnded;  // the client is gone
+      } else {
+        moved |= errno == EINTR;
+      }
+    }
+    if (grpc_eof && down.size() == 0) return State::kEnded;
+  }
+  return State::kOpen;
+}
+
+absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& host, int port,
+                                                         absl::string_view who,
+                                                         H2GuardOptions options) {
+  if (options.max_connections < 1 || options.buffer_bytes < 1024 ||
+      options.rules.max_header_block_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": the HTTP/2 guard's limits must be positive"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(const ListeningSocket listening, ListenTcp(host, port, who));
+  const int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  const int err = errno;
+  const int epoll = wake < 0 ? -1 : ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll < 0) {
+    const int epoll_err = errno;
+    ::close(listening.fd);
+    if (wake >= 0) ::close(wake);
+    return ErrnoStatus(wake < 0 ? err : epoll_err,
+                       absl::StrCat(who, wake < 0 ? ": eventfd" : ": epoll_create1"));
+  }
+  return std::unique_ptr<H2Guard>(
+      new H2Guard(listening.fd, wake, epoll, listening.port, std::move(options)));
+}
+
+H2Guard::H2Guard(int listen_fd, int wake_fd, int epoll_fd, int port, H2GuardOptions options)
+    : listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      epoll_fd_(epoll_fd),
+      port_(port),
+      options_(std::move(options)) {}
+
+H2Guard::~H2Guard() {
+  Stop(std::chrono::milliseconds(0));
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+absl::Status H2Guard::Start(Handoff handoff) {
+  handoff_ = std::move(handoff);
+  try {
+    thread_ = std::thread(&H2Guard::Run, this);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the HTTP/2 guard's thread: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void H2Guard::StopAccepting() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepting_ = false;
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+void H2Guard::Stop(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepting_ = false;
+    if (!stopping_) {
+      stopping_ = true;
+      stop_by_ = Clock::now() + grace;
+    }
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void H2Guard::Run() {
+  const int epoll_fd = epoll_fd_;
+  // The listening socket and the eventfd are told apart by these tags; a
+  // connection's two sockets point at its Relay.
+  char listen_tag = 0, wake_tag = 0;
+  Watch(epoll_fd, EPOLL_CTL_ADD, wake_fd_, EPOLLIN, &wake_tag);
+  std::unordered_map<Relay*, std::unique_ptr<Relay>> relays;
+  std::unordered_set<Relay*> flushing;  // gRPC closed them; the client has till flush_by
+  bool listening = false;               // listen_fd_ is in the epoll set
+  Clock::time_point accept_resume = Clock::time_point::min();
+  const size_t max_connections = static_cast<size_t>(options_.max_connections);
+  std::vector<epoll_event> events(256);
+  std::vector<Relay*> ready;
+
+  while (true) {
+    bool accepting, stopping;
+    Clock::time_point stop_by;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      accepting = accepting_;
+      stopping = stopping_;
+      stop_by = stop_by_;
+    }
+    const Clock::time_point now = Clock::now();
+    if (!accepting && listen_fd_ >= 0) {
+      if (listening) ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listen_fd_, nullptr);
+      listening = false;
+      ::close(listen_fd_);
+      listen_fd_ = -1;
+    }
+    if (stopping && (relays.empty() || now >= stop_by)) break;
+    for (auto it = flushing.begin(); it != flushing.end();) {
+      Relay* relay = *it;
+      if (now < relay->flush_by) {
+        ++it;
+        continue;
+      }
+      it = flushing.erase(it);
+      relays.erase(relay);
+    }
+    const bool want = listen_fd_ >= 0 && relays.size() < max_connections && now >= accept_resume;
+    if (want != listening) {
+      Watch(epoll_fd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, EPOLLIN, &listen_tag);
+      listening = want;
+    }
+    int timeout_ms = -1;
+    const auto until = [&](Clock::time_point t) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(t - now).count();
+      const int ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1000));
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    };
+    if (stopping) until(stop_by);
+    if (listen_fd_ >= 0 && now < accept_resume) until(accept_resume);
+    for (Relay* relay : flushing) until(relay->flush_by);
+    const int n =
+        ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      std::fprintf(stderr, "HTTP/2 guard on port %d: epoll_wait: %s\n", port_,
+                   std::strerror(errno));
+      break;
+    }
+    ready.clear();
+    for (int i = 0; i < n; ++i) {
+      void* tag = events[i].data.ptr;
+      if (tag == &wake_tag) {
+        uint64_t count;
+        [[maybe_unused]] const ssize_t r = ::read(wake_fd_, &count, sizeof(count));
+      } else if (tag != &listen_tag) {
+        Relay* relay = static_cast<Relay*>(tag);
+        if (!relay->queued) ready.push_back(relay);
+        relay->queued = true;
+      }
+    }
+    for (Relay* relay : ready) {
+      relay->queued = false;
+      absl::Status why;
+      const Relay::State state = relay->Pump(&why);
+      if (state == Relay::State::kOpen) {
+        if (!flushing.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
+          flushing.insert(relay);
+          relay->flush_by = Clock::now() + options_.flush_after_close;
+        }
+        continue;
+      }
+      if (state == Relay::State::kCut) {
+        cut_.fetch_add(1);
+        if (options_.on_cut) options_.on_cut(relay->peer, why);
+      }
+      flushing.erase(relay);
+      relays.erase(relay);  // closes both sockets: gRPC sees its end close
+    }
+    // New connections, up to the cap.
+    while (listening && relays.size() < max_connections) {
+      sockaddr_storage addr{};
+      socklen_t addr_len = sizeof(addr);
+      const int tcp = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_len,
+                                SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (tcp < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          accept_resume = Clock::now() + kAcceptBackoff;
+        }
+        break;  // EAGAIN: none waiting; ECONNABORTED and the like: the next round
+      }
+      const int one = 1;
+      ::setsockopt(tcp, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      int pair[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+        ::close(tcp);
+        accept_resume = Clock::now() + kAcceptBackoff;
+        break;
+      }
+      {
+        // Under the lock: once StopAccepting has returned, no handoff runs.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!accepting_) {
+          ::close(tcp);
+          ::close(pair[0]);
+          ::close(pair[1]);
+          break;
+        }
+        handoff_(pair[0]);
+      }
+      auto relay = std::make_unique<Relay>(tcp, pair[1], PeerName(addr), options_);
+      // Edge-triggered: Pump moves bytes until a side would block, and
+      // adding a socket that is already readable reports it at once.
+      const uint32_t all = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+      Watch(epoll_fd, EPOLL_CTL_ADD, tcp, all, relay.get());
+      Watch(epoll_fd, EPOLL_CTL_ADD, pair[1], all, relay.get());
+      relays.emplace(relay.get(), std::move(relay));
+    }
+  }
+  relays.clear();
+}
+
+}  // namespace deltaserve

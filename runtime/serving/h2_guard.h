@@ -1,0 +1,135 @@
+// An HTTP/2 frame guard in front of gRPC's plaintext (h2c) ports.
+//
+// gRPC 1.51 (Debian bookworm's, which we cannot replace) takes a header block
+// that never ends (HEADERS without END_HEADERS, then CONTINUATION frames
+// without end) into memory whole, whatever its metadata limit and
+// ResourceQuota say, and keeps much of it after the connection closes
+// (CVE-2023-33953, fixed in gRPC 1.56): 256 MiB of block grew a coordinator
+// by about 280 MiB. The guard owns the port's listening socket; each
+// connection it accepts is relayed through a socketpair whose other end gRPC
+// serves (grpc::AddInsecureChannelFromFd), and the bytes from the client are
+// checked as they pass (H2FrameCheck). A connection that breaks a rule is
+// closed on both sides: gRPC sees its end close and frees what it held.
+//
+// One thread runs an epoll loop over the listening socket and every
+// connection. Each direction of a connection has a fixed buffer; a side that
+// cannot take more is not read from (backpressure: no buffer grows).
+// TLS ports cannot be guarded this way (their frames are encrypted):
+// docs/security.md says what covers them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace deltaserve {
+
+struct H2Rules {
+  // Bytes of one header block's frames, 9-byte frame headers included (so
+  // that empty CONTINUATION frames count too): its HEADERS (or PUSH_PROMISE)
+  // frame and CONTINUATION frames, whole, as HPACK compressed the headers.
+  int64_t max_header_block_bytes = 48 << 10;
+};
+
+// The client-to-server byte stream of one connection, checked as it passes,
+// holding at most a frame header (9 bytes) of it: the client preface first;
+// once a header block opens, only CONTINUATION frames of its stream until
+// END_HEADERS; no CONTINUATION outside a block; no block over
+// max_header_block_bytes. Frame lengths are gRPC's to check: it raises its
+// SETTINGS_MAX_FRAME_SIZE with its bandwidth estimate (up to 16 MiB), and
+// the guard holds no frame, so a long one costs it nothing.
+class H2FrameCheck {
+ public:
+  explicit H2FrameCheck(const H2Rules& rules) : rules_(rules) {}
+
+  // The next bytes from the client, in order: OK, or why the connection must
+  // be closed (every later call returns that too).
+  absl::Status Consume(absl::string_view bytes);
+
+ private:
+  absl::Status OnFrameHeader();
+
+  const H2Rules rules_;
+  size_t preface_matched_ = 0;
+  unsigned char header_[9] = {};
+  size_t header_bytes_ = 0;
+  uint32_t payload_left_ = 0;
+  bool in_block_ = false;
+  uint32_t block_stream_ = 0;
+  int64_t block_bytes_ = 0;
+  absl::Status error_;
+};
+
+struct H2GuardOptions {
+  H2Rules rules;
+  // Connections relayed at once; more wait in the listen backlog.
+  int max_connections = 1024;
+  // Each direction's buffer, per connection.
+  size_t buffer_bytes = 64 << 10;
+  // Once gRPC has closed its end, how long the client has to take what gRPC
+  // wrote last before the connection is closed: a client that does not read
+  // would otherwise hold its place (and max_connections) for ever.
+  std::chrono::milliseconds flush_after_close{5000};
+  // Called on the guard's thread for each connection closed for breaking a
+  // rule, with the peer's address and why (for the log and a metric).
+  std::function<void(const std::string& peer, const absl::Status& why)> on_cut;
+};
+
+class H2Guard {
+ public:
+  // Takes gRPC's end of a new connection's socketpair (non-blocking,
+  // close-on-exec); gRPC owns it from then on.
+  using Handoff = std::function<void(int fd)>;
+
+  // Listens on host:port (port 0: a free one; see port()); Start() begins
+  // accepting. `who` starts error messages ("the client port").
+  static absl::StatusOr<std::unique_ptr<H2Guard>> Listen(const std::string& host, int port,
+                                                         absl::string_view who,
+                                                         H2GuardOptions options);
+  ~H2Guard();  // Stop(0)s
+  H2Guard(const H2Guard&) = delete;
+  H2Guard& operator=(const H2Guard&) = delete;
+
+  int port() const { return port_; }
+
+  // Starts the thread; each accepted connection goes to `handoff`.
+  absl::Status Start(Handoff handoff);
+  // Closes the listening socket; once it returns, `handoff` is not called
+  // again (the gRPC server may shut down). Open connections are relayed on.
+  void StopAccepting();
+  // Relays what is left until every connection has ended (gRPC closed its
+  // end and the client got what gRPC wrote) or `grace` passed, then closes
+  // the rest and joins the thread. Idempotent.
+  void Stop(std::chrono::milliseconds grace);
+
+  int64_t connections_cut() const { return cut_.load(); }
+
+ private:
+  struct Relay;
+  H2Guard(int listen_fd, int wake_fd, int epoll_fd, int port, H2GuardOptions options);
+  void Run();
+
+  int listen_fd_;       // closed by the thread once accepting stops
+  const int wake_fd_;   // an eventfd: StopAccepting and Stop write it
+  const int epoll_fd_;  // the thread's
+  const int port_;
+  const H2GuardOptions options_;
+  Handoff handoff_;
+
+  std::mutex mu_;
+  bool accepting_ = true;                          // guarded by mu_
+  bool stopping_ = false;                          // guarded by mu_
+  std::chrono::steady_clock::time_point stop_by_;  // guarded by mu_
+  std::thread thread_;
+  std::atomic<int64_t> cut_{0};
+};
+
+}  // namespace deltaserve

@@ -1,0 +1,287 @@
+// The HTTP/2 limits of real `deltaserve` servers. A flood from raw TCP
+// clients that speak h2c frame by frame (no gRPC library on the attacking
+// side): a header block that never ends (CONTINUATION after CONTINUATION,
+// the CVE-2023-33953 class that gRPC 1.51 does not bound) on the client port
+// and on the worker port, with the coordinator's VmRSS watched throughout;
+// then a real worker attaches and a real client generates. The settings the
+// flags give reach the SETTINGS frame of both ports, and streams over
+// --max-connection-streams on one connection wait while the allowed ones run.
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/runtime/serving/serving_test_util.h"
+
+namespace deltaserve {
+namespace {
+
+std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
+
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+constexpr uint8_t kSettings = 0x4, kHeaders = 0x1, kContinuation = 0x9;
+constexpr uint8_t kEndHeaders = 0x4;
+constexpr size_t kFramePayload = 16384;  // HTTP/2's initial SETTINGS_MAX_FRAME_SIZE
+
+int64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  const size_t n = payload.size();
+  std::string frame = {static_cast<char>(n >> 16),
+                       static_cast<char>(n >> 8),
+                       static_cast<char>(n),
+                       static_cast<char>(type),
+                       static_cast<char>(flags),
+                       0,
+                       0,
+                       0,
+                       static_cast<char>(stream)};
+  return frame + payload;
+}
+
+// A frame's worth of header block: two HPACK "literal without indexing, new
+// name" fields of exactly 8192 bytes each (x-flood: 8180 bytes of 'a'), so
+// that a block of these frames is an endless run of complete fields.
+std::string FloodPayload() {
+  std::string field = {0x00, 0x07};
+  field += "x-flood";
+  // 8180 = 127 + 8053: the 7-bit prefix full, then 8053 as a varint.
+  field += {0x7f, static_cast<char>(0x80 | (8053 & 0x7f)), static_cast<char>(8053 >> 7)};
+  field += std::string(8180, 'a');
+  EXPECT_EQ(field.size(), 8192u);
+  return field + field;
+}
+
+// A TCP connection to 127.0.0.1:port whose sends and receives give up after
+// `timeout` (a server that stops reading is not a hang).
+class RawConnection {
+ public:
+  RawConnection(int port, std::chrono::seconds timeout) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{static_cast<time_t>(timeout.count()), 0};
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  bool connected() const { return connected_; }
+
+  // Whether all of `bytes` went out; errno says why not.
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // The server's first SETTINGS frame (not an ACK): identifier -> value.
+  std::map<int, uint32_t> ReadSettings() {
+    std::map<int, uint32_t> settings;
+    while (true) {
+      unsigned char header[9];
+      if (!ReadExactly(header, sizeof(header))) return {};
+      const size_t length = size_t{header[0]} << 16 | size_t{header[1]} << 8 | header[2];
+      std::string payload(length, '\0');
+      if (!ReadExactly(payload.data(), length)) return {};
+      if (header[3] != kSettings || (header[4] & 1) != 0) continue;
+      for (size_t i = 0; i + 6 <= length; i += 6) {
+        const auto* p = reinterpret_cast<const unsigned char*>(payload.data() + i);
+        settings[p[0] << 8 | p[1]] =
+            uint32_t{p[2]} << 24 | uint32_t{p[3]} << 16 | uint32_t{p[4]} << 8 | p[5];
+      }
+      return settings;
+    }
+  }
+
+  // Reads (and drops) what the server sends until it closes the connection
+  // (true) or nothing comes for the timeout (false).
+  bool ReadUntilClosed() {
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = recv(fd_, buffer, sizeof(buffer), 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+    }
+  }
+
+ private:
+  bool ReadExactly(void* data, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = recv(fd_, static_cast<char*>(data) + got, n - got, 0);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+struct FloodResult {
+  int64_t sent_bytes = 0;    // of header block
+  bool closed = false;       // the server closed the connection
+  int64_t max_growth = 0;    // VmRSS over the baseline, at most, during the flood
+  int64_t growth_after = 0;  // VmRSS over the baseline once the connection is gone
+  double seconds = 0;
+};
+
+// One HEADERS frame without END_HEADERS, then CONTINUATION frames, up to
+// `limit` bytes of header block or until the server closes the connection.
+FloodResult ContinuationFlood(int port, pid_t server, int64_t limit) {
+  FloodResult r;
+  const int64_t baseline = RssBytes(server);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    RawConnection c(port, std::chrono::seconds(5));
+    EXPECT_TRUE(c.connected());
+    const std::string payload = FloodPayload();
+    bool open = c.Send(kPreface) && c.Send(Frame(kSettings, 0, 0, "")) &&
+                c.Send(Frame(kHeaders, 0, 1, payload));
+    r.sent_bytes = open ? static_cast<int64_t>(payload.size()) : 0;
+    const std::string continuation = Frame(kContinuation, 0, 1, payload);
+    std::string burst;  // 64 frames per send: 1 MiB of block
+    for (int i = 0; i < 64; ++i) burst += continuation;
+    while (open && r.sent_bytes < limit) {
+      open = c.Send(burst);
+      if (open) r.sent_bytes += 64 * static_cast<int64_t>(payload.size());
+      r.max_growth = std::max(r.max_growth, RssBytes(server) - baseline);
+    }
+    r.closed = !open ? errno == EPIPE || errno == ECONNRESET : c.ReadUntilClosed();
+    r.max_growth = std::max(r.max_growth, RssBytes(server) - baseline);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // What the server holds once the flooding connection has gone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  r.growth_after = RssBytes(server) - baseline;
+  return r;
+}
+
+constexpr int64_t kMiB = 1 << 20;
+
+TEST(H2FloodTest, AContinuationFloodIsCutOnBothPortsAndTheServerStaysSmallAndServes) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --metrics-port 0");
+  ASSERT_NE(coordinator.stub, nullptr);
+  const int worker_port = std::stoi(coordinator.worker_address.substr(10));
+  for (const int port : {coordinator.port, worker_port}) {
+    const FloodResult r = ContinuationFlood(port, coordinator.process->pid(), 256 * kMiB);
+    std::printf(
+        "port %d: %lld MiB of header block sent in %.1f s; closed: %d; VmRSS +%lld MiB "
+        "at most, +%lld MiB after\n",
+        port, static_cast<long long>(r.sent_bytes / kMiB), r.seconds, r.closed,
+        static_cast<long long>(r.max_growth / kMiB), static_cast<long long>(r.growth_after / kMiB));
+    EXPECT_TRUE(r.closed) << "port " << port;
+    EXPECT_LT(r.sent_bytes, 256 * kMiB) << "port " << port;
+    EXPECT_LE(r.max_growth, 64 * kMiB) << "port " << port;
+    EXPECT_LE(r.growth_after, 64 * kMiB) << "port " << port;
+  }
+  // Each cut is logged with the peer and the reason, and counted.
+  const std::string log = coordinator.process->Log();
+  for (const std::string port : {"client", "worker"}) {
+    EXPECT_NE(log.find("server: the " + port + " port: closed the connection of 127.0.0.1:"),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(log.find("a header block of over 49152 bytes on stream 1"), std::string::npos) << log;
+  EXPECT_NE(testing::HttpGet(coordinator.metrics_port, "/metrics")
+                .find("deltaserve_http2_connections_cut_total 2\n"),
+            std::string::npos);
+  // Both ports serve on: a real worker attaches, a real client generates.
+  auto worker = testing::ChildProcess::Start(
+      testing::BinPath("deltaserve") + " worker --coordinator " + coordinator.worker_address +
+          " --model " + K3Tiny() + " --threads 1 --connect-timeout 5",
+      testing::TempDir("h2guard") + "/worker.log");
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+      std::chrono::seconds(60)))
+      << worker->Log() << coordinator.process->Log();
+  const testing::Streamed served =
+      testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3}, 8), 60);
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.ids.size(), 8u);
+}
+
+// SETTINGS_MAX_CONCURRENT_STREAMS (3) and SETTINGS_MAX_HEADER_LIST_SIZE (6)
+// are what the flags say, on both ports.
+TEST(Http2LimitsTest, TheFlagsReachTheSettingsOfBothPorts) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
+                                          " --max-connection-streams 7 --max-metadata-bytes 5000");
+  ASSERT_NE(coordinator.stub, nullptr);
+  for (const int port : {coordinator.port, std::stoi(coordinator.worker_address.substr(10))}) {
+    RawConnection c(port, std::chrono::seconds(5));
+    ASSERT_TRUE(c.Send(kPreface) && c.Send(Frame(kSettings, 0, 0, "")));
+    std::map<int, uint32_t> settings = c.ReadSettings();
+    EXPECT_EQ(settings[3], 7u) << "port " << port;
+    EXPECT_EQ(settings[6], 5000u) << "port " << port;
+  }
+}
+
+// Four long streams started at once on one connection: with
+// --max-connection-streams 2 the server never holds more than two of them
+// (the client waits for a free stream, as gRPC does) and all four complete;
+// without the flag it holds all four at once.
+TEST(Http2LimitsTest, StreamsOverTheConnectionLimitWaitWhileTheAllowedOnesRun) {
+  for (const int limit : {2, 0}) {
+    auto server = testing::StartServer(
+        "serve --model " + K3Tiny() + " --threads 1" +
+        (limit > 0 ? " --max-connection-streams " + std::to_string(limit) : ""));
+    ASSERT_NE(server.stub, nullptr);
+    // The observer has a connection of its own (gRPC would share one
+    // between channels of the same target and arguments).
+    grpc::ChannelArguments own;
+    own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto observer = v1::Generation::NewStub(
+        grpc::CreateCustomChannel(server.address, grpc::InsecureChannelCredentials(), own));
+    // One call first, so the client knows the server's SETTINGS before the
+    // four streams open on the same connection.
+    testing::Status(*server.stub);
+    std::vector<testing::Streamed> streamed(4);
+    std::atomic<int> done{0};
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 4; ++i) {
+      clients.emplace_back([&, i] {
+        streamed[i] =
+            testing::GenerateAll(*server.stub, testing::TokensRequest({1, 2, 3, i + 4}, 300), 60);
+        done.fetch_add(1);
+      });
+    }
+    int64_t most = 0;
+    while (done.load() < 4) {
+      const v1::ServerStatus s = testing::Status(*observer);
+      most = std::max<int64_t>(most, s.running_sequences() + s.waiting_requests());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (std::thread& t : clients) t.join();
+    for (const testing::Streamed& s : streamed) {
+      EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+      EXPECT_EQ(s.ids.size(), 300u);
+    }
+    EXPECT_EQ(most, limit > 0 ? limit : 4) << "limit " << limit;
+  }
+}
+
+}  // namespace
+}  // namespace deltaserve
