@@ -358,6 +358,10 @@ const CommandSpec& WorkerSpec() {
                           {"coordinator", "HOST:PORT",
                            "the coordinator's worker port (its --worker-port) to attach to"},
                           {"connect-timeout", "S", "seconds to wait for the coordinator", "60"},
+                          {"keepalive", "S",
+                           "ping the coordinator after S seconds without traffic; no answer "
+                           "within S/2 ends the link (1..3600)",
+                           "10"},
                           {"plan-context", "T", "context the stage split is balanced for", "32768"},
                           {"stats", "",
                            "on exit, print each rank's weight bytes, peak resident memory, "
@@ -418,6 +422,10 @@ absl::Status RunWorkerCommand(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(WorkerSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(std::string coordinator, flags.Required("coordinator"));
   DELTASERVE_ASSIGN_OR_RETURN(double connect_timeout, flags.GetDouble("connect-timeout", 60));
+  DELTASERVE_ASSIGN_OR_RETURN(double keepalive, flags.GetDouble("keepalive", 10));
+  if (!(keepalive >= 1 && keepalive <= 3600)) {
+    return absl::InvalidArgumentError("--keepalive must be in [1, 3600] seconds");
+  }
   DELTASERVE_ASSIGN_OR_RETURN(int64_t plan_context, flags.GetInt("plan-context", 32768));
   // SIGTERM and SIGINT (mpirun forwards them to every rank) ask the worker to
   // leave: the leader answers the steps it has started, tells the coordinator
@@ -444,8 +452,8 @@ absl::Status RunWorkerCommand(const Args& args) {
     grpc::ChannelArguments channel_args;
     channel_args.SetMaxReceiveMessageSize(-1);
     channel_args.SetMaxSendMessageSize(-1);
-    channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-    channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive * 1000));
+    channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(keepalive * 500));
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     auto channel =
         OpenChannel(coordinator, ChannelSecurityFrom(flags, "worker-token-file"), channel_args);

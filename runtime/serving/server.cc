@@ -480,10 +480,11 @@ void Configure(grpc::ServerBuilder& builder, const ServerOptions& options,
       std::min<int64_t>(4 * options.limits.max_request_bytes + (1 << 20), INT32_MAX);
   builder.SetMaxReceiveMessageSize(static_cast<int>(transport_limit));
   builder.SetMaxSendMessageSize(static_cast<int>(transport_limit));
-  // A worker that vanishes without closing its connection is noticed.
+  // A worker that vanishes without closing its connection is noticed. Its
+  // own pings (worker --keepalive, at least 1 s apart) are welcome.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 

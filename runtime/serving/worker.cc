@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
@@ -64,6 +69,77 @@ void LeaveSignal::SayLocked() {
 
 namespace {
 
+using Link = grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
+
+// Reads the coordinator's messages on a thread of its own while the leader
+// computes. gRPC's synchronous API advances a connection only while a thread
+// waits on it: with the leader's one thread in a step longer than the
+// keepalive, the link's pings went unanswered and gRPC ended it ("keepalive
+// watchdog timeout"), so a long prefill chunk cost the worker its link.
+class Inbox {
+ public:
+  Inbox(Link& link, grpc::ClientContext& context) : link_(link), context_(context) {}
+  ~Inbox() { Close(std::chrono::milliseconds(0)); }
+
+  absl::Status Start() {
+    try {
+      thread_ = std::thread([this] { Read(); });
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start the thread that reads the coordinator's link: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+  // The next message; false once the link has ended.
+  bool Pop(v1::CoordinatorMessage* message) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !messages_.empty() || ended_; });
+    if (messages_.empty()) return false;
+    *message = std::move(messages_.front());
+    messages_.pop_front();
+    cv_.notify_all();
+    return true;
+  }
+  // Gives the link `grace` to end by itself (the coordinator ends it after a
+  // shutdown or when this side is done writing), then cancels it; joins.
+  void Close(std::chrono::milliseconds grace) {
+    if (!thread_.joinable()) return;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      closing_ = true;
+      cv_.notify_all();
+      if (!cv_.wait_for(lock, grace, [&] { return ended_; })) context_.TryCancel();
+    }
+    thread_.join();
+  }
+
+ private:
+  // The coordinator keeps a few steps in flight; more than this unread waits.
+  static constexpr size_t kMaxUnread = 64;
+
+  void Read() {
+    v1::CoordinatorMessage message;
+    while (link_.Read(&message)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return messages_.size() < kMaxUnread || closing_; });
+      messages_.push_back(std::move(message));
+      cv_.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+  Link& link_;
+  grpc::ClientContext& context_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::CoordinatorMessage> messages_;
+  bool ended_ = false;
+  bool closing_ = false;
+  std::thread thread_;
+};
+
 absl::Status RunLeader(Replica& replica, const ModelConfig& config, const WorkerOptions& options) {
   auto stub = v1::WorkerLink::NewStub(options.channel);
   grpc::ClientContext context;
@@ -98,10 +174,12 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
     bye.set_leaving(why);
     stream->Write(bye);
   });
+  Inbox inbox(*stream, context);
+  if (status.ok()) status = inbox.Start();
   v1::CoordinatorMessage message;
   bool told_to_stop = false;
   const size_t pp = static_cast<size_t>(replica.layout().pp);
-  while (status.ok() && stream->Read(&message)) {
+  while (status.ok() && inbox.Pop(&message)) {
     if (message.has_refused()) {
       status = absl::FailedPreconditionError(
           absl::StrCat("the coordinator refused this worker: ", message.refused()));
@@ -151,6 +229,7 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   const bool left = leave.said();
   DELTASERVE_RETURN_IF_ERROR(replica.Stop());
   stream->WritesDone();
+  inbox.Close(std::chrono::seconds(5));
   const grpc::Status finish = stream->Finish();
   if (finish.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     return absl::UnauthenticatedError(

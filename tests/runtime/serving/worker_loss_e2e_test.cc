@@ -322,6 +322,34 @@ TEST(WorkerLossTest, AWorkerThatNeverAnswersIsDroppedAfterTheStepTimeout) {
   EXPECT_EQ(served.ids, again.ids);
 }
 
+// A step longer than the worker's keepalive: the worker's link is read on
+// a thread of its own, so the pings are answered while the leader computes,
+// and the link outlives the step (it used to end with "keepalive watchdog
+// timeout" once a step ran past the keepalive and a half).
+TEST(WorkerLossTest, AStepLongerThanTheKeepaliveKeepsTheLink) {
+  auto coordinator =
+      testing::StartServer("coordinator --model " + K3Tiny() + " --step-tokens 65536");
+  const std::string dir = testing::TempDir("keepalive");
+  auto worker = testing::ChildProcess::Start(
+      testing::BinPath("deltaserve") + " worker --coordinator " + coordinator.worker_address +
+          " --model " + K3Tiny() + " --threads 1 --keepalive 1",
+      dir + "/worker.log");
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+      std::chrono::seconds(30)))
+      << worker->Log();
+  // One chunk of 40,000 tokens: MLA's quadratic prefill makes it one step
+  // of seconds (about 10 s on a 2-core Zen 4, 6 x the keepalive at least).
+  const Streamed out =
+      GenerateAll(*coordinator.stub, TokensRequest(testing::RandomTokens(40000, 77), 2), 300);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message() << worker->Log();
+  EXPECT_EQ(out.ids.size(), 2u);
+  EXPECT_GE(out.completion.timings().time_to_first_token_s(), 2.0)
+      << "the step must outlast the keepalive";
+  EXPECT_EQ(testing::Status(*coordinator.stub).workers(), 1) << worker->Log();
+  EXPECT_EQ(worker->Log().find("keepalive"), std::string::npos) << worker->Log();
+}
+
 // Two replicas; the request runs on the first (the only one when it starts).
 // Mid-generation that replica goes (`stop` says how); the stream continues
 // from the other without repeating a token, and the tokens are those of an
