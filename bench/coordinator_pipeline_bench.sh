@@ -16,32 +16,16 @@ model=${MODEL:-/tmp/deltaserve_bench_k3_small}
 [[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
 run=$(mktemp -d)
 tokens=$(awk -v n="$T" 'BEGIN { srand(1); for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), int(rand() * 256) }')
-$bin coordinator --model "$model" --host 127.0.0.1 --port 0 --worker-port 0 --port-file "$run/port" \
-  --step-tokens "$step" 2>"$run/coordinator.log" &
-coordinator=$!
-worker=
+source bench/coordinator_lib.sh
+coordinator= worker=
 trap 'kill -TERM $coordinator $worker 2>/dev/null; wait 2>/dev/null; rm -rf "$run"' EXIT
-for _ in $(seq 600); do [[ -s $run/port ]] && break; sleep 0.1; done
-address=127.0.0.1:$(sed -n 1p "$run/port")         # clients
-worker_address=127.0.0.1:$(sed -n 3p "$run/port")  # workers
+start_coordinator "$model" "$run" --step-tokens "$step"
 
 ttft() {  # $1: ranks; prints the time to first token in ms
-  OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to core \
-    --mca mpi_yield_when_idle 1 -np "$1" $bin worker --coordinator "$worker_address" \
-    --model "$model" --pp "$1" --threads 1 --plan-context "$T" 2>"$run/worker$1.log" &
-  worker=$!
-  for _ in $(seq 600); do
-    $bin client status --server "$address" 2>/dev/null | grep -q worker_attached && break
-    sleep 0.1
-  done
+  start_worker "$1" "$model" "$run/worker$1.log" --plan-context "$T"
   $bin client generate --server "$address" --tokens "$tokens" --max-tokens 1 --ids 2>&1 >/dev/null |
     sed -n 's/.*time to first token: \([0-9.]*\) ms.*/\1/p'
-  kill -TERM $worker; wait $worker 2>/dev/null || true
-  worker=
-  for _ in $(seq 100); do
-    $bin client status --server "$address" 2>/dev/null | grep -q worker_attached || break
-    sleep 0.1
-  done
+  stop_worker
 }
 one=$(ttft 1)
 two=$(ttft 2)

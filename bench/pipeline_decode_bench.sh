@@ -20,31 +20,16 @@ bin=build/bin/deltaserve
 model=${MODEL:-/tmp/deltaserve_bench_k3_small}
 [[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
 run=$(mktemp -d)
-$bin coordinator --model "$model" --host 127.0.0.1 --port 0 --worker-port 0 --port-file "$run/port" \
-  --step-tokens 512 2>"$run/coordinator.log" &
-coordinator=$!
-worker=
+source bench/coordinator_lib.sh
+coordinator= worker=
 trap 'kill -TERM $coordinator $worker 2>/dev/null; wait 2>/dev/null; rm -rf "$run"' EXIT
-for _ in $(seq 600); do [[ -s $run/port ]] && break; sleep 0.1; done
-address=127.0.0.1:$(sed -n 1p "$run/port")
+start_coordinator "$model" "$run" --step-tokens 512
 
 rows() {  # $1: ranks (= stages); bench-serve's table rows
-  OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to core \
-    --mca mpi_yield_when_idle 1 -np "$1" $bin worker --coordinator "127.0.0.1:$(sed -n 3p "$run/port")" \
-    --model "$model" --pp "$1" --threads 1 --plan-context 1024 2>"$run/worker$1.log" &
-  worker=$!
-  for _ in $(seq 600); do
-    $bin client status --server "$address" 2>/dev/null | grep -q worker_attached && break
-    sleep 0.1
-  done
+  start_worker "$1" "$model" "$run/worker$1.log" --plan-context 1024
   $bin bench-serve --server "$address" --concurrency "$clients" --prompt-tokens "$prompt" \
     --max-tokens "$output" 2>&1 | grep '^| [0-9]'
-  kill -TERM $worker; wait $worker 2>/dev/null || true
-  worker=
-  for _ in $(seq 100); do
-    $bin client status --server "$address" 2>/dev/null | grep -q worker_attached || break
-    sleep 0.1
-  done
+  stop_worker
 }
 one=$(rows 1)
 two=$(rows 2)
