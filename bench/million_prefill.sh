@@ -33,22 +33,11 @@ awk -v n="$T" -v v="$vocab" 'BEGIN { srand(1); for (i = 0; i < n; i++) print int
   >"$run/prompt.txt"
 $bin plan --model "$model" --pp 2 --tp 1 --context "$T" >"$run/plan.txt"
 
-$bin coordinator --model "$model" --host 127.0.0.1 --port 0 --worker-port 0 \
-  --port-file "$run/port" --step-tokens "$step" --step-log "$run/steps.jsonl" \
-  2>"$run/coordinator.log" &
-coordinator=$!
-worker=
+source bench/coordinator_lib.sh
+coordinator= worker=
 trap 'kill -TERM $coordinator $worker 2>/dev/null; wait 2>/dev/null' EXIT
-for _ in $(seq 600); do [[ -s $run/port ]] && break; sleep 0.1; done
-address=127.0.0.1:$(sed -n 1p "$run/port")
-OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to core \
-  --mca mpi_yield_when_idle 1 -np 2 $bin worker --coordinator "127.0.0.1:$(sed -n 3p "$run/port")" \
-  --model "$model" --pp 2 --threads 1 --plan-context "$T" --stats 2>"$run/worker.log" &
-worker=$!
-for _ in $(seq 600); do
-  $bin client status --server "$address" 2>/dev/null | grep -q worker_attached && break
-  sleep 0.1
-done
+start_coordinator "$model" "$run" --step-tokens "$step" --step-log "$run/steps.jsonl"
+start_worker 2 "$model" "$run/worker.log" --plan-context "$T" --stats
 
 start=$(date +%s%N)
 $bin client generate --server "$address" --tokens-file "$run/prompt.txt" --max-tokens $new \
@@ -59,9 +48,7 @@ start=$(date +%s%N)
 $bin client score --server "$address" --tokens-file "$run/prompt.txt" >"$run/score.txt" \
   2>"$run/score.log"
 score_s=$((($(date +%s%N) - start) / 1000000))  # ms
-kill -TERM $worker
-wait $worker || true
-worker=
+stop_worker
 
 start=$(date +%s%N)
 $bin generate --model "$model" --tokens-file "$run/prompt.txt" --max-tokens $new --ids \
