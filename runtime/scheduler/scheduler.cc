@@ -98,9 +98,17 @@ bool Scheduler::CanSchedule() const {
   const int64_t stages = std::max(1, options_.pipeline_stages);
   const bool ahead = options_.decode_ahead && AnyDecodeReady();
   if (in_flight() < stages) return promised_ || ahead;
-  // Past one step per stage, only decode steps go ahead: prefill chunks
-  // queued deeper would hold back a new request's first chunk.
-  return in_flight() < 2 * stages && ahead;
+  // Past one step per stage, steps carrying prompt chunks stay one per stage
+  // (deeper, they would hold back a new request's first chunk), and decode
+  // steps go ahead beside them; a prompt is never starved by decoding.
+  if (in_flight() >= 2 * stages) return false;
+  return ahead || (PromptLeft() && PrefillsInFlight() < stages);
+}
+
+int64_t Scheduler::PrefillsInFlight() const {
+  return std::count_if(in_flight_.begin(), in_flight_.end(), [](const InFlight& f) {
+    return std::any_of(f.items.begin(), f.items.end(), [](const Item& i) { return i.prompt; });
+  });
 }
 
 bool Scheduler::PromptLeft() const {
@@ -227,10 +235,10 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
   }
 
   // Prefill: the oldest prompt keeps a quarter of the budget; the rest goes
-  // shortest remaining prompt first; what is left returns to the oldest. Not
-  // in a decode step sent ahead past one step per stage (CanSchedule).
+  // shortest remaining prompt first; what is left returns to the oldest. At
+  // most one step per stage in flight carries prompt chunks (CanSchedule).
   std::vector<SequencePtr> prefills;
-  const bool decode_only = in_flight() >= std::max(1, options_.pipeline_stages);
+  const bool decode_only = PrefillsInFlight() >= std::max(1, options_.pipeline_stages);
   const std::vector<SequencePtr> candidates =
       decode_only ? std::vector<SequencePtr>() : running_;  // ForkReady may drop some
   for (const SequencePtr& s : candidates) {

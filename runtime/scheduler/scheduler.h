@@ -230,7 +230,8 @@ class Scheduler {
   bool DecodeReady(const Sequence& s) const;
   bool AnyDecodeReady() const;
   bool DecodersOutside(const std::vector<Item>& items) const;
-  void Drop(const Sequence& s);  // out of waiting / running; release if started
+  int64_t PrefillsInFlight() const;  // steps in flight that carry prompt chunks
+  void Drop(const Sequence& s);      // out of waiting / running; release if started
   SequencePtr Find(uint64_t id) const;
   int64_t Occupied() const;  // running sequences that count towards max_running
   // A fork of `prefix` started or left; releases the prefix after the last.
