@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "kernels/bf16.h"
+#include "kernels/scratch.h"
 
 namespace deltaserve::kernels::onednn {
 namespace {
@@ -33,12 +34,12 @@ bool Bf16Matmul(const float* x, int64_t ldx, const uint16_t* w, int64_t m, int64
     // oneDNN keeps created primitives in its cache, keyed by these shapes.
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr,
                                           Engine());
-    auto xb = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(m * k));
+    const Scratch<uint16_t> xb(m * k);
 #pragma omp parallel for schedule(static) if (m * k >= (1 << 15))
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t c = 0; c < k; ++c) xb[i * k + c] = FloatToBf16(x[i * ldx + c]);
     }
-    dnnl::memory src(src_md, Engine(), xb.get());
+    dnnl::memory src(src_md, Engine(), xb.data());
     dnnl::memory wei(wei_md, Engine(), const_cast<uint16_t*>(w));
     dnnl::memory dst(dst_md, Engine(), y);
     dnnl::stream stream(Engine());

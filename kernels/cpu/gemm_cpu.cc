@@ -29,6 +29,7 @@
 #include "kernels/gemm.h"
 #include "kernels/mxfp4.h"
 #include "kernels/onednn.h"
+#include "kernels/scratch.h"
 
 namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
@@ -209,16 +210,16 @@ void WideLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* 
     Sgemm(x, ldx, static_cast<const float*>(w.data), m, n, k, y, ldy, accumulate);
   } else {
     const int64_t block = std::min(n, std::max<int64_t>(16, kPanelFloats / k / 16 * 16));
-    auto panel = std::make_unique_for_overwrite<float[]>(block * k);
+    const ScratchFloats panel(block * k);
     for (int64_t j0 = 0; j0 < n; j0 += block) {
       const int64_t nb = std::min(block, n - j0);
       const int64_t pieces = std::min<int64_t>(nb, omp_get_max_threads());
 #pragma omp parallel for schedule(static) if (pieces > 1 && nb * k >= (1 << 15))
       for (int64_t p = 0; p < pieces; ++p) {
         const int64_t r0 = j0 + nb * p / pieces, r1 = j0 + nb * (p + 1) / pieces;
-        WidenRowsOf<D>(w, r0, r1, panel.get() + (r0 - j0) * k);
+        WidenRowsOf<D>(w, r0, r1, panel.data() + (r0 - j0) * k);
       }
-      Sgemm(x, ldx, panel.get(), m, nb, k, y + j0, ldy, accumulate);
+      Sgemm(x, ldx, panel.data(), m, nb, k, y + j0, ldy, accumulate);
     }
   }
 }

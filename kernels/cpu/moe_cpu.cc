@@ -17,6 +17,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
+#include "kernels/scratch.h"
 
 namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
@@ -91,10 +92,7 @@ void MoeExperts(const MoeExpertsArgs& a) {
   // [rows, din], gate|up [rows, 2*inter], activation [rows, inter], expert
   // output [rows, dout].
   const int64_t m = max_rows;
-  auto x = std::make_unique_for_overwrite<float[]>(m * a.din);
-  auto gu = std::make_unique_for_overwrite<float[]>(m * 2 * a.inter);
-  auto h = std::make_unique_for_overwrite<float[]>(m * a.inter);
-  auto y = std::make_unique_for_overwrite<float[]>(m * a.dout);
+  const ScratchFloats x(m * a.din), gu(m * 2 * a.inter), h(m * a.inter), y(m * a.dout);
 
   // Experts in ascending id: every token's sum over its experts runs in that
   // fixed order, whatever other tokens share the batch.
@@ -103,18 +101,18 @@ void MoeExperts(const MoeExpertsArgs& a) {
     if (rows == 0 || a.experts[e].w13.empty()) continue;  // idle, or held elsewhere
     const int64_t* pair = order.data() + offset[e];       // [rows]
     for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(x.get() + r * a.din, a.z + (pair[r] / a.top_k) * a.din,
+      std::memcpy(x.data() + r * a.din, a.z + (pair[r] / a.top_k) * a.din,
                   static_cast<size_t>(a.din) * sizeof(float));
     }
     const MoeExpert& ex = a.experts[e];
     DELTASERVE_CHECK(ex.w13.rows == 2 * a.inter && ex.w13.cols == a.din);
     DELTASERVE_CHECK(ex.w2.rows == a.dout && ex.w2.cols == a.inter);
-    DELTASERVE_CPU_ISA::LinearStrided(x.get(), a.din, ex.w13, rows, gu.get(), 2 * a.inter, false);
-    DELTASERVE_CPU_ISA::GatedActivation(gu.get(), rows, a.inter, a.act, h.get());
-    DELTASERVE_CPU_ISA::LinearStrided(h.get(), a.inter, ex.w2, rows, y.get(), a.dout, false);
+    DELTASERVE_CPU_ISA::LinearStrided(x.data(), a.din, ex.w13, rows, gu.data(), 2 * a.inter, false);
+    DELTASERVE_CPU_ISA::GatedActivation(gu.data(), rows, a.inter, a.act, h.data());
+    DELTASERVE_CPU_ISA::LinearStrided(h.data(), a.inter, ex.w2, rows, y.data(), a.dout, false);
     for (int64_t r = 0; r < rows; ++r) {
       const float w = a.weights[pair[r]];
-      const float* yr = y.get() + r * a.dout;
+      const float* yr = y.data() + r * a.dout;
       float* o = a.out + (pair[r] / a.top_k) * a.dout;
       for (int64_t c = 0; c < a.dout; ++c) o[c] += w * yr[c];
     }

@@ -8,6 +8,7 @@
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
+#include "kernels/scratch.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/layers.h"
 
@@ -27,7 +28,7 @@ kernels::ActivationParams ActivationOf(const ModelConfig& config) {
 void GatedMlp(const Weight& gate_up, const Weight& down, int64_t rows,
               const kernels::ActivationParams& act, const float* x, float* out, bool accumulate) {
   const int64_t width = down.cols();
-  std::vector<float> gu(rows * 2 * width), h(rows * width);
+  kernels::ScratchFloats gu(rows * 2 * width), h(rows * width);
   kernels::Linear(x, gate_up, rows, gu.data());
   kernels::GatedActivation(gu.data(), rows, width, act, h.data());
   kernels::Linear(h.data(), down, rows, out, accumulate);
@@ -50,19 +51,16 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   }
   // Routing is replicated: every rank computes the same selection.
   const int64_t E = config.num_experts, k = config.num_experts_per_token;
-  std::vector<float> logits(rows * E), weights(rows * k);
-  std::vector<int32_t> idx(rows * k);
+  kernels::ScratchFloats logits(rows * E), weights(rows * k);
+  kernels::Scratch<int32_t> idx(rows * k);
   kernels::Linear(x, w.router, rows, logits.data());
   kernels::MoeRoute(logits.data(), w.router_bias.data(), rows, E, k, config.moe_renormalize,
                     config.routed_scaling_factor, idx.data(), weights.data());
 
   const bool latent = !w.latent_down.empty();
   const int64_t din = latent ? config.routed_expert_hidden_size : D;
-  std::vector<float> z;
-  if (latent) {
-    z.resize(rows * din);
-    kernels::Linear(x, w.latent_down, rows, z.data());
-  }
+  kernels::ScratchFloats z(latent ? rows * din : 0);
+  if (latent) kernels::Linear(x, w.latent_down, rows, z.data());
   // Experts held by other TP ranks stay empty: their selections add nothing.
   std::vector<kernels::MoeExpert> experts(E);
   for (int64_t e = 0; e < E; ++e) {
@@ -70,7 +68,7 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
     experts[e].w13 = w.expert_w13[e];
     experts[e].w2 = w.expert_w2[e];
   }
-  std::vector<float> routed(latent ? rows * din : 0);
+  kernels::ScratchFloats routed(latent ? rows * din : 0);
   kernels::MoeExpertsArgs args;
   args.t = rows;
   args.din = din;
@@ -106,7 +104,7 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
     GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);
     return absl::OkStatus();
   }
-  std::vector<float> shared(rows * D);
+  kernels::ScratchFloats shared(rows * D);
   GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, shared.data(), /*accumulate=*/false);
   DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared.data(), rows * D));
   for (int64_t i = 0; i < rows * D; ++i) out[i] += shared[i];

@@ -6,6 +6,7 @@
 #include "kernels/kda.h"
 #include "kernels/kda_gate.h"
 #include "kernels/norm.h"
+#include "kernels/scratch.h"
 #include "kernels/short_conv.h"
 #include "runtime/model/layers.h"
 
@@ -26,7 +27,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   const int64_t rank_f = w.f_a.rows();
 
   // q, k, v projections and their causal convolution (+SiLU), per sequence.
-  std::vector<float> qkv(rows * 3 * HD), conv(rows * 3 * HD);
+  ScratchFloats qkv(rows * 3 * HD), conv(rows * 3 * HD);
   Linear(x, w.qkv_proj, rows, qkv.data());
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b);
@@ -34,7 +35,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
               /*silu=*/true, batch.states[b]->kda[layer].conv.data(), conv.data() + r0 * 3 * HD);
   }
   // Split into [rows, H, d] each; q and k are L2-normalised per head.
-  std::vector<float> q(rows * HD), k(rows * HD), v(rows * HD);
+  ScratchFloats q(rows * HD), k(rows * HD), v(rows * HD);
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = conv.data() + r * 3 * HD;
     std::memcpy(q.data() + r * HD, src, HD * sizeof(float));
@@ -45,7 +46,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   L2Norm(k.data(), rows * H, d, kL2NormEps, 1.0f, k.data());
 
   // Decay gate g [rows, H*d] and beta [rows, H].
-  std::vector<float> fa(rows * rank_f), g(rows * HD), beta(rows * H);
+  ScratchFloats fa(rows * rank_f), g(rows * HD), beta(rows * H);
   Linear(x, w.f_a, rows, fa.data());
   Linear(fa.data(), w.f_b, rows, g.data());
   if (config.kda.has_lower_bound) {
@@ -58,7 +59,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   for (float& b : beta) b = Sigmoid(b);
 
   // The recurrence, per sequence, carrying its state.
-  std::vector<float> o(rows * HD);
+  ScratchFloats o(rows * HD);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
@@ -77,12 +78,12 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
 
   // Output: per-head RMSNorm, times sigmoid(gate), then o_proj.
   RmsNorm(o.data(), w.o_norm.data(), rows * H, d, config.rms_norm_eps, o.data());
-  std::vector<float>& gate = q;  // q is dead: reuse its storage
+  ScratchFloats& gate = q;  // q is dead: reuse its storage
   if (config.kda.full_rank_gate) {
     Linear(x, w.g_proj, rows, gate.data());
   } else {
     const int64_t rank_g = w.g_a.rows();
-    std::vector<float> ga(rows * rank_g);
+    ScratchFloats ga(rows * rank_g);
     Linear(x, w.g_a, rows, ga.data());
     Linear(ga.data(), w.g_b, rows, gate.data());
   }

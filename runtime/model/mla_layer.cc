@@ -9,6 +9,7 @@
 #include "kernels/gemm.h"
 #include "kernels/mla_attention.h"
 #include "kernels/norm.h"
+#include "kernels/scratch.h"
 #include "runtime/model/layers.h"
 
 namespace deltaserve {
@@ -30,7 +31,7 @@ struct MlaDims {
 void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t, const float* q,
                    const float* cache, float scale, float* o) {
   const int64_t S = prefix + t;
-  std::vector<float> kv(S * m.n * (m.P + m.Vd));
+  kernels::ScratchFloats kv(S * m.n * (m.P + m.Vd));
   kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b, S, kv.data(), m.n * (m.P + m.Vd), false);
   kernels::MlaPrefillArgs args;
   args.t = t;
@@ -53,8 +54,8 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_
 void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t,
                     const float* q, const void* cache, kernels::DType cache_dtype, float scale,
                     float* o) {
-  std::vector<float> q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
-  std::vector<float> o_latent(t * m.n * m.C);
+  kernels::ScratchFloats q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
+  kernels::ScratchFloats o_latent(t * m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
     kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(), w.w_uk_t.tensor().Rows(h * m.C, m.C),
                            t, q_latent.data() + h * m.C, m.n * m.C, false);
@@ -105,10 +106,10 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   const int64_t rows = batch.rows(), D = config.hidden_size;
 
   // Queries [rows, n, P + R].
-  std::vector<float> q(rows * m.n * m.QkDim());
+  ScratchFloats q(rows * m.n * m.QkDim());
   if (config.q_lora_rank > 0) {
     const int64_t ql = config.q_lora_rank;
-    std::vector<float> qa(rows * ql);
+    ScratchFloats qa(rows * ql);
     Linear(x, w.q_a, rows, qa.data());
     RmsNorm(qa.data(), w.q_a_norm.data(), rows, ql, kLatentNormEps, qa.data());
     Linear(qa.data(), w.q_b, rows, q.data());
@@ -116,14 +117,14 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
     Linear(x, w.q_proj, rows, q.data());
   }
   // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
-  std::vector<float> ckr(rows * m.CacheWidth());
+  ScratchFloats ckr(rows * m.CacheWidth());
   Linear(x, w.kv_a, rows, ckr.data());
   for (int64_t r = 0; r < rows; ++r) {
     float* row = ckr.data() + r * m.CacheWidth();
     RmsNorm(row, w.kv_a_norm.data(), 1, m.C, kLatentNormEps, row);
   }
 
-  std::vector<float> o(rows * m.n * m.Vd);
+  ScratchFloats o(rows * m.n * m.Vd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.QkDim()));
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
@@ -143,7 +144,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
       if (AbsorbedIsCheaper(m, prefix, t)) {
         AttendAbsorbed(w, m, prefix, t, qb, cache.data(), kernels::DType::kBF16, scale, ob);
       } else {
-        std::vector<float> wide(cache.size());
+        ScratchFloats wide(static_cast<int64_t>(cache.size()));
         for (size_t i = 0; i < cache.size(); ++i) wide[i] = kernels::Bf16ToFloat(cache[i]);
         AttendPrefill(w, m, prefix, t, qb, wide.data(), scale, ob);
       }
@@ -160,9 +161,9 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   }
 
   if (config.mla_output_gate) {
-    std::vector<float> gate(rows * m.n * m.Vd);
+    ScratchFloats gate(rows * m.n * m.Vd);
     Linear(x, w.g_proj, rows, gate.data());
-    for (size_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
+    for (int64_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
   }
   Linear(o.data(), w.o_proj, rows, out);
   return TpAllReduce(tp, out, rows * D);

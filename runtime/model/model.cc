@@ -7,6 +7,7 @@
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
+#include "kernels/scratch.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 #include "runtime/model/safetensors.h"
@@ -120,7 +121,7 @@ Activations Model::Embed(const std::vector<int32_t>& tokens) const {
 absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   const int64_t rows = act->rows, D = config_.hidden_size;
   const float eps = config_.rms_norm_eps;
-  std::vector<float> normed(rows * D);
+  kernels::ScratchFloats normed(rows * D);
   // The sub-layers with their pre-norms; the architecture decides what they
   // read and how their outputs join the residual.
   auto mixer = [&](int64_t i, const float* h, float* out) {
@@ -145,7 +146,7 @@ std::vector<float> Model::Logits(const Activations& act, const std::vector<int64
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
   const std::vector<float> hidden = arch_->FinalHidden(config_, weights_, act);
   const int64_t n = static_cast<int64_t>(rows.size());
-  std::vector<float> selected(n * D);
+  kernels::ScratchFloats selected(n * D);
   for (int64_t i = 0; i < n; ++i) {
     std::copy_n(hidden.data() + rows[i] * D, D, selected.data() + i * D);
   }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/attn_res.h"
+#include "kernels/scratch.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -17,18 +18,16 @@ namespace {
 
 using Floats = std::vector<float>;
 
-// The attention-residual mix over bank + [prefix], [rows, D].
-Floats Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float eps) {
+// The attention-residual mix over bank + [prefix] into out [rows, D].
+void Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float eps, float* out) {
   std::vector<const float*> candidates;
   for (const Floats& b : act.bank) candidates.push_back(b.data());
   candidates.push_back(act.prefix.data());
-  Floats out(act.rows * dim);
   kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()), act.rows, dim,
-                      w.norm.data(), w.proj.data(), eps, out.data());
-  return out;
+                      w.norm.data(), w.proj.data(), eps, out);
 }
 
-void Add(Floats& acc, const Floats& x) {
+void Add(Floats& acc, const float* x) {
   for (size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
 }
 
@@ -83,27 +82,29 @@ class KimiK3 final : public ModelArchitecture {
                                 Activations* act) const override {
     const int64_t D = c.hidden_size;
     const float eps = c.rms_norm_eps;
-    Floats delta(act->rows * D);
+    kernels::ScratchFloats delta(act->rows * D), mixed(act->rows * D);
     for (int64_t i = begin; i < end; ++i) {
       const LayerWeights& layer = w.layers[i];
-      Floats mixed = Mix(*act, layer.attn_res, D, eps);
+      Mix(*act, layer.attn_res, D, eps, mixed.data());
       DELTASERVE_RETURN_IF_ERROR(sub.mixer(i, mixed.data(), delta.data()));
       if (i % c.attn_res_block_size == 0) {
         act->bank.push_back(std::move(act->prefix));  // bank before restarting the sum
-        act->prefix = delta;
+        act->prefix.assign(delta.begin(), delta.end());
       } else {
-        Add(act->prefix, delta);
+        Add(act->prefix, delta.data());
       }
-      mixed = Mix(*act, layer.mlp_res, D, eps);
+      Mix(*act, layer.mlp_res, D, eps, mixed.data());
       DELTASERVE_RETURN_IF_ERROR(sub.ffn(i, mixed.data(), delta.data()));
-      Add(act->prefix, delta);
+      Add(act->prefix, delta.data());
     }
     return absl::OkStatus();
   }
 
   std::vector<float> FinalHidden(const ModelConfig& c, const ModelWeights& w,
                                  const Activations& act) const override {
-    return Mix(act, w.output_res, c.hidden_size, c.rms_norm_eps);
+    std::vector<float> out(act.rows * c.hidden_size);
+    Mix(act, w.output_res, c.hidden_size, c.rms_norm_eps, out.data());
+    return out;
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "kernels/scratch.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -32,7 +33,7 @@ class KimiLinear final : public ModelArchitecture {
                                 int64_t end, const SubLayers& sub,
                                 Activations* act) const override {
     std::vector<float>& h = act->prefix;  // the residual stream [rows, D]
-    std::vector<float> delta(act->rows * config.hidden_size);
+    kernels::ScratchFloats delta(act->rows * config.hidden_size);
     for (int64_t i = begin; i < end; ++i) {
       DELTASERVE_RETURN_IF_ERROR(sub.mixer(i, h.data(), delta.data()));
       for (size_t j = 0; j < h.size(); ++j) h[j] += delta[j];
