@@ -5,7 +5,6 @@
 #include <dnnl.hpp>
 #include <memory>
 
-#include "kernels/bf16.h"
 #include "kernels/scratch.h"
 
 namespace deltaserve::kernels::onednn {
@@ -18,8 +17,8 @@ const dnnl::engine& Engine() {
 
 }  // namespace
 
-bool Bf16Matmul(const float* x, int64_t ldx, const uint16_t* w, int64_t m, int64_t n, int64_t k,
-                float* y, int64_t ldy, bool accumulate) {
+bool Bf16Matmul(const uint16_t* x, const uint16_t* w, int64_t m, int64_t n, int64_t k, float* y,
+                int64_t ldy, bool accumulate) {
   using dt = dnnl::memory::data_type;
   try {
     const dnnl::memory::desc src_md({m, k}, dt::bf16, {k, 1});
@@ -34,12 +33,7 @@ bool Bf16Matmul(const float* x, int64_t ldx, const uint16_t* w, int64_t m, int64
     // oneDNN keeps created primitives in its cache, keyed by these shapes.
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr,
                                           Engine());
-    const Scratch<uint16_t> xb(m * k);
-#pragma omp parallel for schedule(static) if (m * k >= (1 << 15))
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t c = 0; c < k; ++c) xb[i * k + c] = FloatToBf16(x[i * ldx + c]);
-    }
-    dnnl::memory src(src_md, Engine(), xb.data());
+    dnnl::memory src(src_md, Engine(), const_cast<uint16_t*>(x));
     dnnl::memory wei(wei_md, Engine(), const_cast<uint16_t*>(w));
     dnnl::memory dst(dst_md, Engine(), y);
     dnnl::stream stream(Engine());
@@ -54,9 +48,9 @@ bool Bf16Matmul(const float* x, int64_t ldx, const uint16_t* w, int64_t m, int64
 
 bool HasBf16Matmul() {
   static const bool has = [] {
-    float x[16] = {}, y[1] = {};
-    uint16_t w[16] = {};
-    return Bf16Matmul(x, 16, w, 1, 1, 16, y, 1, false);
+    float y[1] = {};
+    const uint16_t x[16] = {}, w[16] = {};
+    return Bf16Matmul(x, w, 1, 1, 16, y, 1, false);
   }();
   return has;
 }
