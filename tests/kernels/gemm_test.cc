@@ -114,7 +114,8 @@ TEST_P(LinearTest, MatchesReference) {
         const auto x = RandomFloats(m * k, ++seed);
         const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
         auto y = NaNs(m * n);  // k == 0 must still write zeros
-        Linear(x.data(), w.tensor, m, y.data());
+        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+               MutableTensor::F32(y.data(), m, w.tensor.rows));
         EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
       }
     }
@@ -127,7 +128,8 @@ TEST_P(LinearTest, LargeMatchesReference) {
   const auto x = RandomFloats(m * k, 77);
   const TestWeight w = MakeWeight(GetParam(), n, k, 78);
   auto y = NaNs(m * n);
-  Linear(x.data(), w.tensor, m, y.data());
+  Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+         MutableTensor::F32(y.data(), m, w.tensor.rows));
   EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
 }
 
@@ -142,7 +144,8 @@ TEST_P(LinearTest, Accumulates) {
         auto y = RandomFloats(m * n, ++seed);
         auto want = Reference(x, w.values, m, n, k);
         for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
-        Linear(x.data(), w.tensor, m, y.data(), /*accumulate=*/true);
+        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+               MutableTensor::F32(y.data(), m, w.tensor.rows), /*accumulate=*/true);
         EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
       }
     }
@@ -175,7 +178,8 @@ TEST_P(LinearTest, StridedKeepsOtherColumns) {
               yw[i * ldy + col + j] = accumulate ? y0[i * n + j] : NAN;
             }
           }
-          LinearStrided(xw.data(), ldx, w.tensor, m, yw.data() + col, ldy, accumulate);
+          Linear(Tensor::F32(xw.data(), m, w.tensor.cols, ldx), w.tensor,
+                 MutableTensor::F32(yw.data() + col, m, w.tensor.rows, ldy), accumulate);
           auto want = Reference(x, w.values, m, n, k);
           std::vector<float> y(m * n);
           for (int64_t i = 0; i < m; ++i) {
@@ -236,7 +240,8 @@ TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
           if (accumulate) {
             for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
           }
-          Linear(x.data(), w.tensor, m, y.data(), accumulate);
+          Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+                 MutableTensor::F32(y.data(), m, w.tensor.rows), accumulate);
           EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
         }
       }

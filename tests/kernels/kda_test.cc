@@ -97,10 +97,19 @@ std::string FormName(const Form& f) {
 
 void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k, const float* v,
              const float* g, const float* beta, float scale, float* state, float* o) {
+  using kernels::MutableTensor;
+  using kernels::Tensor;
+  const Tensor qv = Tensor::F32(q, s.t, s.heads * s.k_dim),
+               kv = Tensor::F32(k, s.t, s.heads * s.k_dim);
+  const Tensor vv = Tensor::F32(v, s.t, s.v_heads * s.v_dim),
+               gv = Tensor::F32(g, s.t, s.v_heads * s.k_dim);
+  const Tensor bv = Tensor::F32(beta, s.t, s.v_heads);
+  const MutableTensor sv = MutableTensor::F32(state, s.v_heads, s.k_dim * s.v_dim);
+  const MutableTensor ov = MutableTensor::F32(o, s.t, s.v_heads * s.v_dim);
   if (form.chunked) {
-    kernels::KdaChunk(s, q, k, v, g, beta, scale, state, o, form.chunk_size);
+    kernels::KdaChunk(s, qv, kv, vv, gv, bv, scale, sv, ov, form.chunk_size);
   } else {
-    kernels::KdaRecurrent(s, q, k, v, g, beta, scale, state, o);
+    kernels::KdaRecurrent(s, qv, kv, vv, gv, bv, scale, sv, ov);
   }
 }
 
