@@ -342,5 +342,30 @@ TEST(SmallGemmTest, OutputRowsAfterInputRowsOfOneArray) {
   for (int64_t i = 0; i < kDone * kCols; ++i) ASSERT_EQ(v[i], v0[i]) << i;  // b's rows untouched
 }
 
+TEST(LinearDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
+  std::vector<float> x = RandomFloats(4 * 6, 1), w = RandomFloats(5 * 6, 2), y(4 * 5);
+  const Tensor xv = Tensor::F32(x.data(), 4, 6), wv = Tensor::F32(w.data(), 5, 6);
+  const MutableTensor yv = MutableTensor::F32(y.data(), 4, 5);
+  Linear(xv, wv, yv);
+  EXPECT_DEATH(Linear(Tensor::F32(x.data(), 4, 5), wv, yv),
+               "x: shape \\[4, 5\\], expected \\[4, 6\\]");
+  EXPECT_DEATH(Linear(xv, wv, MutableTensor::F32(y.data(), 4, 4)), "y: shape");
+  Tensor x_bf16 = xv;
+  x_bf16.dtype = DType::kBF16;
+  EXPECT_DEATH(Linear(x_bf16, wv, yv), "x: dtype bf16, expected f32");
+  Tensor w_i32 = wv;
+  w_i32.dtype = DType::kI32;
+  EXPECT_DEATH(Linear(xv, w_i32, yv), "w: dtype i32, but a weight is f32, bf16 or mxfp4");
+  Tensor w_gpu = wv;
+  w_gpu.device = Device::kCuda;
+  EXPECT_DEATH(Linear(xv, w_gpu, yv), "w: device cuda");
+  Tensor w_mxfp4 = wv;  // mxfp4 without scales
+  w_mxfp4.dtype = DType::kMxfp4;
+  EXPECT_DEATH(Linear(xv, w_mxfp4, yv), "w: mxfp4 needs cols a multiple of 32 and scales");
+  EXPECT_DEATH(Linear(xv, wv, MutableTensor::F32(y.data(), 4, 5, 4)), "y: row stride 4");
+  EXPECT_DEATH(Linear(Tensor::F32(x.data(), 2, 6), wv, MutableTensor::F32(x.data() + 6, 2, 5)),
+               "Overlaps");
+}
+
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -341,5 +341,58 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
               MaxAbsDiff(o_prefill, o_absorbed), MaxAbsDiff(o_prefill, ref_prefill));
 }
 
+TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
+  const PrefillCase c{3, 2, 2, 4, 2, 4, 0.5f};
+  const PrefillInputs in(c, 7);
+  std::vector<float> o(c.t * c.heads * c.v);
+  MlaPrefillArgs args;
+  args.t = c.t;
+  args.prefix = c.prefix;
+  args.heads = c.heads;
+  args.nope_dim = c.nope;
+  args.rope_dim = c.rope;
+  args.v_dim = c.v;
+  args.q = Tensor::F32(in.q.data(), c.t, c.heads * (c.nope + c.rope));
+  args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
+  args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
+  args.scale = c.scale;
+  args.o = MutableTensor::F32(o.data(), c.t, c.heads * c.v);
+  MlaPrefillAttention(args);
+
+  MlaPrefillArgs short_kv = args;  // one key row fewer than prefix + t
+  short_kv.kv.rows -= 1;
+  EXPECT_DEATH(MlaPrefillAttention(short_kv), "a.kv: shape \\[4, 16\\], expected \\[5, 16\\]");
+  MlaPrefillArgs bf16_q = args;
+  bf16_q.q.dtype = DType::kBF16;
+  EXPECT_DEATH(MlaPrefillAttention(bf16_q), "a.q: dtype bf16, expected f32");
+  MlaPrefillArgs gpu_o = args;
+  gpu_o.o.device = Device::kCuda;
+  EXPECT_DEATH(MlaPrefillAttention(gpu_o), "a.o: device cuda");
+  MlaPrefillArgs narrow_rope = args;  // rows closer than a row's width
+  narrow_rope.k_rope.stride = c.rope - 1;
+  EXPECT_DEATH(MlaPrefillAttention(narrow_rope), "a.k_rope: row stride 1");
+
+  const int64_t latent = 8;
+  std::vector<float> ql(c.t * c.heads * latent), qr(c.t * c.heads * c.rope);
+  std::vector<float> cache(in.s * (latent + c.rope)), ol(c.t * c.heads * latent);
+  MlaAbsorbedArgs ab;
+  ab.t = c.t;
+  ab.prefix = c.prefix;
+  ab.heads = c.heads;
+  ab.latent_dim = latent;
+  ab.rope_dim = c.rope;
+  ab.q_latent = Tensor::F32(ql.data(), c.t, c.heads * latent);
+  ab.q_rope = Tensor::F32(qr.data(), c.t, c.heads * c.rope);
+  ab.cache = Tensor::F32(cache.data(), in.s, latent + c.rope);
+  ab.o_latent = MutableTensor::F32(ol.data(), c.t, c.heads * latent);
+  MlaAbsorbedAttention(ab);
+  MlaAbsorbedArgs i32_cache = ab;
+  i32_cache.cache.dtype = DType::kI32;
+  EXPECT_DEATH(MlaAbsorbedAttention(i32_cache), "cache.dtype == DType::kF32");
+  MlaAbsorbedArgs gpu_cache = ab;
+  gpu_cache.cache.device = Device::kCuda;
+  EXPECT_DEATH(MlaAbsorbedAttention(gpu_cache), "a.cache: device cuda");
+}
+
 }  // namespace
 }  // namespace deltaserve::kernels

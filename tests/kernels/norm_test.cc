@@ -118,5 +118,30 @@ TEST(L2NormTest, InPlaceAndThreaded) {
   EXPECT_TRUE(AllClose(x, want, tol, tol));
 }
 
+// The entry point checks the whole contract before any variant runs: each
+// wrong argument aborts with a message naming it and what is wrong.
+TEST(NormDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
+  std::vector<float> x = RandomFloats(3 * 8, 1), w = RandomFloats(8, 2), y(3 * 8);
+  const Tensor xv = Tensor::F32(x.data(), 3, 8), wv = Tensor::F32(w.data(), 1, 8);
+  const MutableTensor yv = MutableTensor::F32(y.data(), 3, 8);
+  RmsNorm(xv, wv, 1e-6f, yv);  // the valid call, for contrast
+  EXPECT_DEATH(RmsNorm(xv, Tensor::F32(w.data(), 1, 7), 1e-6f, yv),
+               "w: shape \\[1, 7\\], expected \\[1, 8\\]");
+  EXPECT_DEATH(RmsNorm(Tensor::F32(x.data(), 2, 8), wv, 1e-6f, yv), "x: shape \\[2, 8\\]");
+  Tensor bf16 = xv;
+  bf16.dtype = DType::kBF16;
+  EXPECT_DEATH(RmsNorm(bf16, wv, 1e-6f, yv), "x: dtype bf16, expected f32");
+  MutableTensor on_gpu = yv;
+  on_gpu.device = Device::kCuda;
+  EXPECT_DEATH(RmsNorm(xv, wv, 1e-6f, on_gpu), "y: device cuda, but only the cpu backend");
+  EXPECT_DEATH(L2Norm(xv, 1e-6f, 1.0f, MutableTensor::F32(y.data(), 3, 8, 9)), "y: row stride 9");
+  // In place is allowed; a shifted overlap is not.
+  RmsNorm(xv, wv, 1e-6f, MutableTensor::F32(x.data(), 3, 8));
+  std::vector<float> big(4 * 8);
+  EXPECT_DEATH(
+      RmsNorm(Tensor::F32(big.data(), 3, 8), wv, 1e-6f, MutableTensor::F32(big.data() + 8, 3, 8)),
+      "Overlaps");
+}
+
 }  // namespace
 }  // namespace deltaserve::kernels
