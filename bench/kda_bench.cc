@@ -19,6 +19,8 @@
 namespace {
 
 using deltaserve::kernels::KdaShape;
+using deltaserve::kernels::MutableTensor;
+using deltaserve::kernels::Tensor;
 
 std::vector<float> Uniform(size_t n, float lo, float hi, uint64_t seed) {
   std::mt19937_64 gen(seed);
@@ -90,12 +92,22 @@ int main(int argc, char** argv) {
   std::vector<float> state_chunk, state_rec;
 
   const double chunk_ms = BestMs(3, state0, state_chunk, [&] {
-    deltaserve::kernels::KdaChunk(s, q.data(), k.data(), v.data(), g.data(), beta.data(), scale,
-                                  state_chunk.data(), o_chunk.data());
+    deltaserve::kernels::KdaChunk(
+        s, Tensor::F32(q.data(), s.t, s.heads * s.k_dim),
+        Tensor::F32(k.data(), s.t, s.heads * s.k_dim),
+        Tensor::F32(v.data(), s.t, s.v_heads * s.v_dim),
+        Tensor::F32(g.data(), s.t, s.v_heads * s.k_dim), Tensor::F32(beta.data(), s.t, s.v_heads),
+        scale, MutableTensor::F32(state_chunk.data(), s.v_heads, s.k_dim * s.v_dim),
+        MutableTensor::F32(o_chunk.data(), s.t, s.v_heads * s.v_dim));
   });
   const double rec_ms = BestMs(2, state0, state_rec, [&] {
-    deltaserve::kernels::KdaRecurrent(s, q.data(), k.data(), v.data(), g.data(), beta.data(), scale,
-                                      state_rec.data(), o_rec.data());
+    deltaserve::kernels::KdaRecurrent(
+        s, Tensor::F32(q.data(), s.t, s.heads * s.k_dim),
+        Tensor::F32(k.data(), s.t, s.heads * s.k_dim),
+        Tensor::F32(v.data(), s.t, s.v_heads * s.v_dim),
+        Tensor::F32(g.data(), s.t, s.v_heads * s.k_dim), Tensor::F32(beta.data(), s.t, s.v_heads),
+        scale, MutableTensor::F32(state_rec.data(), s.v_heads, s.k_dim * s.v_dim),
+        MutableTensor::F32(o_rec.data(), s.t, s.v_heads * s.v_dim));
   });
 
   double num = 0, den = 0;

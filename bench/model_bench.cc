@@ -41,11 +41,13 @@ double LinearFlops(int64_t m, int64_t n, int64_t k, kernels::DType dtype,
                           ? kernels::Tensor{w16.data(), nullptr, dtype, kernels::Device::kCpu, n, k}
                           : kernels::Tensor::F32(w.data(), n, k);
   t.compute = compute;
-  kernels::Linear(x.data(), t, m, y.data());  // warm-up
+  const kernels::Tensor xv = kernels::Tensor::F32(x.data(), m, k);
+  const kernels::MutableTensor yv = kernels::MutableTensor::F32(y.data(), m, n);
+  kernels::Linear(xv, t, yv);  // warm-up
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
-    kernels::Linear(x.data(), t, m, y.data());
+    kernels::Linear(xv, t, yv);
     best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
   }
   return best;
@@ -262,7 +264,7 @@ int main(int argc, char** argv) {
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < decode_tokens; ++i) {
     logits = Forward(**model, *state, {token});
-    token = kernels::Sample(logits->data(), config.vocab_size, {}, rng);
+    token = kernels::Sample(kernels::Tensor::F32(logits->data(), 1, config.vocab_size), {}, rng);
   }
   const double s = Seconds(t0, Clock::now());
   const double bytes_per_token = ActiveWeightBytes(config);

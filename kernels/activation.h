@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels/tensor.h"
+
 namespace deltaserve::kernels {
 
 enum class Activation { kSilu, kSitu };
@@ -14,10 +16,9 @@ struct ActivationParams {
   float situ_linear_beta = 25.0f;  // activation_situ_linear_beta
 };
 
-// gu: [rows, 2 * width], gate in columns [0, width) and up in [width, 2*width)
-// (one fused GEMM of gate_proj and up_proj). out: [rows, width]; must not
-// alias gu.
-void GatedActivation(const float* gu, int64_t rows, int64_t width, const ActivationParams& params,
-                     float* out);
+// gu: f32 [rows, 2 * width], gate in columns [0, width) and up in
+// [width, 2*width) (one fused GEMM of gate_proj and up_proj). out: f32
+// [rows, width]; must not overlap gu.
+void GatedActivation(const Tensor& gu, const ActivationParams& params, const MutableTensor& out);
 
 }  // namespace deltaserve::kernels

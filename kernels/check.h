@@ -1,10 +1,14 @@
-// Contract checks for kernels. A kernel's preconditions (shapes, aliasing) are
-// established by its caller from validated configs, so a violation is a broken
-// internal invariant: report where and abort, never continue with bad memory.
+// Contract checks for kernels. A kernel's preconditions (shapes, dtypes,
+// device, aliasing) are established by its caller from validated configs, so a
+// violation is a broken internal invariant: report where and abort, never
+// continue with bad memory. Each op checks them once, at its entry point
+// (kernels/<op>.cc); the CPU variants behind it trust them.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
+
+#include "kernels/tensor.h"
 
 #define DELTASERVE_CHECK(cond)                                                      \
   do {                                                                              \
@@ -13,3 +17,15 @@
       std::abort();                                                                 \
     }                                                                               \
   } while (0)
+
+// view is a contiguous CPU tensor of dtype, shape [rows, cols]; the message
+// names the argument and what differs (device, dtype or shape).
+#define DELTASERVE_CHECK_VIEW(view, dtype, rows, cols)                                         \
+  ::deltaserve::kernels::CheckView(__FILE__, __LINE__, #view, (view), (dtype), (rows), (cols), \
+                                   false)
+// The same, for a kernel that reads rows at view.RowStride() >= cols.
+#define DELTASERVE_CHECK_STRIDED_VIEW(view, dtype, rows, cols) \
+  ::deltaserve::kernels::CheckView(__FILE__, __LINE__, #view, (view), (dtype), (rows), (cols), true)
+// A weight: a contiguous CPU tensor [rows, cols] of f32, bf16 or mxfp4.
+#define DELTASERVE_CHECK_WEIGHT(view, rows, cols) \
+  ::deltaserve::kernels::CheckWeight(__FILE__, __LINE__, #view, (view), (rows), (cols))

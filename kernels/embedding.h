@@ -7,9 +7,9 @@
 
 namespace deltaserve::kernels {
 
-// out[i, :] = table[tokens[i], :] as float32, table [vocab, dim] in any
-// dtype. Token ids must be in [0, vocab): callers validate request input
-// before it reaches a kernel.
-void Embedding(const Tensor& table, const int32_t* tokens, int64_t t, float* out);
+// out[i, :] = table[tokens[i], :] as float32, table [vocab, dim] in f32,
+// bf16 or mxfp4; tokens: i32 [1, T]; out: f32 [T, dim]. Token ids must be in
+// [0, vocab): callers validate request input before it reaches a kernel.
+void Embedding(const Tensor& table, const Tensor& tokens, const MutableTensor& out);
 
 }  // namespace deltaserve::kernels

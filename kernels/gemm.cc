@@ -8,13 +8,14 @@
 
 namespace deltaserve::kernels {
 
-void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
-                   bool accumulate) {
-  DELTASERVE_CHECK(m >= 0 && w.rows >= 0 && w.cols >= 0 && ldx >= w.cols && ldy >= w.rows);
-  DELTASERVE_CHECK(w.device == Device::kCpu);  // the only backend built so far
-  DELTASERVE_CHECK(w.dtype != DType::kMxfp4 ||
-                   (w.cols % 32 == 0 && (w.scales != nullptr || w.empty())));
-  DELTASERVE_CPU_DISPATCH(LinearStrided)(x, ldx, w, m, y, ldy, accumulate);
+void Linear(const Tensor& x, const Tensor& w, const MutableTensor& y, bool accumulate) {
+  const int64_t m = y.rows;
+  DELTASERVE_CHECK_WEIGHT(w, w.rows, w.cols);
+  DELTASERVE_CHECK_STRIDED_VIEW(x, DType::kF32, m, w.cols);
+  DELTASERVE_CHECK_STRIDED_VIEW(y, DType::kF32, m, w.rows);
+  DELTASERVE_CHECK(!Overlaps(x, y) && !Overlaps(w, y));
+  DELTASERVE_CPU_DISPATCH(LinearStrided)
+  (x.As<float>(), x.RowStride(), w, m, y.As<float>(), y.RowStride(), accumulate);
 }
 
 bool Bf16ComputeAvailable() { return onednn::HasBf16Matmul(); }

@@ -11,20 +11,14 @@
 
 namespace deltaserve::kernels {
 
-// y[m, n] = x[m, k] · w[n, k]ᵀ, or y += ... when accumulate, with n = w.rows
-// and k = w.cols; rows of x and y at strides ldx >= k and ldy >= n (in
-// floats), so a GEMM can read or write a column block of a wider row. y must
-// not alias x or w. m == 0 is a no-op.
-void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
-                   bool accumulate = false);
+// y[m, n] = x[m, k] · w[n, k]ᵀ, or y += ... when accumulate, with w
+// [n, k] contiguous in f32, bf16 or mxfp4, x f32 [m, k] and y f32 [m, n]. x
+// and y may be strided (Tensor::stride), so a GEMM can read or write a column
+// block of a wider row. y must not overlap x or w. m == 0 is a no-op.
+void Linear(const Tensor& x, const Tensor& w, const MutableTensor& y, bool accumulate = false);
 
 // Whether a bf16 weight with compute kBF16 (tensor.h) gets the bf16 matmul on
 // this CPU (oneDNN on AVX512-BF16 or AMX); elsewhere it computes in float32.
 bool Bf16ComputeAvailable();
-
-// Contiguous x [m, k] and y [m, n].
-inline void Linear(const float* x, const Tensor& w, int64_t m, float* y, bool accumulate = false) {
-  LinearStrided(x, w.cols, w, m, y, w.rows, accumulate);
-}
 
 }  // namespace deltaserve::kernels

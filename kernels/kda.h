@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/tensor.h"
+
 namespace deltaserve::kernels {
 
 struct KdaShape {
@@ -16,15 +18,20 @@ struct KdaShape {
   int64_t v_dim = 0;    // V
 };
 
+// All f32, as 2-D views ([T, H, K] is [T, H * K]). heads, v_heads, k_dim and
+// v_dim >= 1, v_heads a multiple of heads; T >= 0.
 // q, k: [T, H, K], already L2-normalised (q unscaled; scale is applied here).
 // v: [T, HV, V]. g: [T, HV, K] log-decay, <= 0, any magnitude. beta: [T, HV].
-// state: [HV, K, V] in/out. o: [T, HV, V], must not alias the inputs.
-void KdaRecurrent(const KdaShape& shape, const float* q, const float* k, const float* v,
-                  const float* g, const float* beta, float scale, float* state, float* o);
+// state: [HV, K, V] in/out. o: [T, HV, V]. state and o overlap nothing.
+void KdaRecurrent(const KdaShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& g, const Tensor& beta, float scale, const MutableTensor& state,
+                  const MutableTensor& o);
 
-// Same contract, computed in chunks of chunk_size tokens with the safe-exponent
-// form of MODEL.md (only differences <= 0 are exponentiated), any T.
-void KdaChunk(const KdaShape& shape, const float* q, const float* k, const float* v, const float* g,
-              const float* beta, float scale, float* state, float* o, int64_t chunk_size = 64);
+// Same contract, computed in chunks of chunk_size >= 1 tokens with the
+// safe-exponent form of MODEL.md (only differences <= 0 are exponentiated),
+// any T.
+void KdaChunk(const KdaShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& g, const Tensor& beta, float scale, const MutableTensor& state,
+              const MutableTensor& o, int64_t chunk_size = 64);
 
 }  // namespace deltaserve::kernels

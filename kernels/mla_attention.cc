@@ -1,16 +1,60 @@
-// Entry point of kernels/mla_attention.h: the CPU variant of this machine's level.
+// Entry point of kernels/mla_attention.h: the contract, then the CPU variant
+// of this machine's level.
 #include "kernels/mla_attention.h"
 
+#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 
 namespace deltaserve::kernels {
 
-void MlaPrefillAttention(const MlaPrefillArgs& args) {
-  DELTASERVE_CPU_DISPATCH(MlaPrefillAttention)(args);
+void MlaPrefillAttention(const MlaPrefillArgs& a) {
+  DELTASERVE_CHECK(a.t >= 0 && a.prefix >= 0 && a.heads >= 0);
+  DELTASERVE_CHECK(a.nope_dim >= 0 && a.rope_dim >= 0 && a.v_dim >= 0);
+  const int64_t s = a.prefix + a.t;
+  DELTASERVE_CHECK_VIEW(a.q, DType::kF32, a.t, a.heads * (a.nope_dim + a.rope_dim));
+  DELTASERVE_CHECK_VIEW(a.kv, DType::kF32, s, a.heads * (a.nope_dim + a.v_dim));
+  DELTASERVE_CHECK_STRIDED_VIEW(a.k_rope, DType::kF32, s, a.rope_dim);
+  DELTASERVE_CHECK_VIEW(a.o, DType::kF32, a.t, a.heads * a.v_dim);
+  DELTASERVE_CHECK(!Overlaps(a.q, a.o) && !Overlaps(a.kv, a.o) && !Overlaps(a.k_rope, a.o));
+  cpu::MlaPrefillPtrs p;
+  p.t = a.t;
+  p.prefix = a.prefix;
+  p.heads = a.heads;
+  p.nope_dim = a.nope_dim;
+  p.rope_dim = a.rope_dim;
+  p.v_dim = a.v_dim;
+  p.q = a.q.As<float>();
+  p.kv = a.kv.As<float>();
+  p.k_rope = a.k_rope.As<float>();
+  p.k_rope_stride = a.k_rope.RowStride();
+  p.scale = a.scale;
+  p.o = a.o.As<float>();
+  DELTASERVE_CPU_DISPATCH(MlaPrefillAttention)(p);
 }
 
-void MlaAbsorbedAttention(const MlaAbsorbedArgs& args) {
-  DELTASERVE_CPU_DISPATCH(MlaAbsorbedAttention)(args);
+void MlaAbsorbedAttention(const MlaAbsorbedArgs& a) {
+  DELTASERVE_CHECK(a.t >= 0 && a.prefix >= 0 && a.heads >= 0);
+  DELTASERVE_CHECK(a.latent_dim >= 0 && a.rope_dim >= 0);
+  DELTASERVE_CHECK(a.cache.dtype == DType::kF32 || a.cache.dtype == DType::kBF16);
+  DELTASERVE_CHECK_VIEW(a.q_latent, DType::kF32, a.t, a.heads * a.latent_dim);
+  DELTASERVE_CHECK_VIEW(a.q_rope, DType::kF32, a.t, a.heads * a.rope_dim);
+  DELTASERVE_CHECK_VIEW(a.cache, a.cache.dtype, a.prefix + a.t, a.latent_dim + a.rope_dim);
+  DELTASERVE_CHECK_VIEW(a.o_latent, DType::kF32, a.t, a.heads * a.latent_dim);
+  DELTASERVE_CHECK(!Overlaps(a.q_latent, a.o_latent) && !Overlaps(a.q_rope, a.o_latent) &&
+                   !Overlaps(a.cache, a.o_latent));
+  cpu::MlaAbsorbedPtrs p;
+  p.t = a.t;
+  p.prefix = a.prefix;
+  p.heads = a.heads;
+  p.latent_dim = a.latent_dim;
+  p.rope_dim = a.rope_dim;
+  p.q_latent = a.q_latent.As<float>();
+  p.q_rope = a.q_rope.As<float>();
+  p.cache = a.cache.data;
+  p.cache_dtype = a.cache.dtype;
+  p.scale = a.scale;
+  p.o_latent = a.o_latent.As<float>();
+  DELTASERVE_CPU_DISPATCH(MlaAbsorbedAttention)(p);
 }
 
 }  // namespace deltaserve::kernels

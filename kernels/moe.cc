@@ -1,16 +1,64 @@
-// Entry point of kernels/moe.h: the CPU variant of this machine's level.
+// Entry point of kernels/moe.h: the contract, then the CPU variant of this
+// machine's level.
 #include "kernels/moe.h"
 
+#include <initializer_list>
+
+#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 
 namespace deltaserve::kernels {
 
-void MoeRoute(const float* logits, const float* bias, int64_t t, int64_t experts, int64_t top_k,
-              bool renormalize, float scaling, int32_t* idx, float* weights) {
+void MoeRoute(const Tensor& logits, const Tensor& bias, int64_t top_k, bool renormalize,
+              float scaling, const MutableTensor& idx, const MutableTensor& weights) {
+  const int64_t t = logits.rows, experts = logits.cols;
+  DELTASERVE_CHECK(top_k >= 0 && top_k <= experts);
+  DELTASERVE_CHECK_VIEW(logits, DType::kF32, t, experts);
+  if (!bias.empty() || bias.data != nullptr) DELTASERVE_CHECK_VIEW(bias, DType::kF32, 1, experts);
+  DELTASERVE_CHECK_VIEW(idx, DType::kI32, t, top_k);
+  DELTASERVE_CHECK_VIEW(weights, DType::kF32, t, top_k);
+  for (const Tensor* in : {&logits, &bias}) {
+    DELTASERVE_CHECK(!Overlaps(*in, idx) && !Overlaps(*in, weights));
+  }
+  DELTASERVE_CHECK(!Overlaps(idx, weights));
   DELTASERVE_CPU_DISPATCH(MoeRoute)
-  (logits, bias, t, experts, top_k, renormalize, scaling, idx, weights);
+  (logits.As<float>(), bias.empty() ? nullptr : bias.As<float>(), t, experts, top_k, renormalize,
+   scaling, idx.As<int32_t>(), weights.As<float>());
 }
 
-void MoeExperts(const MoeExpertsArgs& args) { DELTASERVE_CPU_DISPATCH(MoeExperts)(args); }
+void MoeExperts(const MoeExpertsArgs& a) {
+  DELTASERVE_CHECK(a.t >= 0 && a.din >= 0 && a.inter >= 0 && a.dout >= 0 && a.top_k >= 0 &&
+                   a.n_experts >= 0);
+  DELTASERVE_CHECK(a.experts != nullptr || a.n_experts == 0);
+  DELTASERVE_CHECK_VIEW(a.z, DType::kF32, a.t, a.din);
+  DELTASERVE_CHECK_VIEW(a.idx, DType::kI32, a.t, a.top_k);
+  DELTASERVE_CHECK_VIEW(a.weights, DType::kF32, a.t, a.top_k);
+  DELTASERVE_CHECK_VIEW(a.out, DType::kF32, a.t, a.dout);
+  DELTASERVE_CHECK(!Overlaps(a.z, a.out) && !Overlaps(a.idx, a.out) && !Overlaps(a.weights, a.out));
+  // An expert with empty weights is held by another rank; the others have
+  // the shapes of the contract.
+  for (int64_t e = 0; e < a.n_experts; ++e) {
+    const MoeExpert& ex = a.experts[e];
+    if (ex.w13.empty()) continue;
+    DELTASERVE_CHECK_WEIGHT(ex.w13, 2 * a.inter, a.din);
+    DELTASERVE_CHECK_WEIGHT(ex.w2, a.dout, a.inter);
+  }
+  const int32_t* idx = a.idx.As<int32_t>();
+  for (int64_t p = 0; p < a.t * a.top_k; ++p) DELTASERVE_CHECK(idx[p] >= 0 && idx[p] < a.n_experts);
+  cpu::MoeExpertsPtrs p;
+  p.t = a.t;
+  p.din = a.din;
+  p.inter = a.inter;
+  p.dout = a.dout;
+  p.top_k = a.top_k;
+  p.n_experts = a.n_experts;
+  p.z = a.z.As<float>();
+  p.experts = a.experts;
+  p.idx = idx;
+  p.weights = a.weights.As<float>();
+  p.act = a.act;
+  p.out = a.out.As<float>();
+  DELTASERVE_CPU_DISPATCH(MoeExperts)(p);
+}
 
 }  // namespace deltaserve::kernels

@@ -9,12 +9,13 @@
 
 namespace deltaserve::kernels {
 
-// scores = sigmoid(logits[T, E]); per token pick the top_k experts by
-// scores + bias (bias may be null; ties go to the lower index), then
-// weights = scores[sel] / sum(scores[sel]) * scaling when renormalize, else
-// scores[sel] * scaling. idx, weights: [T, top_k], in selection order.
-void MoeRoute(const float* logits, const float* bias, int64_t t, int64_t experts, int64_t top_k,
-              bool renormalize, float scaling, int32_t* idx, float* weights);
+// scores = sigmoid(logits), f32 [T, E]; per token pick the top_k <= E experts
+// by scores + bias (bias f32 [1, E], or an empty view for none; ties go to the
+// lower index), then weights = scores[sel] / sum(scores[sel]) * scaling when
+// renormalize, else scores[sel] * scaling. idx (i32) and weights (f32):
+// [T, top_k], in selection order.
+void MoeRoute(const Tensor& logits, const Tensor& bias, int64_t top_k, bool renormalize,
+              float scaling, const MutableTensor& idx, const MutableTensor& weights);
 
 struct MoeExpert {
   Tensor w13;  // [2 * inter, din]: w1 (gate) rows then w3 (up) rows
@@ -23,12 +24,12 @@ struct MoeExpert {
 
 struct MoeExpertsArgs {
   int64_t t = 0, din = 0, inter = 0, dout = 0, top_k = 0, n_experts = 0;
-  const float* z = nullptr;            // [T, din]
+  Tensor z;                            // f32 [T, din]
   const MoeExpert* experts = nullptr;  // [n_experts]
-  const int32_t* idx = nullptr;        // [T, top_k]
-  const float* weights = nullptr;      // [T, top_k]
+  Tensor idx;                          // i32 [T, top_k], each in [0, n_experts)
+  Tensor weights;                      // f32 [T, top_k]
   ActivationParams act;
-  float* out = nullptr;  // [T, dout], overwritten
+  MutableTensor out;  // f32 [T, dout], overwritten; overlaps no input
 };
 
 // out[t] = sum_j weights[t, j] · w2_e(act(w1_e z[t], w3_e z[t])), e = idx[t, j].

@@ -1,16 +1,29 @@
-// Entry point of kernels/norm.h: the CPU variant of this machine's level.
+// Entry point of kernels/norm.h: the contract, then the CPU variant of this
+// machine's level.
 #include "kernels/norm.h"
 
+#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 
 namespace deltaserve::kernels {
 
-void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y) {
-  DELTASERVE_CPU_DISPATCH(RmsNorm)(x, w, rows, dim, eps, y);
+void RmsNorm(const Tensor& x, const Tensor& w, float eps, const MutableTensor& y) {
+  const int64_t rows = y.rows, dim = y.cols;
+  DELTASERVE_CHECK_VIEW(y, DType::kF32, rows, dim);
+  DELTASERVE_CHECK_VIEW(x, DType::kF32, rows, dim);
+  if (!w.empty() || w.data != nullptr) DELTASERVE_CHECK_VIEW(w, DType::kF32, 1, dim);
+  DELTASERVE_CHECK(x.data == y.data || !Overlaps(x, y));
+  DELTASERVE_CHECK(!Overlaps(w, y));
+  DELTASERVE_CPU_DISPATCH(RmsNorm)
+  (x.As<float>(), w.empty() ? nullptr : w.As<float>(), rows, dim, eps, y.As<float>());
 }
 
-void L2Norm(const float* x, int64_t rows, int64_t dim, float eps, float scale, float* y) {
-  DELTASERVE_CPU_DISPATCH(L2Norm)(x, rows, dim, eps, scale, y);
+void L2Norm(const Tensor& x, float eps, float scale, const MutableTensor& y) {
+  const int64_t rows = y.rows, dim = y.cols;
+  DELTASERVE_CHECK_VIEW(y, DType::kF32, rows, dim);
+  DELTASERVE_CHECK_VIEW(x, DType::kF32, rows, dim);
+  DELTASERVE_CHECK(x.data == y.data || !Overlaps(x, y));
+  DELTASERVE_CPU_DISPATCH(L2Norm)(x.As<float>(), rows, dim, eps, scale, y.As<float>());
 }
 
 }  // namespace deltaserve::kernels

@@ -3,13 +3,17 @@
 
 #include <cstdint>
 
+#include "kernels/tensor.h"
+
 namespace deltaserve::kernels {
 
-// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w, for rows r < rows.
-// w may be null (no gain). y may equal x (in place); no other overlap.
-void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y);
+// x, y: f32 [rows, dim]. y may be x itself (in place) but overlap nothing else.
 
-// y[r, :] = x[r, :] / sqrt(sum(x[r, :]²) + eps) * scale. y may equal x.
-void L2Norm(const float* x, int64_t rows, int64_t dim, float eps, float scale, float* y);
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) * w, w f32 [1, dim] or an
+// empty view (no gain).
+void RmsNorm(const Tensor& x, const Tensor& w, float eps, const MutableTensor& y);
+
+// y[r, :] = x[r, :] / sqrt(sum(x[r, :]²) + eps) * scale.
+void L2Norm(const Tensor& x, float eps, float scale, const MutableTensor& y);
 
 }  // namespace deltaserve::kernels

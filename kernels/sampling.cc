@@ -1,8 +1,10 @@
-// Entry point of kernels/sampling.h: the CPU variant of this machine's level.
+// Entry point of kernels/sampling.h: the generator, the contract, then the
+// CPU variant of this machine's level.
 #include "kernels/sampling.h"
 
 #include <cstdint>
 
+#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 
 namespace deltaserve::kernels {
@@ -43,13 +45,22 @@ uint64_t Rng::Next() {
 
 double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
-void SamplingDistribution(const float* logits, int64_t vocab, const SamplingParams& params,
-                          double* probs) {
-  DELTASERVE_CPU_DISPATCH(SamplingDistribution)(logits, vocab, params, probs);
+void SamplingDistribution(const Tensor& logits, const SamplingParams& params,
+                          const MutableTensor& probs) {
+  const int64_t vocab = logits.cols;
+  DELTASERVE_CHECK(vocab > 0);
+  DELTASERVE_CHECK_VIEW(logits, DType::kF32, 1, vocab);
+  DELTASERVE_CHECK_VIEW(probs, DType::kF64, 1, vocab);
+  DELTASERVE_CHECK(!Overlaps(logits, probs));
+  DELTASERVE_CPU_DISPATCH(SamplingDistribution)
+  (logits.As<float>(), vocab, params, probs.As<double>());
 }
 
-int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng) {
-  return DELTASERVE_CPU_DISPATCH(Sample)(logits, vocab, params, rng);
+int32_t Sample(const Tensor& logits, const SamplingParams& params, Rng& rng) {
+  const int64_t vocab = logits.cols;
+  DELTASERVE_CHECK(vocab > 0);
+  DELTASERVE_CHECK_VIEW(logits, DType::kF32, 1, vocab);
+  return DELTASERVE_CPU_DISPATCH(Sample)(logits.As<float>(), vocab, params, rng);
 }
 
 }  // namespace deltaserve::kernels

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels/tensor.h"
+
 namespace deltaserve::kernels {
 
 struct SamplingParams {
@@ -29,7 +31,8 @@ class Rng {
 
 // The distribution Sample draws from: softmax(logits / temperature) restricted
 // to the top_k highest logits, then to the smallest set of highest
-// probabilities whose sum reaches top_p, renormalised. probs: [vocab].
+// probabilities whose sum reaches top_p, renormalised. logits: f32
+// [1, vocab], vocab >= 1; probs: f64 [1, vocab].
 // Greedy (temperature 0) gives a one-hot distribution.
 //
 // A model's logits should be finite, and the engine refuses rows that are not
@@ -37,11 +40,11 @@ class Rng {
 // with no access out of range: NaN counts as -infinity, and when the highest
 // (scaled) logit is infinite (some +inf, or all -inf) the tokens at that value
 // share the mass equally, the softmax's limit.
-void SamplingDistribution(const float* logits, int64_t vocab, const SamplingParams& params,
-                          double* probs);
+void SamplingDistribution(const Tensor& logits, const SamplingParams& params,
+                          const MutableTensor& probs);
 
 // Draws one token id from SamplingDistribution(...), advancing rng once
 // (greedy does not touch rng).
-int32_t Sample(const float* logits, int64_t vocab, const SamplingParams& params, Rng& rng);
+int32_t Sample(const Tensor& logits, const SamplingParams& params, Rng& rng);
 
 }  // namespace deltaserve::kernels

@@ -1,9 +1,38 @@
 #include "kernels/tensor.h"
 
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
 #include "kernels/check.h"
 #include "kernels/mxfp4.h"
 
 namespace deltaserve::kernels {
+namespace {
+
+// Bytes of `elements` consecutive values (for kMxfp4, codes only).
+int64_t BytesOf(DType dtype, int64_t elements) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kI32:
+      return elements * 4;
+    case DType::kBF16:
+      return elements * 2;
+    case DType::kMxfp4:
+      return elements / 2;
+    case DType::kF64:
+      return elements * 8;
+  }
+  return 0;
+}
+
+[[noreturn]] void Fail(const char* file, int line, const char* name, const char* what) {
+  std::fprintf(stderr, "%s:%d: check failed: %s: %s\n", file, line, name, what);
+  std::abort();
+}
+
+}  // namespace
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
@@ -13,31 +42,102 @@ const char* DTypeName(DType dtype) {
       return "bf16";
     case DType::kMxfp4:
       return "mxfp4";
+    case DType::kI32:
+      return "i32";
+    case DType::kF64:
+      return "f64";
   }
   return "?";
 }
 
-int64_t Tensor::RowBytes() const {
-  switch (dtype) {
-    case DType::kF32:
-      return cols * 4;
-    case DType::kBF16:
-      return cols * 2;
-    case DType::kMxfp4:
-      return cols / 2;
+const char* DeviceName(Device device) {
+  switch (device) {
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
   }
-  return 0;
+  return "?";
 }
 
-int64_t Tensor::ScaleRowBytes() const { return dtype == DType::kMxfp4 ? cols / kMxfp4Group : 0; }
+template <bool kWritable>
+int64_t BasicTensor<kWritable>::RowBytes() const {
+  return BytesOf(dtype, cols);
+}
 
-Tensor Tensor::Rows(int64_t begin, int64_t count) const {
+template <bool kWritable>
+int64_t BasicTensor<kWritable>::ScaleRowBytes() const {
+  return dtype == DType::kMxfp4 ? cols / kMxfp4Group : 0;
+}
+
+template <bool kWritable>
+int64_t BasicTensor<kWritable>::SpanBytes() const {
+  if (empty()) return 0;
+  return BytesOf(dtype, (rows - 1) * RowStride()) + RowBytes();
+}
+
+template <bool kWritable>
+BasicTensor<kWritable> BasicTensor<kWritable>::Rows(int64_t begin, int64_t count) const {
   DELTASERVE_CHECK(begin >= 0 && count >= 0 && begin + count <= rows);
-  Tensor out = *this;
+  BasicTensor out = *this;
   out.rows = count;
-  out.data = static_cast<const uint8_t*>(data) + begin * RowBytes();
+  using Byte = std::conditional_t<kWritable, uint8_t, const uint8_t>;
+  out.data = static_cast<Byte*>(data) + BytesOf(dtype, begin * RowStride());
   if (scales != nullptr) out.scales = scales + begin * ScaleRowBytes();
   return out;
+}
+
+template struct BasicTensor<false>;
+template struct BasicTensor<true>;
+
+bool Overlaps(const Tensor& a, const Tensor& b) {
+  if (a.empty() || b.empty()) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  const auto a1 = a0 + static_cast<uintptr_t>(a.SpanBytes());
+  const auto b1 = b0 + static_cast<uintptr_t>(b.SpanBytes());
+  return a0 < b1 && b0 < a1;
+}
+
+void CheckView(const char* file, int line, const char* name, const Tensor& view, DType dtype,
+               int64_t rows, int64_t cols, bool strided) {
+  char what[160];
+  if (view.device != Device::kCpu) {
+    std::snprintf(what, sizeof(what), "device %s, but only the cpu backend is built",
+                  DeviceName(view.device));
+    Fail(file, line, name, what);
+  }
+  if (view.dtype != dtype) {
+    std::snprintf(what, sizeof(what), "dtype %s, expected %s", DTypeName(view.dtype),
+                  DTypeName(dtype));
+    Fail(file, line, name, what);
+  }
+  if (rows < 0 || cols < 0 || view.rows != rows || view.cols != cols) {
+    std::snprintf(what, sizeof(what),
+                  "shape [%" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
+                  view.rows, view.cols, rows, cols);
+    Fail(file, line, name, what);
+  }
+  if (view.stride != 0 && (!strided || view.stride < view.cols)) {
+    std::snprintf(what, sizeof(what), "row stride %" PRId64 " where %s", view.stride,
+                  strided ? "it must be >= cols" : "the op reads contiguous rows");
+    Fail(file, line, name, what);
+  }
+  if (view.data == nullptr && !view.empty()) Fail(file, line, name, "null data");
+}
+
+void CheckWeight(const char* file, int line, const char* name, const Tensor& view, int64_t rows,
+                 int64_t cols) {
+  if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kMxfp4) {
+    char what[80];
+    std::snprintf(what, sizeof(what), "dtype %s, but a weight is f32, bf16 or mxfp4",
+                  DTypeName(view.dtype));
+    Fail(file, line, name, what);
+  }
+  CheckView(file, line, name, view, view.dtype, rows, cols, false);
+  if (view.dtype == DType::kMxfp4 && !view.empty() &&
+      (view.cols % kMxfp4Group != 0 || view.scales == nullptr)) {
+    Fail(file, line, name, "mxfp4 needs cols a multiple of 32 and scales");
+  }
 }
 
 }  // namespace deltaserve::kernels

@@ -1,10 +1,20 @@
-// The view every op takes its weights through: pointer, element type, device
-// and shape. Ops dispatch on dtype and device at their entry point
-// (kernels/<op>.cc), so a weight stays in the dtype its checkpoint stores and
-// a second backend adds kernels, not branches in the layers.
+// The view every op takes its arrays through: pointer, element type, device
+// and shape. Each op's entry point (kernels/<op>.cc) checks the views against
+// its contract once and dispatches on device and dtype, so a weight stays in
+// the dtype its checkpoint stores and a second backend adds kernels, not
+// branches in the layers.
+//
+// Inputs are `Tensor` (read-only data) and outputs `MutableTensor` (writable
+// data): one class template, BasicTensor<kWritable>, so the two share every
+// field and helper and differ only in the constness of `data`. A writable view
+// converts implicitly to a read-only one (an in-place op passes the same
+// buffer as both); nothing converts the other way, so an op cannot write
+// through an input. Constness on the view rather than a flag checked at run
+// time: a wrong call does not compile.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace deltaserve::kernels {
 
@@ -15,17 +25,29 @@ enum class DType : uint8_t {
   // E2M1 codes per byte, even column in the low nibble, and one E8M0 scale
   // byte per 32 consecutive values of a row, held apart in `scales`.
   kMxfp4,
+  kI32,  // token ids, expert indices
+  kF64,  // sampling probabilities
 };
 
 enum class Device : uint8_t { kCpu, kCuda };
 
 const char* DTypeName(DType dtype);
+const char* DeviceName(Device device);
 
-// A row-major [rows, cols] matrix (a vector is one row) that the view does not
-// own. For kMxfp4, data holds [rows, cols / 2] code bytes and scales
-// [rows, cols / 32] scale bytes; cols must be a multiple of 32.
-struct Tensor {
-  const void* data = nullptr;
+// A row-major [rows, cols] matrix (a vector is one row; [T, heads, dim]
+// activations are [T, heads * dim]) that the view does not own. Row r starts
+// RowStride() elements after row r - 1: `stride` is 0 (contiguous, the
+// default) or >= cols for a kernel that documents it reads a column block of
+// wider rows; every other kernel refuses a strided view. For kMxfp4, data
+// holds [rows, cols / 2] code bytes and scales [rows, cols / 32] scale bytes;
+// cols must be a multiple of 32 and the view contiguous.
+template <bool kWritable>
+struct BasicTensor {
+  using Void = std::conditional_t<kWritable, void, const void>;
+  template <typename T>
+  using Elem = std::conditional_t<kWritable, T, const T>;
+
+  Void* data = nullptr;
   const uint8_t* scales = nullptr;  // kMxfp4 only
   DType dtype = DType::kF32;
   Device device = Device::kCpu;
@@ -35,18 +57,65 @@ struct Tensor {
   // a bf16 weight only: activations rounded to bf16 so bf16 units, AVX512-BF16
   // or AMX, multiply natively; docs/numerics.md bounds its error).
   DType compute = DType::kF32;
+  int64_t stride = 0;  // elements between row starts; 0 = cols
 
-  static Tensor F32(const float* data, int64_t rows, int64_t cols) {
-    return Tensor{data, nullptr, DType::kF32, Device::kCpu, rows, cols, DType::kF32};
+  // CPU views of plain arrays, the way call sites build them.
+  static BasicTensor F32(Elem<float>* p, int64_t rows, int64_t cols, int64_t stride = 0) {
+    return Of(p, DType::kF32, rows, cols, stride);
+  }
+  static BasicTensor F64(Elem<double>* p, int64_t rows, int64_t cols) {
+    return Of(p, DType::kF64, rows, cols, 0);
+  }
+  static BasicTensor I32(Elem<int32_t>* p, int64_t rows, int64_t cols) {
+    return Of(p, DType::kI32, rows, cols, 0);
+  }
+
+  // The read-only view of the same memory.
+  operator BasicTensor<false>() const requires kWritable {
+    return BasicTensor<false>{data, scales, dtype, device, rows, cols, compute, stride};
+  }
+
+  // The data as T*; the entry point has checked the dtype.
+  template <typename T>
+  Elem<T>* As() const {
+    return static_cast<Elem<T>*>(data);
   }
 
   bool empty() const { return rows == 0 || cols == 0; }
-  // Bytes of one row of data (not counting scales).
+  int64_t RowStride() const { return stride != 0 ? stride : cols; }
+  // Bytes of one row of data (not counting scales or stride).
   int64_t RowBytes() const;
   // Bytes of one row of scales (0 unless kMxfp4).
   int64_t ScaleRowBytes() const;
+  // Bytes from data to the end of the last row (0 when empty).
+  int64_t SpanBytes() const;
   // Rows [begin, begin + count) as a view of the same memory.
-  Tensor Rows(int64_t begin, int64_t count) const;
+  BasicTensor Rows(int64_t begin, int64_t count) const;
+
+ private:
+  static BasicTensor Of(Void* p, DType dtype, int64_t rows, int64_t cols, int64_t stride) {
+    return BasicTensor{p, nullptr, dtype, Device::kCpu, rows, cols, DType::kF32, stride};
+  }
 };
+
+using Tensor = BasicTensor<false>;
+using MutableTensor = BasicTensor<true>;
+
+extern template struct BasicTensor<false>;
+extern template struct BasicTensor<true>;
+
+// Whether the bytes two views span share any address (empty views never do).
+bool Overlaps(const Tensor& a, const Tensor& b);
+
+// The contract check of one view at an op's entry point: on the CPU (the only
+// backend built), of `dtype`, shape [rows, cols], contiguous unless
+// `strided`, and with data unless empty. On a violation it prints where, the
+// op's argument name and what is wrong, and aborts (kernels/check.h).
+void CheckView(const char* file, int line, const char* name, const Tensor& view, DType dtype,
+               int64_t rows, int64_t cols, bool strided);
+// The same for a weight, which may be f32, bf16 or mxfp4 (with its scales,
+// cols a multiple of 32), never strided.
+void CheckWeight(const char* file, int line, const char* name, const Tensor& view, int64_t rows,
+                 int64_t cols);
 
 }  // namespace deltaserve::kernels

@@ -63,7 +63,8 @@ inline std::vector<int32_t> ReferenceGenerate(const Model& model,
     if (!logits.ok()) break;
     kernels::Rng rng =
         kernels::Rng::ForPosition(seed, static_cast<int64_t>(prompt.size() + out.size()));
-    out.push_back(kernels::Sample(logits->data(), model.config().vocab_size, sampling, rng));
+    out.push_back(kernels::Sample(
+        kernels::Tensor::F32(logits->data(), 1, model.config().vocab_size), sampling, rng));
     next = {out.back()};
   }
   return out;

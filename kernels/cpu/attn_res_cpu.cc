@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kernels/attn_res.h"
-#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 
@@ -73,10 +72,7 @@ void WeightedSum(const float* const* v, const double* w, int64_t n, int64_t d, f
 
 void AttnResMix(const float* const* candidates, int64_t n, int64_t t, int64_t d,
                 const float* norm_w, const float* proj_w, float eps, float* out) {
-  DELTASERVE_CHECK(n >= 1 && t >= 0 && d >= 0);
   if (t == 0 || d == 0) return;
-  DELTASERVE_CHECK(candidates != nullptr && norm_w != nullptr && proj_w != nullptr &&
-                   out != nullptr);
   std::vector<float> q(d);  // [D]
   for (int64_t c = 0; c < d; ++c) q[c] = norm_w[c] * proj_w[c];
   const double inv_d = 1.0 / static_cast<double>(d);

@@ -1,9 +1,10 @@
 // The CPU variants of the ops and the choice between them. Files of
 // kernels/cpu/ define their functions in namespace cpu::DELTASERVE_CPU_ISA,
 // which the build sets to generic, avx2 and avx512 in turn, compiling each
-// file once per level with that level's flags (kernels/isa.h). A variant has
-// the type of the public op it implements, so its declaration here is one
-// line; an entry point calls DELTASERVE_CPU_DISPATCH(Op)(args...).
+// file once per level with that level's flags (kernels/isa.h). A variant
+// takes raw pointers and sizes, its own signature, declared in one line per op
+// (kernels/cpu/ops.h); the op's entry point (kernels/<op>.cc) checks the
+// views it was given, then calls DELTASERVE_CPU_DISPATCH(Op)(pointers...).
 //
 // Code inside a variant must stay inside its namespace: an inline function or
 // template of its own defined outside it would be compiled at several levels
@@ -21,15 +22,20 @@
 #define DELTASERVE_CPU_ISA generic
 #endif
 
-#define DELTASERVE_CPU_DECLARE(op)              \
+// DELTASERVE_CPU_DECLARE(Op, void(const float* x, int64_t n)) declares the
+// variant Op of that function type at every level, and cpu::OpFn, its type.
+#define DELTASERVE_CPU_DECLARE(op, ...)         \
+  namespace deltaserve::kernels::cpu {          \
+  using op##Fn = __VA_ARGS__;                   \
+  }                                             \
   namespace deltaserve::kernels::cpu::generic { \
-  decltype(::deltaserve::kernels::op) op;       \
+  op##Fn op;                                    \
   }                                             \
   namespace deltaserve::kernels::cpu::avx2 {    \
-  decltype(::deltaserve::kernels::op) op;       \
+  op##Fn op;                                    \
   }                                             \
   namespace deltaserve::kernels::cpu::avx512 {  \
-  decltype(::deltaserve::kernels::op) op;       \
+  op##Fn op;                                    \
   }
 
 namespace deltaserve::kernels::cpu {

@@ -378,6 +378,9 @@ void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out) {
       return WidenRowsOf<DType::kBF16>(w, r0, r1, out);
     case DType::kMxfp4:
       return WidenRowsOf<DType::kMxfp4>(w, r0, r1, out);
+    case DType::kI32:
+    case DType::kF64:
+      break;  // not weight dtypes: the entry points refuse them
   }
 }
 
@@ -399,6 +402,9 @@ void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, floa
       return LinearOf<DType::kBF16>(x, ldx, w, m, y, ldy, accumulate);
     case DType::kMxfp4:
       return LinearOf<DType::kMxfp4>(x, ldx, w, m, y, ldy, accumulate);
+    case DType::kI32:
+    case DType::kF64:
+      break;  // not weight dtypes: the entry points refuse them
   }
 }
 

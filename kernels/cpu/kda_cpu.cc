@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/check.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
@@ -276,17 +275,10 @@ void ChunkStep(const KdaShape& shape, int64_t h, int64_t j, int64_t t0, int64_t 
   SmallGemm(kd, vd, n, 1.0f, w.kn.data(), 1, kd, vn, vd, s, vd, true);
 }
 
-void CheckShape(const KdaShape& shape) {
-  DELTASERVE_CHECK(shape.t >= 0 && shape.heads > 0 && shape.v_heads > 0);
-  DELTASERVE_CHECK(shape.v_heads % shape.heads == 0);
-  DELTASERVE_CHECK(shape.k_dim > 0 && shape.v_dim > 0);
-}
-
 }  // namespace
 
 void KdaRecurrent(const KdaShape& shape, const float* q, const float* k, const float* v,
                   const float* g, const float* beta, float scale, float* state, float* o) {
-  CheckShape(shape);
   const int64_t hk = shape.heads, hv = shape.v_heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;
   const int64_t group = hv / hk;
@@ -337,8 +329,6 @@ void KdaRecurrent(const KdaShape& shape, const float* q, const float* k, const f
 
 void KdaChunk(const KdaShape& shape, const float* q, const float* k, const float* v, const float* g,
               const float* beta, float scale, float* state, float* o, int64_t chunk_size) {
-  CheckShape(shape);
-  DELTASERVE_CHECK(chunk_size >= 1);
   if (shape.t == 0) return;
   const int64_t hv = shape.v_heads, group = hv / shape.heads;
   const int64_t kd = shape.k_dim, vd = shape.v_dim;

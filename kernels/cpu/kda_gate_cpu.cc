@@ -4,7 +4,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/kda_gate.h"
 
@@ -36,7 +35,6 @@ std::vector<float> HeadScales(const float* a_log, int64_t heads) {
 
 void KdaGateLowerBound(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
                        int64_t heads, int64_t head_dim, float lower_bound, float* g) {
-  DELTASERVE_CHECK(t >= 0 && heads >= 0 && head_dim >= 0);
   const int64_t width = heads * head_dim;
   const std::vector<float> a = HeadScales(a_log, heads);
 #pragma omp parallel for schedule(static) if (t * width >= kParallelMinElements)
@@ -53,7 +51,6 @@ void KdaGateLowerBound(const float* graw, const float* dt_bias, const float* a_l
 
 void KdaGateSoftplus(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
                      int64_t heads, int64_t head_dim, float* g) {
-  DELTASERVE_CHECK(t >= 0 && heads >= 0 && head_dim >= 0);
   const int64_t width = heads * head_dim;
   const std::vector<float> a = HeadScales(a_log, heads);
 #pragma omp parallel for schedule(static) if (t * width >= kParallelMinElements)

@@ -23,7 +23,6 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/mla_attention.h"
@@ -400,7 +399,7 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
 
 // Prefill: a block is (head, 64 consecutive tokens), latest tokens first.
 struct PrefillRows {
-  const MlaPrefillArgs& a;
+  const MlaPrefillPtrs& a;
   int64_t t_blocks;
   int64_t NumBlocks() const { return a.heads * t_blocks; }
   int64_t NumKeys() const { return a.prefix + a.t; }
@@ -429,7 +428,7 @@ struct PrefillRows {
 // Absorbed: all heads share the latent keys, so a block is 64 consecutive
 // (token, head) rows, latest first.
 struct AbsorbedRows {
-  const MlaAbsorbedArgs& a;
+  const MlaAbsorbedPtrs& a;
   int64_t n_rows;
   int64_t NumBlocks() const { return (n_rows + kBlockQ - 1) / kBlockQ; }
   int64_t NumKeys() const { return a.prefix + a.t; }
@@ -461,23 +460,14 @@ struct AbsorbedRows {
 
 }  // namespace
 
-void MlaPrefillAttention(const MlaPrefillArgs& args) {
-  DELTASERVE_CHECK(args.t >= 0 && args.prefix >= 0 && args.heads >= 0);
-  DELTASERVE_CHECK(args.nope_dim >= 0 && args.rope_dim >= 0 && args.v_dim >= 0);
+void MlaPrefillAttention(const MlaPrefillPtrs& args) {
   if (args.t == 0 || args.heads == 0 || args.v_dim == 0) return;
-  DELTASERVE_CHECK(args.q != nullptr && args.kv != nullptr && args.o != nullptr);
-  DELTASERVE_CHECK(args.rope_dim == 0 ||
-                   (args.k_rope != nullptr && args.k_rope_stride >= args.rope_dim));
   const PrefillRows rows{args, (args.t + kBlockQ - 1) / kBlockQ};
   RunAttention(rows, Dims{args.nope_dim, args.rope_dim, args.v_dim}, args.scale);
 }
 
-void MlaAbsorbedAttention(const MlaAbsorbedArgs& args) {
-  DELTASERVE_CHECK(args.t >= 0 && args.prefix >= 0 && args.heads >= 0);
-  DELTASERVE_CHECK(args.latent_dim >= 0 && args.rope_dim >= 0);
+void MlaAbsorbedAttention(const MlaAbsorbedPtrs& args) {
   if (args.t == 0 || args.heads == 0 || args.latent_dim == 0) return;
-  DELTASERVE_CHECK(args.q_latent != nullptr && args.cache != nullptr && args.o_latent != nullptr);
-  DELTASERVE_CHECK(args.rope_dim == 0 || args.q_rope != nullptr);
   const AbsorbedRows rows{args, args.t * args.heads};
   RunAttention(rows, Dims{args.latent_dim, args.rope_dim, args.latent_dim}, args.scale);
 }

@@ -2,7 +2,6 @@
 // the scaled write, rows spread over OpenMP threads when there are enough.
 #include <cmath>
 
-#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/norm.h"
 
@@ -45,7 +44,6 @@ void ScaleRow(const float* x, const float* w, int64_t dim, float s, float* y) {
 }  // namespace
 
 void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y) {
-  DELTASERVE_CHECK(rows >= 0 && dim >= 0);
   if (rows == 0 || dim == 0) return;
   const bool parallel = rows > 1 && rows * dim >= kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -58,7 +56,6 @@ void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float ep
 }
 
 void L2Norm(const float* x, int64_t rows, int64_t dim, float eps, float scale, float* y) {
-  DELTASERVE_CHECK(rows >= 0 && dim >= 0);
   if (rows == 0 || dim == 0) return;
   const bool parallel = rows > 1 && rows * dim >= kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)

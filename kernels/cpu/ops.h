@@ -1,34 +1,90 @@
 // The CPU variants of every op (kernels/cpu/dispatch.h): one declaration per
-// op and level, each with the type of the public function it implements.
+// op and level, each with its own raw signature. The entry point has checked
+// the contract (kernels/<op>.h) on the views before it calls one, so a variant
+// trusts its pointers and sizes. Weights keep their Tensor view: the GEMMs
+// dispatch on its dtype inside.
 #pragma once
 
-#include "kernels/activation.h"
-#include "kernels/attn_res.h"
-#include "kernels/cpu/dispatch.h"
-#include "kernels/embedding.h"
-#include "kernels/gemm.h"
-#include "kernels/kda.h"
-#include "kernels/kda_gate.h"
-#include "kernels/mla_attention.h"
-#include "kernels/moe.h"
-#include "kernels/norm.h"
-#include "kernels/sampling.h"
-#include "kernels/short_conv.h"
+#include <cstdint>
 
-DELTASERVE_CPU_DECLARE(GatedActivation)
-DELTASERVE_CPU_DECLARE(AttnResMix)
-DELTASERVE_CPU_DECLARE(Embedding)
-DELTASERVE_CPU_DECLARE(LinearStrided)
-DELTASERVE_CPU_DECLARE(KdaRecurrent)
-DELTASERVE_CPU_DECLARE(KdaChunk)
-DELTASERVE_CPU_DECLARE(KdaGateLowerBound)
-DELTASERVE_CPU_DECLARE(KdaGateSoftplus)
-DELTASERVE_CPU_DECLARE(MlaPrefillAttention)
-DELTASERVE_CPU_DECLARE(MlaAbsorbedAttention)
-DELTASERVE_CPU_DECLARE(MoeRoute)
-DELTASERVE_CPU_DECLARE(MoeExperts)
-DELTASERVE_CPU_DECLARE(RmsNorm)
-DELTASERVE_CPU_DECLARE(L2Norm)
-DELTASERVE_CPU_DECLARE(SamplingDistribution)
-DELTASERVE_CPU_DECLARE(Sample)
-DELTASERVE_CPU_DECLARE(ShortConv)
+#include "kernels/activation.h"
+#include "kernels/cpu/dispatch.h"
+#include "kernels/kda.h"
+#include "kernels/moe.h"
+#include "kernels/sampling.h"
+#include "kernels/tensor.h"
+
+namespace deltaserve::kernels::cpu {
+
+// MlaPrefillArgs with the views as pointers.
+struct MlaPrefillPtrs {
+  int64_t t = 0, prefix = 0, heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
+  const float* q = nullptr;       // [T, n, P + R]
+  const float* kv = nullptr;      // [S, n, P + Vd]
+  const float* k_rope = nullptr;  // row s at k_rope + s * k_rope_stride
+  int64_t k_rope_stride = 0;
+  float scale = 1.0f;
+  float* o = nullptr;  // [T, n, Vd]
+};
+
+// MlaAbsorbedArgs with the views as pointers.
+struct MlaAbsorbedPtrs {
+  int64_t t = 0, prefix = 0, heads = 0, latent_dim = 0, rope_dim = 0;
+  const float* q_latent = nullptr;  // [T, n, C]
+  const float* q_rope = nullptr;    // [T, n, R]
+  const void* cache = nullptr;      // [S, C + R] of cache_dtype
+  DType cache_dtype = DType::kF32;  // kF32 or kBF16
+  float scale = 1.0f;
+  float* o_latent = nullptr;  // [T, n, C]
+};
+
+// MoeExpertsArgs with the activation views as pointers.
+struct MoeExpertsPtrs {
+  int64_t t = 0, din = 0, inter = 0, dout = 0, top_k = 0, n_experts = 0;
+  const float* z = nullptr;            // [T, din]
+  const MoeExpert* experts = nullptr;  // [n_experts]
+  const int32_t* idx = nullptr;        // [T, top_k]
+  const float* weights = nullptr;      // [T, top_k]
+  ActivationParams act;
+  float* out = nullptr;  // [T, dout]
+};
+
+}  // namespace deltaserve::kernels::cpu
+
+DELTASERVE_CPU_DECLARE(GatedActivation, void(const float* gu, int64_t rows, int64_t width,
+                                             const ActivationParams& params, float* out))
+DELTASERVE_CPU_DECLARE(AttnResMix,
+                       void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
+                            const float* norm_w, const float* proj_w, float eps, float* out))
+DELTASERVE_CPU_DECLARE(Embedding,
+                       void(const Tensor& table, const int32_t* tokens, int64_t t, float* out))
+DELTASERVE_CPU_DECLARE(LinearStrided, void(const float* x, int64_t ldx, const Tensor& w, int64_t m,
+                                           float* y, int64_t ldy, bool accumulate))
+DELTASERVE_CPU_DECLARE(KdaRecurrent,
+                       void(const KdaShape& shape, const float* q, const float* k, const float* v,
+                            const float* g, const float* beta, float scale, float* state, float* o))
+DELTASERVE_CPU_DECLARE(KdaChunk, void(const KdaShape& shape, const float* q, const float* k,
+                                      const float* v, const float* g, const float* beta,
+                                      float scale, float* state, float* o, int64_t chunk_size))
+DELTASERVE_CPU_DECLARE(KdaGateLowerBound,
+                       void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                            int64_t heads, int64_t head_dim, float lower_bound, float* g))
+DELTASERVE_CPU_DECLARE(KdaGateSoftplus,
+                       void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                            int64_t heads, int64_t head_dim, float* g))
+DELTASERVE_CPU_DECLARE(MlaPrefillAttention, void(const MlaPrefillPtrs& args))
+DELTASERVE_CPU_DECLARE(MlaAbsorbedAttention, void(const MlaAbsorbedPtrs& args))
+DELTASERVE_CPU_DECLARE(MoeRoute, void(const float* logits, const float* bias, int64_t t,
+                                      int64_t experts, int64_t top_k, bool renormalize,
+                                      float scaling, int32_t* idx, float* weights))
+DELTASERVE_CPU_DECLARE(MoeExperts, void(const MoeExpertsPtrs& args))
+DELTASERVE_CPU_DECLARE(RmsNorm, void(const float* x, const float* w, int64_t rows, int64_t dim,
+                                     float eps, float* y))
+DELTASERVE_CPU_DECLARE(L2Norm, void(const float* x, int64_t rows, int64_t dim, float eps,
+                                    float scale, float* y))
+DELTASERVE_CPU_DECLARE(SamplingDistribution, void(const float* logits, int64_t vocab,
+                                                  const SamplingParams& params, double* probs))
+DELTASERVE_CPU_DECLARE(Sample, int32_t(const float* logits, int64_t vocab,
+                                       const SamplingParams& params, Rng& rng))
+DELTASERVE_CPU_DECLARE(ShortConv, void(const float* x, const float* w, int64_t t, int64_t channels,
+                                       int64_t width, bool silu, float* state, float* y))

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/check.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/short_conv.h"
@@ -73,7 +72,6 @@ void ConvBlock(const float* x, const float* w, int64_t t, int64_t channels, int6
 
 void ShortConv(const float* x, const float* w, int64_t t, int64_t channels, int64_t width,
                bool silu, float* state, float* y) {
-  DELTASERVE_CHECK(t >= 0 && channels >= 0 && width >= 1);
   if (t == 0 || channels == 0) return;
   const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
   const bool parallel = t * channels * width >= kParallelMinWork && blocks > 1;

@@ -176,7 +176,7 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
       // re-run from its tokens so far samples the same (docs/security.md, "Failure, drain and lost
       // workers").
       kernels::Rng rng = kernels::Rng::ForPosition(seq.seed, seq.state->length);
-      r.token = kernels::Sample(row, vocab, seq.sampling, rng);
+      r.token = kernels::Sample(kernels::Tensor::F32(row, 1, vocab), seq.sampling, rng);
       if (w.logprobs || w.top_logprobs > 0) {
         const double log_z = LogSumExp(row, vocab);
         r.logprob = static_cast<float>(row[r.token] - log_z);

@@ -29,9 +29,12 @@ void GatedMlp(const Weight& gate_up, const Weight& down, int64_t rows,
               const kernels::ActivationParams& act, const float* x, float* out, bool accumulate) {
   const int64_t width = down.cols();
   kernels::ScratchFloats gu(rows * 2 * width), h(rows * width);
-  kernels::Linear(x, gate_up, rows, gu.data());
-  kernels::GatedActivation(gu.data(), rows, width, act, h.data());
-  kernels::Linear(h.data(), down, rows, out, accumulate);
+  kernels::Linear(kernels::Tensor::F32(x, rows, gate_up.cols()), gate_up,
+                  kernels::MutableTensor::F32(gu.data(), rows, 2 * width));
+  kernels::GatedActivation(kernels::Tensor::F32(gu.data(), rows, 2 * width), act,
+                           kernels::MutableTensor::F32(h.data(), rows, width));
+  kernels::Linear(kernels::Tensor::F32(h.data(), rows, width), down,
+                  kernels::MutableTensor::F32(out, rows, down.rows()), accumulate);
 }
 
 }  // namespace
@@ -53,14 +56,21 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   const int64_t E = config.num_experts, k = config.num_experts_per_token;
   kernels::ScratchFloats logits(rows * E), weights(rows * k);
   kernels::Scratch<int32_t> idx(rows * k);
-  kernels::Linear(x, w.router, rows, logits.data());
-  kernels::MoeRoute(logits.data(), w.router_bias.data(), rows, E, k, config.moe_renormalize,
-                    config.routed_scaling_factor, idx.data(), weights.data());
+  kernels::Linear(kernels::Tensor::F32(x, rows, D), w.router,
+                  kernels::MutableTensor::F32(logits.data(), rows, E));
+  kernels::MoeRoute(kernels::Tensor::F32(logits.data(), rows, E),
+                    kernels::Tensor::F32(w.router_bias.data(), w.router_bias.empty() ? 0 : 1, E), k,
+                    config.moe_renormalize, config.routed_scaling_factor,
+                    kernels::MutableTensor::I32(idx.data(), rows, k),
+                    kernels::MutableTensor::F32(weights.data(), rows, k));
 
   const bool latent = !w.latent_down.empty();
   const int64_t din = latent ? config.routed_expert_hidden_size : D;
   kernels::ScratchFloats z(latent ? rows * din : 0);
-  if (latent) kernels::Linear(x, w.latent_down, rows, z.data());
+  if (latent) {
+    kernels::Linear(kernels::Tensor::F32(x, rows, D), w.latent_down,
+                    kernels::MutableTensor::F32(z.data(), rows, din));
+  }
   // Experts held by other TP ranks stay empty: their selections add nothing.
   std::vector<kernels::MoeExpert> experts(E);
   for (int64_t e = 0; e < E; ++e) {
@@ -76,12 +86,12 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   args.dout = din;
   args.top_k = k;
   args.n_experts = E;
-  args.z = latent ? z.data() : x;
+  args.z = kernels::Tensor::F32(latent ? z.data() : x, rows, din);
   args.experts = experts.data();
-  args.idx = idx.data();
-  args.weights = weights.data();
+  args.idx = kernels::Tensor::I32(idx.data(), rows, k);
+  args.weights = kernels::Tensor::F32(weights.data(), rows, k);
   args.act = act;
-  args.out = latent ? routed.data() : out;
+  args.out = kernels::MutableTensor::F32(latent ? routed.data() : out, rows, din);
   kernels::MoeExperts(args);
   const bool has_shared = !w.shared_down.empty();
   if (!latent) {
@@ -95,10 +105,12 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   // RMSNorm (MODEL.md); the up-projection is then the same on every rank.
   DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed.data(), rows * din));
   if (!w.latent_norm.empty()) {
-    kernels::RmsNorm(routed.data(), w.latent_norm.data(), rows, din, config.rms_norm_eps,
-                     routed.data());
+    kernels::RmsNorm(kernels::Tensor::F32(routed.data(), rows, din),
+                     kernels::Tensor::F32(w.latent_norm.data(), 1, din), config.rms_norm_eps,
+                     kernels::MutableTensor::F32(routed.data(), rows, din));
   }
-  kernels::Linear(routed.data(), w.latent_up, rows, out);
+  kernels::Linear(kernels::Tensor::F32(routed.data(), rows, din), w.latent_up,
+                  kernels::MutableTensor::F32(out, rows, D));
   if (!has_shared) return absl::OkStatus();
   if (tp == nullptr || tp->size() == 1) {
     GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);

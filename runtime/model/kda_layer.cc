@@ -28,11 +28,15 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
 
   // q, k, v projections and their causal convolution (+SiLU), per sequence.
   ScratchFloats qkv(rows * 3 * HD), conv(rows * 3 * HD);
-  Linear(x, w.qkv_proj, rows, qkv.data());
+  Linear(Tensor::F32(x, rows, D), w.qkv_proj, MutableTensor::F32(qkv.data(), rows, 3 * HD));
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b);
-    ShortConv(qkv.data() + r0 * 3 * HD, w.qkv_conv.data(), batch.Count(b), 3 * HD, width,
-              /*silu=*/true, batch.states[b]->kda[layer].conv.data(), conv.data() + r0 * 3 * HD);
+    const int64_t t = batch.Count(b);
+    ShortConv(Tensor::F32(qkv.data() + r0 * 3 * HD, t, 3 * HD),
+              Tensor::F32(w.qkv_conv.data(), 3 * HD, width),
+              /*silu=*/true,
+              MutableTensor::F32(batch.states[b]->kda[layer].conv.data(), width - 1, 3 * HD),
+              MutableTensor::F32(conv.data() + r0 * 3 * HD, t, 3 * HD));
   }
   // Split into [rows, H, d] each; q and k are L2-normalised per head.
   ScratchFloats q(rows * HD), k(rows * HD), v(rows * HD);
@@ -42,20 +46,25 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
     std::memcpy(k.data() + r * HD, src + HD, HD * sizeof(float));
     std::memcpy(v.data() + r * HD, src + 2 * HD, HD * sizeof(float));
   }
-  L2Norm(q.data(), rows * H, d, kL2NormEps, 1.0f, q.data());
-  L2Norm(k.data(), rows * H, d, kL2NormEps, 1.0f, k.data());
+  L2Norm(Tensor::F32(q.data(), rows * H, d), kL2NormEps, 1.0f,
+         MutableTensor::F32(q.data(), rows * H, d));
+  L2Norm(Tensor::F32(k.data(), rows * H, d), kL2NormEps, 1.0f,
+         MutableTensor::F32(k.data(), rows * H, d));
 
   // Decay gate g [rows, H*d] and beta [rows, H].
   ScratchFloats fa(rows * rank_f), g(rows * HD), beta(rows * H);
-  Linear(x, w.f_a, rows, fa.data());
-  Linear(fa.data(), w.f_b, rows, g.data());
+  Linear(Tensor::F32(x, rows, D), w.f_a, MutableTensor::F32(fa.data(), rows, rank_f));
+  Linear(Tensor::F32(fa.data(), rows, rank_f), w.f_b, MutableTensor::F32(g.data(), rows, HD));
   if (config.kda.has_lower_bound) {
-    KdaGateLowerBound(g.data(), w.dt_bias.data(), w.a_log.data(), rows, H, d,
-                      config.kda.gate_lower_bound, g.data());
+    KdaGateLowerBound(Tensor::F32(g.data(), rows, HD), Tensor::F32(w.dt_bias.data(), 1, HD),
+                      Tensor::F32(w.a_log.data(), 1, H), H, d, config.kda.gate_lower_bound,
+                      MutableTensor::F32(g.data(), rows, HD));
   } else {
-    KdaGateSoftplus(g.data(), w.dt_bias.data(), w.a_log.data(), rows, H, d, g.data());
+    KdaGateSoftplus(Tensor::F32(g.data(), rows, HD), Tensor::F32(w.dt_bias.data(), 1, HD),
+                    Tensor::F32(w.a_log.data(), 1, H), H, d,
+                    MutableTensor::F32(g.data(), rows, HD));
   }
-  Linear(x, w.b_proj, rows, beta.data());
+  Linear(Tensor::F32(x, rows, D), w.b_proj, MutableTensor::F32(beta.data(), rows, H));
   for (float& b : beta) b = Sigmoid(b);
 
   // The recurrence, per sequence, carrying its state.
@@ -65,30 +74,34 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
     if (t == 0) continue;
     const KdaShape shape{t, H, H, d, d};
-    float* state = batch.states[b]->kda[layer].state.data();
+    const MutableTensor state =
+        MutableTensor::F32(batch.states[b]->kda[layer].state.data(), H, d * d);
     const int64_t off = r0 * HD;
+    const Tensor qs = Tensor::F32(q.data() + off, t, HD), ks = Tensor::F32(k.data() + off, t, HD);
+    const Tensor vs = Tensor::F32(v.data() + off, t, HD), gs = Tensor::F32(g.data() + off, t, HD);
+    const Tensor betas = Tensor::F32(beta.data() + r0 * H, t, H);
+    const MutableTensor os = MutableTensor::F32(o.data() + off, t, HD);
     if (t == 1) {
-      KdaRecurrent(shape, q.data() + off, k.data() + off, v.data() + off, g.data() + off,
-                   beta.data() + r0 * H, scale, state, o.data() + off);
+      KdaRecurrent(shape, qs, ks, vs, gs, betas, scale, state, os);
     } else {
-      KdaChunk(shape, q.data() + off, k.data() + off, v.data() + off, g.data() + off,
-               beta.data() + r0 * H, scale, state, o.data() + off);
+      KdaChunk(shape, qs, ks, vs, gs, betas, scale, state, os);
     }
   }
 
   // Output: per-head RMSNorm, times sigmoid(gate), then o_proj.
-  RmsNorm(o.data(), w.o_norm.data(), rows * H, d, config.rms_norm_eps, o.data());
+  RmsNorm(Tensor::F32(o.data(), rows * H, d), Tensor::F32(w.o_norm.data(), 1, d),
+          config.rms_norm_eps, MutableTensor::F32(o.data(), rows * H, d));
   ScratchFloats& gate = q;  // q is dead: reuse its storage
   if (config.kda.full_rank_gate) {
-    Linear(x, w.g_proj, rows, gate.data());
+    Linear(Tensor::F32(x, rows, D), w.g_proj, MutableTensor::F32(gate.data(), rows, HD));
   } else {
     const int64_t rank_g = w.g_a.rows();
     ScratchFloats ga(rows * rank_g);
-    Linear(x, w.g_a, rows, ga.data());
-    Linear(ga.data(), w.g_b, rows, gate.data());
+    Linear(Tensor::F32(x, rows, D), w.g_a, MutableTensor::F32(ga.data(), rows, rank_g));
+    Linear(Tensor::F32(ga.data(), rows, rank_g), w.g_b, MutableTensor::F32(gate.data(), rows, HD));
   }
   for (int64_t i = 0; i < rows * HD; ++i) o[i] *= Sigmoid(gate[i]);
-  Linear(o.data(), w.o_proj, rows, out);
+  Linear(Tensor::F32(o.data(), rows, HD), w.o_proj, MutableTensor::F32(out, rows, D));
   return TpAllReduce(tp, out, rows * D);
 }
 

@@ -32,7 +32,8 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_
                    const float* cache, float scale, float* o) {
   const int64_t S = prefix + t;
   kernels::ScratchFloats kv(S * m.n * (m.P + m.Vd));
-  kernels::LinearStrided(cache, m.CacheWidth(), w.kv_b, S, kv.data(), m.n * (m.P + m.Vd), false);
+  kernels::Linear(kernels::Tensor::F32(cache, S, m.C, m.CacheWidth()), w.kv_b,
+                  kernels::MutableTensor::F32(kv.data(), S, m.n * (m.P + m.Vd)));
   kernels::MlaPrefillArgs args;
   args.t = t;
   args.prefix = prefix;
@@ -40,12 +41,11 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_
   args.nope_dim = m.P;
   args.rope_dim = m.R;
   args.v_dim = m.Vd;
-  args.q = q;
-  args.kv = kv.data();
-  args.k_rope = cache + m.C;
-  args.k_rope_stride = m.CacheWidth();
+  args.q = kernels::Tensor::F32(q, t, m.n * m.QkDim());
+  args.kv = kernels::Tensor::F32(kv.data(), S, m.n * (m.P + m.Vd));
+  args.k_rope = kernels::Tensor::F32(cache + m.C, S, m.R, m.CacheWidth());
   args.scale = scale;
-  args.o = o;
+  args.o = kernels::MutableTensor::F32(o, t, m.n * m.Vd);
   kernels::MlaPrefillAttention(args);
 }
 
@@ -57,8 +57,9 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64
   kernels::ScratchFloats q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
   kernels::ScratchFloats o_latent(t * m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
-    kernels::LinearStrided(q + h * m.QkDim(), m.n * m.QkDim(), w.w_uk_t.tensor().Rows(h * m.C, m.C),
-                           t, q_latent.data() + h * m.C, m.n * m.C, false);
+    kernels::Linear(kernels::Tensor::F32(q + h * m.QkDim(), t, m.P, m.n * m.QkDim()),
+                    w.w_uk_t.tensor().Rows(h * m.C, m.C),
+                    kernels::MutableTensor::F32(q_latent.data() + h * m.C, t, m.C, m.n * m.C));
   }
   for (int64_t i = 0; i < t; ++i)
     for (int64_t h = 0; h < m.n; ++h)
@@ -70,16 +71,17 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64
   args.heads = m.n;
   args.latent_dim = m.C;
   args.rope_dim = m.R;
-  args.q_latent = q_latent.data();
-  args.q_rope = q_rope.data();
-  args.cache = cache;
-  args.cache_dtype = cache_dtype;
+  args.q_latent = kernels::Tensor::F32(q_latent.data(), t, m.n * m.C);
+  args.q_rope = kernels::Tensor::F32(q_rope.data(), t, m.n * m.R);
+  args.cache = kernels::Tensor{cache,      nullptr,       cache_dtype, kernels::Device::kCpu,
+                               prefix + t, m.CacheWidth()};
   args.scale = scale;
-  args.o_latent = o_latent.data();
+  args.o_latent = kernels::MutableTensor::F32(o_latent.data(), t, m.n * m.C);
   kernels::MlaAbsorbedAttention(args);
   for (int64_t h = 0; h < m.n; ++h) {
     const kernels::Tensor w_uv = w.kv_b.tensor().Rows(h * (m.P + m.Vd) + m.P, m.Vd);  // [Vd, C]
-    kernels::LinearStrided(o_latent.data() + h * m.C, m.n * m.C, w_uv, t, o + h * m.Vd, m.n * m.Vd);
+    kernels::Linear(kernels::Tensor::F32(o_latent.data() + h * m.C, t, m.C, m.n * m.C), w_uv,
+                    kernels::MutableTensor::F32(o + h * m.Vd, t, m.Vd, m.n * m.Vd));
   }
 }
 
@@ -110,18 +112,21 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   if (config.q_lora_rank > 0) {
     const int64_t ql = config.q_lora_rank;
     ScratchFloats qa(rows * ql);
-    Linear(x, w.q_a, rows, qa.data());
-    RmsNorm(qa.data(), w.q_a_norm.data(), rows, ql, kLatentNormEps, qa.data());
-    Linear(qa.data(), w.q_b, rows, q.data());
+    Linear(Tensor::F32(x, rows, D), w.q_a, MutableTensor::F32(qa.data(), rows, ql));
+    RmsNorm(Tensor::F32(qa.data(), rows, ql), Tensor::F32(w.q_a_norm.data(), 1, ql), kLatentNormEps,
+            MutableTensor::F32(qa.data(), rows, ql));
+    Linear(Tensor::F32(qa.data(), rows, ql), w.q_b,
+           MutableTensor::F32(q.data(), rows, m.n * m.QkDim()));
   } else {
-    Linear(x, w.q_proj, rows, q.data());
+    Linear(Tensor::F32(x, rows, D), w.q_proj, MutableTensor::F32(q.data(), rows, m.n * m.QkDim()));
   }
   // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
   ScratchFloats ckr(rows * m.CacheWidth());
-  Linear(x, w.kv_a, rows, ckr.data());
+  Linear(Tensor::F32(x, rows, D), w.kv_a, MutableTensor::F32(ckr.data(), rows, m.CacheWidth()));
   for (int64_t r = 0; r < rows; ++r) {
     float* row = ckr.data() + r * m.CacheWidth();
-    RmsNorm(row, w.kv_a_norm.data(), 1, m.C, kLatentNormEps, row);
+    RmsNorm(Tensor::F32(row, 1, m.C), Tensor::F32(w.kv_a_norm.data(), 1, m.C), kLatentNormEps,
+            MutableTensor::F32(row, 1, m.C));
   }
 
   ScratchFloats o(rows * m.n * m.Vd);
@@ -162,10 +167,10 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
 
   if (config.mla_output_gate) {
     ScratchFloats gate(rows * m.n * m.Vd);
-    Linear(x, w.g_proj, rows, gate.data());
+    Linear(Tensor::F32(x, rows, D), w.g_proj, MutableTensor::F32(gate.data(), rows, m.n * m.Vd));
     for (int64_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
   }
-  Linear(o.data(), w.o_proj, rows, out);
+  Linear(Tensor::F32(o.data(), rows, m.n * m.Vd), w.o_proj, MutableTensor::F32(out, rows, D));
   return TpAllReduce(tp, out, rows * D);
 }
 

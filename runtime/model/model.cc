@@ -114,7 +114,8 @@ Activations Model::Embed(const std::vector<int32_t>& tokens) const {
   Activations act;
   act.rows = static_cast<int64_t>(tokens.size());
   act.prefix.resize(act.rows * D);
-  kernels::Embedding(weights_.embed, tokens.data(), act.rows, act.prefix.data());
+  kernels::Embedding(weights_.embed, kernels::Tensor::I32(tokens.data(), 1, act.rows),
+                     kernels::MutableTensor::F32(act.prefix.data(), act.rows, D));
   return act;
 }
 
@@ -126,14 +127,18 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   // read and how their outputs join the residual.
   auto mixer = [&](int64_t i, const float* h, float* out) {
     const LayerWeights& layer = weights_.layers[i];
-    kernels::RmsNorm(h, layer.input_norm.data(), rows, D, eps, normed.data());
+    kernels::RmsNorm(kernels::Tensor::F32(h, rows, D),
+                     kernels::Tensor::F32(layer.input_norm.data(), 1, D), eps,
+                     kernels::MutableTensor::F32(normed.data(), rows, D));
     return layer.kind == LayerKind::kKda
                ? KdaForward(local_, layer.kda, i, batch, normed.data(), out, tp_)
                : MlaForward(local_, layer.mla, i, batch, normed.data(), out, tp_);
   };
   auto ffn = [&](int64_t i, const float* h, float* out) {
     const LayerWeights& layer = weights_.layers[i];
-    kernels::RmsNorm(h, layer.post_attention_norm.data(), rows, D, eps, normed.data());
+    kernels::RmsNorm(kernels::Tensor::F32(h, rows, D),
+                     kernels::Tensor::F32(layer.post_attention_norm.data(), 1, D), eps,
+                     kernels::MutableTensor::F32(normed.data(), rows, D));
     return FfnForward(local_, layer.ffn, rows, normed.data(), out, tp_);
   };
   DELTASERVE_RETURN_IF_ERROR(arch_->RunResidualStack(config_, weights_, shard_.layer_begin,
@@ -150,10 +155,12 @@ std::vector<float> Model::Logits(const Activations& act, const std::vector<int64
   for (int64_t i = 0; i < n; ++i) {
     std::copy_n(hidden.data() + rows[i] * D, D, selected.data() + i * D);
   }
-  kernels::RmsNorm(selected.data(), weights_.norm.data(), n, D, config_.rms_norm_eps,
-                   selected.data());
+  kernels::RmsNorm(kernels::Tensor::F32(selected.data(), n, D),
+                   kernels::Tensor::F32(weights_.norm.data(), 1, D), config_.rms_norm_eps,
+                   kernels::MutableTensor::F32(selected.data(), n, D));
   std::vector<float> logits(n * V);
-  kernels::Linear(selected.data(), weights_.lm_head, n, logits.data());
+  kernels::Linear(kernels::Tensor::F32(selected.data(), n, D), weights_.lm_head,
+                  kernels::MutableTensor::F32(logits.data(), n, V));
   return logits;
 }
 

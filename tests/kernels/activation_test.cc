@@ -52,7 +52,8 @@ TEST(GatedActivationTest, MatchesReferenceOverShapes) {
         // Range wide enough for both tails of tanh and the sigmoid.
         const auto gu = RandomFloats(rows * 2 * width, ++seed, -40.0f, 40.0f);
         auto out = NaNs(rows * width);
-        GatedActivation(gu.data(), rows, width, p, out.data());
+        GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p,
+                        MutableTensor::F32(out.data(), rows, width));
         EXPECT_TRUE(AllClose(out, Reference(gu, rows, width, p), kAtol, kRtol));
       }
     }
@@ -72,7 +73,8 @@ TEST(GatedActivationTest, SmallArguments) {
   }
   for (const ActivationParams& p : {Silu(), Situ()}) {
     auto out = NaNs(width);
-    GatedActivation(gu.data(), 1, width, p, out.data());
+    GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p,
+                    MutableTensor::F32(out.data(), 1, width));
     EXPECT_TRUE(AllClose(out, Reference(gu, 1, width, p), kAtol, kRtol))
         << "kind " << static_cast<int>(p.kind);
   }
@@ -92,7 +94,8 @@ TEST(GatedActivationTest, ExtremeInputsStayFinite) {
       // SiLU(g)·u overflows float for g·u beyond FLT_MAX; keep those out.
       if (p.kind == Activation::kSilu && std::abs(u) > 1.0f) continue;
       auto out = NaNs(width);
-      GatedActivation(gu.data(), 1, width, p, out.data());
+      GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p,
+                      MutableTensor::F32(out.data(), 1, width));
       for (int64_t c = 0; c < width; ++c) {
         EXPECT_TRUE(std::isfinite(out[c])) << "g " << g[c] << " u " << u;
       }
@@ -106,11 +109,11 @@ TEST(GatedActivationTest, ExactValues) {
   // act(0, u) = 0; SiTU saturates to beta · lbeta for large g and u.
   const std::vector<float> gu = {0.0f, 1000.0f, 7.0f, 1000.0f};
   auto out = NaNs(2);
-  GatedActivation(gu.data(), 1, 2, Situ(), out.data());
+  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Situ(), MutableTensor::F32(out.data(), 1, 2));
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_EQ(out[1], 100.0f);
   out = NaNs(2);
-  GatedActivation(gu.data(), 1, 2, Silu(), out.data());
+  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Silu(), MutableTensor::F32(out.data(), 1, 2));
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_EQ(out[1], 1000.0f * 1000.0f);
 }
@@ -120,14 +123,15 @@ TEST(GatedActivationTest, ThreadedRows) {
   const auto gu = RandomFloats(rows * 2 * width, 77, -10.0f, 10.0f);
   for (const ActivationParams& p : {Silu(), Situ()}) {
     auto out = NaNs(rows * width);
-    GatedActivation(gu.data(), rows, width, p, out.data());
+    GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p,
+                    MutableTensor::F32(out.data(), rows, width));
     EXPECT_TRUE(AllClose(out, Reference(gu, rows, width, p), kAtol, kRtol));
   }
 }
 
 TEST(GatedActivationTest, EmptyIsNoOp) {
-  GatedActivation(nullptr, 0, 16, Silu(), nullptr);
-  GatedActivation(nullptr, 4, 0, Situ(), nullptr);
+  GatedActivation(Tensor::F32(nullptr, 0, 2 * 16), Silu(), MutableTensor::F32(nullptr, 0, 16));
+  GatedActivation(Tensor::F32(nullptr, 4, 2 * 0), Situ(), MutableTensor::F32(nullptr, 4, 0));
 }
 
 }  // namespace

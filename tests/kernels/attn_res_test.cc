@@ -47,7 +47,10 @@ MixResult RunMix(int64_t n, int64_t t, int64_t d, const std::vector<float>& scal
   const float eps = 1e-6f;
 
   r.got = NaNs(t * d);
-  AttnResMix(ptrs.data(), n, t, d, norm_w.data(), proj_w.data(), eps, r.got.data());
+  std::vector<Tensor> views;
+  for (const float* p : ptrs) views.push_back(Tensor::F32(p, t, d));
+  AttnResMix(views.data(), n, Tensor::F32(norm_w.data(), 1, d), Tensor::F32(proj_w.data(), 1, d),
+             eps, MutableTensor::F32(r.got.data(), t, d));
   r.want.assign(t * d, 0.0);
   const std::vector<double> nw = ToDouble(norm_w), pw = ToDouble(proj_w);
   ref::AttnResMix(ptrs_d.data(), n, t, d, nw.data(), pw.data(), eps, r.want.data());
@@ -100,18 +103,20 @@ TEST(AttnResMix, SingleCandidateIsExact) {
     const int64_t t = 5;
     std::vector<float> v = RandomFloats(t * d, 9, -30.0f, 30.0f);
     v[0] = 0.0f;
-    const float* ptr = v.data();
+    const Tensor cand = Tensor::F32(v.data(), t, d);
     const std::vector<float> nw = RandomFloats(d, 10), pw = RandomFloats(d, 11);
     std::vector<float> out = NaNs(t * d);
-    AttnResMix(&ptr, 1, t, d, nw.data(), pw.data(), 1e-6f, out.data());
+    AttnResMix(&cand, 1, Tensor::F32(nw.data(), 1, d), Tensor::F32(pw.data(), 1, d), 1e-6f,
+               MutableTensor::F32(out.data(), t, d));
     EXPECT_EQ(0, std::memcmp(out.data(), v.data(), v.size() * sizeof(float))) << "D=" << d;
   }
   // An all-zero candidate has score 0 and mixes to zeros.
   std::vector<float> zeros(3 * 16, 0.0f);
-  const float* ptr = zeros.data();
+  const Tensor cand = Tensor::F32(zeros.data(), 3, 16);
   const std::vector<float> w = RandomFloats(16, 12);
   std::vector<float> out = NaNs(zeros.size());
-  AttnResMix(&ptr, 1, 3, 16, w.data(), w.data(), 1e-6f, out.data());
+  AttnResMix(&cand, 1, Tensor::F32(w.data(), 1, 16), Tensor::F32(w.data(), 1, 16), 1e-6f,
+             MutableTensor::F32(out.data(), 3, 16));
   for (float x : out) EXPECT_EQ(x, 0.0f);
 }
 
@@ -129,9 +134,11 @@ TEST(AttnResMix, EqualScoresAverage) {
     c[i] = -a[i];
     pw[i] = 1.0f;  // Σ a = 0 for even d: every score is exactly 0
   }
-  const float* ptrs[] = {a.data(), b.data(), c.data()};
+  const Tensor cands[] = {Tensor::F32(a.data(), 1, d), Tensor::F32(b.data(), 1, d),
+                          Tensor::F32(c.data(), 1, d)};
   std::vector<float> out = NaNs(d);
-  AttnResMix(ptrs, 3, 1, d, nw.data(), pw.data(), 1e-6f, out.data());
+  AttnResMix(cands, 3, Tensor::F32(nw.data(), 1, d), Tensor::F32(pw.data(), 1, d), 1e-6f,
+             MutableTensor::F32(out.data(), 1, d));
   for (int64_t i = 0; i < d; ++i) EXPECT_FLOAT_EQ(out[i], (a[i] + b[i] + c[i]) / 3.0f);
 }
 

@@ -30,7 +30,8 @@ TEST(EmbeddingTest, CopiesRowsExactly) {
           tokens[i] = static_cast<int32_t>(i == 0 ? vocab - 1 : (i * 7) % vocab);
         }
         auto out = NaNs(t * dim);
-        Embedding(Tensor::F32(table.data(), vocab, dim), tokens.data(), t, out.data());
+        Embedding(Tensor::F32(table.data(), vocab, dim), Tensor::I32(tokens.data(), 1, t),
+                  MutableTensor::F32(out.data(), t, dim));
         std::vector<double> want(t * dim);
         ref::Embedding(ToDouble(table).data(), vocab, dim, tokens.data(), t, want.data());
         EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
@@ -56,8 +57,8 @@ TEST(EmbeddingTest, Bf16RowsWidenExactly) {
   }
   const int32_t tokens[] = {8, 0, 3, 3};
   auto out = NaNs(4 * dim);
-  Embedding(Tensor{table.data(), nullptr, DType::kBF16, Device::kCpu, vocab, dim}, tokens, 4,
-            out.data());
+  Embedding(Tensor{table.data(), nullptr, DType::kBF16, Device::kCpu, vocab, dim},
+            Tensor::I32(tokens, 1, 4), MutableTensor::F32(out.data(), 4, dim));
   std::vector<double> want(4 * dim);
   ref::Embedding(values.data(), vocab, dim, tokens, 4, want.data());
   EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
@@ -65,14 +66,17 @@ TEST(EmbeddingTest, Bf16RowsWidenExactly) {
 
 TEST(EmbeddingTest, NoTokensIsNoOp) {
   const auto table = RandomFloats(4 * 3, 9);
-  Embedding(Tensor::F32(table.data(), 4, 3), nullptr, 0, nullptr);
+  Embedding(Tensor::F32(table.data(), 4, 3), Tensor::I32(nullptr, 1, 0),
+            MutableTensor::F32(nullptr, 0, 3));
 }
 
 TEST(EmbeddingDeathTest, OutOfRangeTokenAborts) {
   const auto table = RandomFloats(4 * 3, 9);
   const int32_t tokens[] = {1, 4};
   auto out = NaNs(2 * 3);
-  EXPECT_DEATH(Embedding(Tensor::F32(table.data(), 4, 3), tokens, 2, out.data()), "check failed");
+  EXPECT_DEATH(Embedding(Tensor::F32(table.data(), 4, 3), Tensor::I32(tokens, 1, 2),
+                         MutableTensor::F32(out.data(), 2, 3)),
+               "check failed");
 }
 
 }  // namespace

@@ -114,7 +114,8 @@ TEST_P(LinearTest, MatchesReference) {
         const auto x = RandomFloats(m * k, ++seed);
         const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
         auto y = NaNs(m * n);  // k == 0 must still write zeros
-        Linear(x.data(), w.tensor, m, y.data());
+        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+               MutableTensor::F32(y.data(), m, w.tensor.rows));
         EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
       }
     }
@@ -127,7 +128,8 @@ TEST_P(LinearTest, LargeMatchesReference) {
   const auto x = RandomFloats(m * k, 77);
   const TestWeight w = MakeWeight(GetParam(), n, k, 78);
   auto y = NaNs(m * n);
-  Linear(x.data(), w.tensor, m, y.data());
+  Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+         MutableTensor::F32(y.data(), m, w.tensor.rows));
   EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
 }
 
@@ -142,7 +144,8 @@ TEST_P(LinearTest, Accumulates) {
         auto y = RandomFloats(m * n, ++seed);
         auto want = Reference(x, w.values, m, n, k);
         for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
-        Linear(x.data(), w.tensor, m, y.data(), /*accumulate=*/true);
+        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+               MutableTensor::F32(y.data(), m, w.tensor.rows), /*accumulate=*/true);
         EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
       }
     }
@@ -175,7 +178,8 @@ TEST_P(LinearTest, StridedKeepsOtherColumns) {
               yw[i * ldy + col + j] = accumulate ? y0[i * n + j] : NAN;
             }
           }
-          LinearStrided(xw.data(), ldx, w.tensor, m, yw.data() + col, ldy, accumulate);
+          Linear(Tensor::F32(xw.data(), m, w.tensor.cols, ldx), w.tensor,
+                 MutableTensor::F32(yw.data() + col, m, w.tensor.rows, ldy), accumulate);
           auto want = Reference(x, w.values, m, n, k);
           std::vector<float> y(m * n);
           for (int64_t i = 0; i < m; ++i) {
@@ -236,7 +240,8 @@ TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
           if (accumulate) {
             for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
           }
-          Linear(x.data(), w.tensor, m, y.data(), accumulate);
+          Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
+                 MutableTensor::F32(y.data(), m, w.tensor.rows), accumulate);
           EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
         }
       }
@@ -335,6 +340,31 @@ TEST(SmallGemmTest, OutputRowsAfterInputRowsOfOneArray) {
   const std::vector<float> got(v.begin() + kDone * kCols, v.end());
   EXPECT_TRUE(AllClose(got, want, Atol(kDone) + ReductionTolerance(1), ReductionTolerance(kDone)));
   for (int64_t i = 0; i < kDone * kCols; ++i) ASSERT_EQ(v[i], v0[i]) << i;  // b's rows untouched
+}
+
+TEST(LinearDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
+  std::vector<float> x = RandomFloats(4 * 6, 1), w = RandomFloats(5 * 6, 2), y(4 * 5);
+  const Tensor xv = Tensor::F32(x.data(), 4, 6), wv = Tensor::F32(w.data(), 5, 6);
+  const MutableTensor yv = MutableTensor::F32(y.data(), 4, 5);
+  Linear(xv, wv, yv);
+  EXPECT_DEATH(Linear(Tensor::F32(x.data(), 4, 5), wv, yv),
+               "x: shape \\[4, 5\\], expected \\[4, 6\\]");
+  EXPECT_DEATH(Linear(xv, wv, MutableTensor::F32(y.data(), 4, 4)), "y: shape");
+  Tensor x_bf16 = xv;
+  x_bf16.dtype = DType::kBF16;
+  EXPECT_DEATH(Linear(x_bf16, wv, yv), "x: dtype bf16, expected f32");
+  Tensor w_i32 = wv;
+  w_i32.dtype = DType::kI32;
+  EXPECT_DEATH(Linear(xv, w_i32, yv), "w: dtype i32, but a weight is f32, bf16 or mxfp4");
+  Tensor w_gpu = wv;
+  w_gpu.device = Device::kCuda;
+  EXPECT_DEATH(Linear(xv, w_gpu, yv), "w: device cuda");
+  Tensor w_mxfp4 = wv;  // mxfp4 without scales
+  w_mxfp4.dtype = DType::kMxfp4;
+  EXPECT_DEATH(Linear(xv, w_mxfp4, yv), "w: mxfp4 needs cols a multiple of 32 and scales");
+  EXPECT_DEATH(Linear(xv, wv, MutableTensor::F32(y.data(), 4, 5, 4)), "y: row stride 4");
+  EXPECT_DEATH(Linear(Tensor::F32(x.data(), 2, 6), wv, MutableTensor::F32(x.data() + 6, 2, 5)),
+               "Overlaps");
 }
 
 }  // namespace

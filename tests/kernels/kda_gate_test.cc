@@ -66,25 +66,36 @@ TEST(KdaGateTest, MatchesReference) {
     kernels::ref::KdaGateLowerBound(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
                                     c.head_dim, -5.0, want.data());
     std::vector<float> got = testing::NaNs(c.t * width);
-    kernels::KdaGateLowerBound(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads, c.head_dim,
-                               -5.0f, got.data());
+    kernels::KdaGateLowerBound(kernels::Tensor::F32(graw.data(), c.t, c.heads * c.head_dim),
+                               kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
+                               kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
+                               -5.0f,
+                               kernels::MutableTensor::F32(got.data(), c.t, c.heads * c.head_dim));
     EXPECT_TRUE(GateClose(got, want, z_lb));
     // In place (g == graw) is allowed.
     std::vector<float> inplace = graw;
-    kernels::KdaGateLowerBound(inplace.data(), dt_bias.data(), a_log.data(), c.t, c.heads,
-                               c.head_dim, -5.0f, inplace.data());
+    kernels::KdaGateLowerBound(
+        kernels::Tensor::F32(inplace.data(), c.t, c.heads * c.head_dim),
+        kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
+        kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim, -5.0f,
+        kernels::MutableTensor::F32(inplace.data(), c.t, c.heads * c.head_dim));
     EXPECT_EQ(inplace, got);
     if (c.t > 0) worst_lb = std::max(worst_lb, testing::RelL2(got, want));
 
     kernels::ref::KdaGateSoftplus(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads, c.head_dim,
                                   want.data());
     got = testing::NaNs(c.t * width);
-    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), c.t, c.heads, c.head_dim,
-                             got.data());
+    kernels::KdaGateSoftplus(kernels::Tensor::F32(graw.data(), c.t, c.heads * c.head_dim),
+                             kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
+                             kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
+                             kernels::MutableTensor::F32(got.data(), c.t, c.heads * c.head_dim));
     EXPECT_TRUE(GateClose(got, want, z_sp));
     inplace = graw;
-    kernels::KdaGateSoftplus(inplace.data(), dt_bias.data(), a_log.data(), c.t, c.heads, c.head_dim,
-                             inplace.data());
+    kernels::KdaGateSoftplus(
+        kernels::Tensor::F32(inplace.data(), c.t, c.heads * c.head_dim),
+        kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
+        kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
+        kernels::MutableTensor::F32(inplace.data(), c.t, c.heads * c.head_dim));
     EXPECT_EQ(inplace, got);
     if (c.t > 0) worst_sp = std::max(worst_sp, testing::RelL2(got, want));
   }
@@ -97,8 +108,11 @@ TEST(KdaGateTest, SoftplusIsStableAtExtremes) {
   const std::vector<float> dt_bias(graw.size(), 0.0f);
   const std::vector<float> a_log = {0.0f};  // exp(0) = 1: g = -softplus
   std::vector<float> g = testing::NaNs(graw.size());
-  kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), 1, 1,
-                           static_cast<int64_t>(graw.size()), g.data());
+  kernels::KdaGateSoftplus(
+      kernels::Tensor::F32(graw.data(), 1, 1 * static_cast<int64_t>(graw.size())),
+      kernels::Tensor::F32(dt_bias.data(), 1, 1 * static_cast<int64_t>(graw.size())),
+      kernels::Tensor::F32(a_log.data(), 1, 1), 1, static_cast<int64_t>(graw.size()),
+      kernels::MutableTensor::F32(g.data(), 1, 1 * static_cast<int64_t>(graw.size())));
   std::vector<double> want;
   for (float z : graw) want.push_back(z > 20.0f ? -double{z} : -std::log1p(std::exp(double{z})));
   EXPECT_TRUE(testing::AllClose(g, want, 0.0, kGateTolerance));
@@ -121,8 +135,10 @@ TEST(KdaGateTest, SoftplusMatchesGolden) {
     const std::vector<float> a_log = testing::ToFloat(load("A_log"));
     const std::vector<double> want = load("g");
     std::vector<float> g = testing::NaNs(want.size());
-    kernels::KdaGateSoftplus(graw.data(), dt_bias.data(), a_log.data(), tokens, heads, head_dim,
-                             g.data());
+    kernels::KdaGateSoftplus(kernels::Tensor::F32(graw.data(), tokens, heads * head_dim),
+                             kernels::Tensor::F32(dt_bias.data(), 1, heads * head_dim),
+                             kernels::Tensor::F32(a_log.data(), 1, heads), heads, head_dim,
+                             kernels::MutableTensor::F32(g.data(), tokens, heads * head_dim));
     // Both sides round to float32 along the way (inputs, exp(A_log), the
     // softplus): a few ulp each, well inside 1e-5.
     EXPECT_TRUE(testing::AllClose(g, want, 0.0, 1e-5)) << name;

@@ -97,10 +97,19 @@ std::string FormName(const Form& f) {
 
 void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k, const float* v,
              const float* g, const float* beta, float scale, float* state, float* o) {
+  using kernels::MutableTensor;
+  using kernels::Tensor;
+  const Tensor qv = Tensor::F32(q, s.t, s.heads * s.k_dim),
+               kv = Tensor::F32(k, s.t, s.heads * s.k_dim);
+  const Tensor vv = Tensor::F32(v, s.t, s.v_heads * s.v_dim),
+               gv = Tensor::F32(g, s.t, s.v_heads * s.k_dim);
+  const Tensor bv = Tensor::F32(beta, s.t, s.v_heads);
+  const MutableTensor sv = MutableTensor::F32(state, s.v_heads, s.k_dim * s.v_dim);
+  const MutableTensor ov = MutableTensor::F32(o, s.t, s.v_heads * s.v_dim);
   if (form.chunked) {
-    kernels::KdaChunk(s, q, k, v, g, beta, scale, state, o, form.chunk_size);
+    kernels::KdaChunk(s, qv, kv, vv, gv, bv, scale, sv, ov, form.chunk_size);
   } else {
-    kernels::KdaRecurrent(s, q, k, v, g, beta, scale, state, o);
+    kernels::KdaRecurrent(s, qv, kv, vv, gv, bv, scale, sv, ov);
   }
 }
 
@@ -347,6 +356,49 @@ TEST(KdaGoldenTest, ChunkInPieces) {
     }
     std::printf("golden %-22s KdaChunk in pieces max rel L2 %.3g\n", gold.name.c_str(), worst);
   }
+}
+
+TEST(KdaDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
+  using kernels::DType;
+  using kernels::MutableTensor;
+  using kernels::Tensor;
+  const KdaShape s{5, 2, 4, 3, 2};
+  const std::vector<float> q = testing::RandomFloats(s.t * s.heads * s.k_dim, 1);
+  const std::vector<float> k = testing::RandomFloats(q.size(), 2);
+  const std::vector<float> v = testing::RandomFloats(s.t * s.v_heads * s.v_dim, 3);
+  const std::vector<float> g = testing::RandomFloats(s.t * s.v_heads * s.k_dim, 4, -1.0f, 0.0f);
+  const std::vector<float> beta = testing::RandomFloats(s.t * s.v_heads, 5, 0.0f, 1.0f);
+  std::vector<float> state(s.v_heads * s.k_dim * s.v_dim), o(s.t * s.v_heads * s.v_dim);
+  const Tensor qv = Tensor::F32(q.data(), s.t, s.heads * s.k_dim);
+  const Tensor kv = Tensor::F32(k.data(), s.t, s.heads * s.k_dim);
+  const Tensor vv = Tensor::F32(v.data(), s.t, s.v_heads * s.v_dim);
+  const Tensor gv = Tensor::F32(g.data(), s.t, s.v_heads * s.k_dim);
+  const Tensor bv = Tensor::F32(beta.data(), s.t, s.v_heads);
+  const MutableTensor sv = MutableTensor::F32(state.data(), s.v_heads, s.k_dim * s.v_dim);
+  const MutableTensor ov = MutableTensor::F32(o.data(), s.t, s.v_heads * s.v_dim);
+  kernels::KdaChunk(s, qv, kv, vv, gv, bv, 0.5f, sv, ov);
+
+  // g per value head ([T, HV, K]), given per q/k head instead.
+  EXPECT_DEATH(kernels::KdaChunk(s, qv, kv, vv, Tensor::F32(g.data(), s.t, s.heads * s.k_dim), bv,
+                                 0.5f, sv, ov),
+               "g: shape \\[5, 6\\], expected \\[5, 12\\]");
+  Tensor beta_bf16 = bv;
+  beta_bf16.dtype = DType::kBF16;
+  EXPECT_DEATH(kernels::KdaChunk(s, qv, kv, vv, gv, beta_bf16, 0.5f, sv, ov),
+               "beta: dtype bf16, expected f32");
+  MutableTensor state_gpu = sv;
+  state_gpu.device = kernels::Device::kCuda;
+  EXPECT_DEATH(kernels::KdaChunk(s, qv, kv, vv, gv, bv, 0.5f, state_gpu, ov), "state: device cuda");
+  KdaShape odd = s;
+  odd.v_heads = 3;  // not a multiple of heads
+  EXPECT_DEATH(kernels::KdaChunk(odd, qv, kv, vv, gv, bv, 0.5f, sv, ov), "v_heads % s.heads");
+  EXPECT_DEATH(kernels::KdaChunk(s, qv, kv, vv, gv, bv, 0.5f, sv, ov, 0), "chunk_size >= 1");
+  // o written over v.
+  std::vector<float> vo = v;
+  EXPECT_DEATH(
+      kernels::KdaRecurrent(s, qv, kv, Tensor::F32(vo.data(), s.t, s.v_heads * s.v_dim), gv, bv,
+                            0.5f, sv, MutableTensor::F32(vo.data(), s.t, s.v_heads * s.v_dim)),
+      "Overlaps");
 }
 
 }  // namespace

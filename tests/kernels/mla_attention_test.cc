@@ -53,12 +53,11 @@ std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
   args.nope_dim = c.nope;
   args.rope_dim = c.rope;
   args.v_dim = c.v;
-  args.q = in.q.data();
-  args.kv = in.kv.data();
-  args.k_rope = in.k_rope.data();
-  args.k_rope_stride = in.stride;
+  args.q = Tensor::F32(in.q.data(), c.t, c.heads * (c.nope + c.rope));
+  args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
+  args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
   args.scale = c.scale;
-  args.o = o.data();
+  args.o = MutableTensor::F32(o.data(), c.t, c.heads * c.v);
   MlaPrefillAttention(args);
   return o;
 }
@@ -167,12 +166,12 @@ TEST(MlaPrefillAttention, PiecesEqualOneCall) {
       args.nope_dim = P;
       args.rope_dim = R;
       args.v_dim = Vd;
-      args.q = in.q.data() + t0 * heads * (P + R);
-      args.kv = in.kv.data();
-      args.k_rope = in.k_rope.data();
-      args.k_rope_stride = in.stride;
+      const int64_t s = args.prefix + args.t;
+      args.q = Tensor::F32(in.q.data() + t0 * heads * (P + R), args.t, heads * (P + R));
+      args.kv = Tensor::F32(in.kv.data(), s, heads * (P + Vd));
+      args.k_rope = Tensor::F32(in.k_rope.data(), s, R, in.stride);
       args.scale = whole.scale;
-      args.o = pieces.data() + t0 * heads * Vd;
+      args.o = MutableTensor::F32(pieces.data() + t0 * heads * Vd, args.t, heads * Vd);
       MlaPrefillAttention(args);
     }
     const double tol = ReductionTolerance(L + T);
@@ -222,16 +221,15 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
               args.heads = heads;
               args.latent_dim = c.latent;
               args.rope_dim = c.rope;
-              args.q_latent = ql.data();
-              args.q_rope = qr.data();
+              args.q_latent = Tensor::F32(ql.data(), t, heads * c.latent);
+              args.q_rope = Tensor::F32(qr.data(), t, heads * c.rope);
               if (cache_dtype == DType::kBF16) {
-                args.cache = cache16.data();
+                args.cache = Tensor{cache16.data(), nullptr, DType::kBF16, Device::kCpu, s, w};
               } else {
-                args.cache = cache.data();
+                args.cache = Tensor::F32(cache.data(), s, w);
               }
-              args.cache_dtype = cache_dtype;
               args.scale = scale;
-              args.o_latent = o.data();
+              args.o_latent = MutableTensor::F32(o.data(), t, heads * c.latent);
               MlaAbsorbedAttention(args);
 
               const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr),
@@ -327,10 +325,12 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   const std::vector<float> kv_f = testing::ToFloat(kv), cache_f = testing::ToFloat(cache),
                            ql_f = testing::ToFloat(q_latent), qr_f = testing::ToFloat(q_rope);
   std::vector<float> o_prefill = NaNs(T * n * Vd), o_latent = NaNs(T * n * C);
-  MlaPrefillAttention(
-      {T, L, n, P, R, Vd, q.data(), kv_f.data(), kr.data(), R, scale, o_prefill.data()});
-  MlaAbsorbedAttention({T, L, n, C, R, ql_f.data(), qr_f.data(), cache_f.data(), DType::kF32, scale,
-                        o_latent.data()});
+  MlaPrefillAttention({T, L, n, P, R, Vd, Tensor::F32(q.data(), T, n * (P + R)),
+                       Tensor::F32(kv_f.data(), S, n * kvw), Tensor::F32(kr.data(), S, R), scale,
+                       MutableTensor::F32(o_prefill.data(), T, n * Vd)});
+  MlaAbsorbedAttention({T, L, n, C, R, Tensor::F32(ql_f.data(), T, n * C),
+                        Tensor::F32(qr_f.data(), T, n * R), Tensor::F32(cache_f.data(), S, C + R),
+                        scale, MutableTensor::F32(o_latent.data(), T, n * C)});
   const std::vector<double> o_absorbed = up_project(o_latent);
   // Both paths round their inputs (kv, q_latent) to float32 and reduce over
   // S keys and C latent channels.
@@ -339,6 +339,59 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   EXPECT_TRUE(AllClose(o_prefill, ref_prefill, tol, tol));
   std::printf("prefill vs absorbed: max abs diff %.3g (prefill vs ref %.3g)\n",
               MaxAbsDiff(o_prefill, o_absorbed), MaxAbsDiff(o_prefill, ref_prefill));
+}
+
+TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
+  const PrefillCase c{3, 2, 2, 4, 2, 4, 0.5f};
+  const PrefillInputs in(c, 7);
+  std::vector<float> o(c.t * c.heads * c.v);
+  MlaPrefillArgs args;
+  args.t = c.t;
+  args.prefix = c.prefix;
+  args.heads = c.heads;
+  args.nope_dim = c.nope;
+  args.rope_dim = c.rope;
+  args.v_dim = c.v;
+  args.q = Tensor::F32(in.q.data(), c.t, c.heads * (c.nope + c.rope));
+  args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
+  args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
+  args.scale = c.scale;
+  args.o = MutableTensor::F32(o.data(), c.t, c.heads * c.v);
+  MlaPrefillAttention(args);
+
+  MlaPrefillArgs short_kv = args;  // one key row fewer than prefix + t
+  short_kv.kv.rows -= 1;
+  EXPECT_DEATH(MlaPrefillAttention(short_kv), "a.kv: shape \\[4, 16\\], expected \\[5, 16\\]");
+  MlaPrefillArgs bf16_q = args;
+  bf16_q.q.dtype = DType::kBF16;
+  EXPECT_DEATH(MlaPrefillAttention(bf16_q), "a.q: dtype bf16, expected f32");
+  MlaPrefillArgs gpu_o = args;
+  gpu_o.o.device = Device::kCuda;
+  EXPECT_DEATH(MlaPrefillAttention(gpu_o), "a.o: device cuda");
+  MlaPrefillArgs narrow_rope = args;  // rows closer than a row's width
+  narrow_rope.k_rope.stride = c.rope - 1;
+  EXPECT_DEATH(MlaPrefillAttention(narrow_rope), "a.k_rope: row stride 1");
+
+  const int64_t latent = 8;
+  std::vector<float> ql(c.t * c.heads * latent), qr(c.t * c.heads * c.rope);
+  std::vector<float> cache(in.s * (latent + c.rope)), ol(c.t * c.heads * latent);
+  MlaAbsorbedArgs ab;
+  ab.t = c.t;
+  ab.prefix = c.prefix;
+  ab.heads = c.heads;
+  ab.latent_dim = latent;
+  ab.rope_dim = c.rope;
+  ab.q_latent = Tensor::F32(ql.data(), c.t, c.heads * latent);
+  ab.q_rope = Tensor::F32(qr.data(), c.t, c.heads * c.rope);
+  ab.cache = Tensor::F32(cache.data(), in.s, latent + c.rope);
+  ab.o_latent = MutableTensor::F32(ol.data(), c.t, c.heads * latent);
+  MlaAbsorbedAttention(ab);
+  MlaAbsorbedArgs i32_cache = ab;
+  i32_cache.cache.dtype = DType::kI32;
+  EXPECT_DEATH(MlaAbsorbedAttention(i32_cache), "cache.dtype == DType::kF32");
+  MlaAbsorbedArgs gpu_cache = ab;
+  gpu_cache.cache.device = Device::kCuda;
+  EXPECT_DEATH(MlaAbsorbedAttention(gpu_cache), "a.cache: device cuda");
 }
 
 }  // namespace

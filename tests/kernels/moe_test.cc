@@ -37,8 +37,9 @@ struct Routed {
 Routed Route(const std::vector<float>& logits, const std::vector<float>* bias, int64_t t, int64_t e,
              int64_t k, bool renormalize, float scaling) {
   Routed r{std::vector<int32_t>(t * k, -1), NaNs(t * k)};
-  MoeRoute(logits.data(), bias != nullptr ? bias->data() : nullptr, t, e, k, renormalize, scaling,
-           r.idx.data(), r.weights.data());
+  MoeRoute(Tensor::F32(logits.data(), t, e),
+           bias != nullptr ? Tensor::F32(bias->data(), 1, e) : Tensor{}, k, renormalize, scaling,
+           MutableTensor::I32(r.idx.data(), t, k), MutableTensor::F32(r.weights.data(), t, k));
   return r;
 }
 
@@ -156,12 +157,12 @@ std::vector<float> RunFast(const ExpertSet& set, const std::vector<MoeExpert>& e
   a.dout = set.dout;
   a.top_k = k;
   a.n_experts = set.n;
-  a.z = z.data();
+  a.z = Tensor::F32(z.data(), t, set.din);
   a.experts = experts.data();
-  a.idx = idx.data();
-  a.weights = weights.data();
+  a.idx = Tensor::I32(idx.data(), t, k);
+  a.weights = Tensor::F32(weights.data(), t, k);
   a.act = act;
-  a.out = out.data();
+  a.out = MutableTensor::F32(out.data(), t, set.dout);
   MoeExperts(a);
   return out;
 }

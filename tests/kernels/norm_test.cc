@@ -34,7 +34,9 @@ TEST(RmsNormTest, MatchesReference) {
         const auto w = RandomFloats(dim, ++seed, 0.5f, 1.5f);
         const float eps = 1e-6f;
         auto y = NaNs(rows * dim);
-        RmsNorm(x.data(), gain ? w.data() : nullptr, rows, dim, eps, y.data());
+        RmsNorm(Tensor::F32(x.data(), rows, dim),
+                Tensor::F32(gain ? w.data() : nullptr, gain ? 1 : 0, dim), eps,
+                MutableTensor::F32(y.data(), rows, dim));
         std::vector<double> want(rows * dim);
         const auto wd = ToDouble(w);
         ref::RmsNorm(ToDouble(x).data(), gain ? wd.data() : nullptr, rows, dim, eps, want.data());
@@ -52,7 +54,8 @@ TEST(RmsNormTest, InPlaceAndThreaded) {
     const auto w = RandomFloats(dim, 8 + dim, 0.5f, 1.5f);
     std::vector<double> want(rows * dim);
     ref::RmsNorm(ToDouble(x).data(), ToDouble(w).data(), rows, dim, 1e-5f, want.data());
-    RmsNorm(x.data(), w.data(), rows, dim, 1e-5f, x.data());
+    RmsNorm(Tensor::F32(x.data(), rows, dim), Tensor::F32(w.data(), 1, dim), 1e-5f,
+            MutableTensor::F32(x.data(), rows, dim));
     const double tol = ReductionTolerance(dim);
     EXPECT_TRUE(AllClose(x, want, tol, tol));
   }
@@ -65,7 +68,7 @@ TEST(RmsNormTest, HugeAndTinyRows) {
     auto x = RandomFloats(dim, 3);
     for (float& v : x) v *= scale;
     auto y = NaNs(dim);
-    RmsNorm(x.data(), nullptr, 1, dim, 0.0f, y.data());
+    RmsNorm(Tensor::F32(x.data(), 1, dim), Tensor{}, 0.0f, MutableTensor::F32(y.data(), 1, dim));
     std::vector<double> want(dim);
     ref::RmsNorm(ToDouble(x).data(), nullptr, 1, dim, 0.0, want.data());
     const double tol = ReductionTolerance(dim);
@@ -77,7 +80,7 @@ TEST(RmsNormTest, HugeAndTinyRows) {
 TEST(RmsNormTest, ZeroRowIsZero) {
   const std::vector<float> x(5, 0.0f);
   auto y = NaNs(5);
-  RmsNorm(x.data(), nullptr, 1, 5, 1e-6f, y.data());
+  RmsNorm(Tensor::F32(x.data(), 1, 5), Tensor{}, 1e-6f, MutableTensor::F32(y.data(), 1, 5));
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
@@ -90,7 +93,8 @@ TEST(L2NormTest, MatchesReference) {
                      << "rows " << rows << " dim " << dim << " scale " << scale);
         const auto x = RandomFloats(rows * dim, ++seed);
         auto y = NaNs(rows * dim);
-        L2Norm(x.data(), rows, dim, 1e-6f, scale, y.data());
+        L2Norm(Tensor::F32(x.data(), rows, dim), 1e-6f, scale,
+               MutableTensor::F32(y.data(), rows, dim));
         std::vector<double> want(rows * dim);
         ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), scale, want.data());
         // Outputs are O(scale / sqrt(dim)): the absolute part scales too.
@@ -108,9 +112,35 @@ TEST(L2NormTest, InPlaceAndThreaded) {
   const double scale = 1.0 / std::sqrt(128.0);
   ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), static_cast<float>(scale),
               want.data());
-  L2Norm(x.data(), rows, dim, 1e-6f, static_cast<float>(scale), x.data());
+  L2Norm(Tensor::F32(x.data(), rows, dim), 1e-6f, static_cast<float>(scale),
+         MutableTensor::F32(x.data(), rows, dim));
   const double tol = ReductionTolerance(dim);
   EXPECT_TRUE(AllClose(x, want, tol, tol));
+}
+
+// The entry point checks the whole contract before any variant runs: each
+// wrong argument aborts with a message naming it and what is wrong.
+TEST(NormDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
+  std::vector<float> x = RandomFloats(3 * 8, 1), w = RandomFloats(8, 2), y(3 * 8);
+  const Tensor xv = Tensor::F32(x.data(), 3, 8), wv = Tensor::F32(w.data(), 1, 8);
+  const MutableTensor yv = MutableTensor::F32(y.data(), 3, 8);
+  RmsNorm(xv, wv, 1e-6f, yv);  // the valid call, for contrast
+  EXPECT_DEATH(RmsNorm(xv, Tensor::F32(w.data(), 1, 7), 1e-6f, yv),
+               "w: shape \\[1, 7\\], expected \\[1, 8\\]");
+  EXPECT_DEATH(RmsNorm(Tensor::F32(x.data(), 2, 8), wv, 1e-6f, yv), "x: shape \\[2, 8\\]");
+  Tensor bf16 = xv;
+  bf16.dtype = DType::kBF16;
+  EXPECT_DEATH(RmsNorm(bf16, wv, 1e-6f, yv), "x: dtype bf16, expected f32");
+  MutableTensor on_gpu = yv;
+  on_gpu.device = Device::kCuda;
+  EXPECT_DEATH(RmsNorm(xv, wv, 1e-6f, on_gpu), "y: device cuda, but only the cpu backend");
+  EXPECT_DEATH(L2Norm(xv, 1e-6f, 1.0f, MutableTensor::F32(y.data(), 3, 8, 9)), "y: row stride 9");
+  // In place is allowed; a shifted overlap is not.
+  RmsNorm(xv, wv, 1e-6f, MutableTensor::F32(x.data(), 3, 8));
+  std::vector<float> big(4 * 8);
+  EXPECT_DEATH(
+      RmsNorm(Tensor::F32(big.data(), 3, 8), wv, 1e-6f, MutableTensor::F32(big.data() + 8, 3, 8)),
+      "Overlaps");
 }
 
 }  // namespace

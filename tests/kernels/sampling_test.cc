@@ -32,7 +32,8 @@ SamplingParams Params(float temperature, int64_t top_k = 0, float top_p = 1.0f) 
 
 std::vector<double> Dist(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<double> probs(logits.size(), NAN);
-  SamplingDistribution(logits.data(), static_cast<int64_t>(logits.size()), p, probs.data());
+  SamplingDistribution(Tensor::F32(logits.data(), 1, static_cast<int64_t>(logits.size())), p,
+                       MutableTensor::F64(probs.data(), 1, static_cast<int64_t>(logits.size())));
   return probs;
 }
 
@@ -113,8 +114,8 @@ TEST(RngTest, SameSeedSameSequence) {
 TEST(SamplingTest, GreedyIsArgmaxLowestIdAndLeavesRngAlone) {
   const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
   Rng rng(5), twin(5);
-  EXPECT_EQ(Sample(logits.data(), 5, Params(0.0f), rng), 1);
-  EXPECT_EQ(Sample(logits.data(), 5, Params(0.0f, 3, 0.5f), rng), 1);
+  EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 5), Params(0.0f), rng), 1);
+  EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 5), Params(0.0f, 3, 0.5f), rng), 1);
   EXPECT_EQ(rng.Next(), twin.Next());
   EXPECT_EQ(Dist(logits, Params(0.0f)), OneHot(5, 1));
   EXPECT_EQ(ref::Sample(ToDouble(logits).data(), 5, Params(0.0f), rng), 1);
@@ -125,7 +126,7 @@ TEST(SamplingTest, SingleToken) {
   const std::vector<float> logits = {-7.0f};
   Rng rng(1);
   EXPECT_EQ(Dist(logits, Params(1.0f, 0, 0.5f)), OneHot(1, 0));
-  EXPECT_EQ(Sample(logits.data(), 1, Params(1.0f), rng), 0);
+  EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 1), Params(1.0f), rng), 0);
 }
 
 // --------------------------------------------------------- distribution
@@ -182,8 +183,8 @@ TEST(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
     EXPECT_EQ(Dist(logits, Params(0.8f, 0, 1e-6f)), greedy) << vocab;
     Rng rng(seed);
     for (int draw = 0; draw < 20; ++draw) {
-      EXPECT_EQ(Sample(logits.data(), vocab, Params(1.0f, 1), rng), argmax);
-      EXPECT_EQ(Sample(logits.data(), vocab, Params(1.0f, 0, 1e-6f), rng), argmax);
+      EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, vocab), Params(1.0f, 1), rng), argmax);
+      EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, vocab), Params(1.0f, 0, 1e-6f), rng), argmax);
     }
   }
 }
@@ -223,7 +224,8 @@ TEST(SampleTest, MatchesReferenceDrawForDraw) {
        {Params(1.0f), Params(0.5f, 20), Params(1.5f, 0, 0.8f), Params(1.0f, 100, 0.95f)}) {
     Rng a(2024), b(2024);
     for (int draw = 0; draw < 300; ++draw) {
-      ASSERT_EQ(Sample(logits.data(), 1000, p, a), ref::Sample(logits_d.data(), 1000, p, b))
+      ASSERT_EQ(Sample(Tensor::F32(logits.data(), 1, 1000), p, a),
+                ref::Sample(logits_d.data(), 1000, p, b))
           << "draw " << draw << " top_k " << p.top_k << " top_p " << p.top_p;
     }
     EXPECT_EQ(a.Next(), b.Next());  // one Uniform per draw on both sides
@@ -235,7 +237,8 @@ TEST(SampleTest, SameSeedSameTokens) {
   const SamplingParams p = Params(0.9f, 64, 0.9f);
   Rng a(31337), b(31337);
   for (int draw = 0; draw < 200; ++draw) {
-    ASSERT_EQ(Sample(logits.data(), 5000, p, a), Sample(logits.data(), 5000, p, b));
+    ASSERT_EQ(Sample(Tensor::F32(logits.data(), 1, 5000), p, a),
+              Sample(Tensor::F32(logits.data(), 1, 5000), p, b));
   }
 }
 
@@ -250,7 +253,7 @@ TEST(SampleTest, EmpiricalFrequencies) {
     const int n = 20000;
     std::vector<int> count(5, 0);
     Rng rng(8675309);
-    for (int draw = 0; draw < n; ++draw) ++count[Sample(logits.data(), 5, p, rng)];
+    for (int draw = 0; draw < n; ++draw) ++count[Sample(Tensor::F32(logits.data(), 1, 5), p, rng)];
     for (int i = 0; i < 5; ++i) {
       const double expected = n * probs[i];
       const double se = std::sqrt(n * probs[i] * (1.0 - probs[i]));
@@ -315,7 +318,7 @@ TEST(SamplingTest, NonFiniteLogitsFollowTheReference) {
       EXPECT_NEAR(sum, 1.0, 1e-12);
       for (uint64_t seed = 1; seed <= 5; ++seed) {
         Rng rng(seed), twin(seed);
-        const int32_t id = Sample(logits.data(), vocab, settings[s], rng);
+        const int32_t id = Sample(Tensor::F32(logits.data(), 1, vocab), settings[s], rng);
         ASSERT_GE(id, 0);
         ASSERT_LT(id, vocab);
         EXPECT_GT(got[id], 0.0) << "drew a token outside the distribution";

@@ -38,7 +38,10 @@ TEST(ShortConvTest, MatchesReference) {
           kernels::ref::ShortConv(testing::ToDouble(x).data(), testing::ToDouble(w).data(), t,
                                   channels, width, silu, want_state.data(), want_y.data());
           std::vector<float> y = testing::NaNs(t * channels);
-          kernels::ShortConv(x.data(), w.data(), t, channels, width, silu, state.data(), y.data());
+          kernels::ShortConv(kernels::Tensor::F32(x.data(), t, channels),
+                             kernels::Tensor::F32(w.data(), channels, width), silu,
+                             kernels::MutableTensor::F32(state.data(), width - 1, channels),
+                             kernels::MutableTensor::F32(y.data(), t, channels));
           // A sum of `width` products, then SiLU's exp and division.
           const double tol = testing::ReductionTolerance(width);
           EXPECT_TRUE(testing::AllClose(y, want_y, tol, tol));
@@ -65,8 +68,10 @@ TEST(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
 
     std::vector<float> state_one = state0;
     std::vector<float> y_one = testing::NaNs(c.t * c.channels);
-    kernels::ShortConv(x.data(), w.data(), c.t, c.channels, c.width, c.silu, state_one.data(),
-                       y_one.data());
+    kernels::ShortConv(kernels::Tensor::F32(x.data(), c.t, c.channels),
+                       kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
+                       kernels::MutableTensor::F32(state_one.data(), c.width - 1, c.channels),
+                       kernels::MutableTensor::F32(y_one.data(), c.t, c.channels));
 
     const std::vector<std::vector<int64_t>> cut_sets = {
         {1}, {2, 1, 3}, {c.t / 2}, std::vector<int64_t>(c.t, 1), {0, 3, 0, 4}};
@@ -76,8 +81,11 @@ TEST(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
       int64_t t0 = 0;
       for (size_t p = 0; t0 < c.t; ++p) {
         const int64_t len = p < cuts.size() ? std::min(cuts[p], c.t - t0) : c.t - t0;
-        kernels::ShortConv(x.data() + t0 * c.channels, w.data(), len, c.channels, c.width, c.silu,
-                           state.data(), y.data() + t0 * c.channels);
+        kernels::ShortConv(
+            kernels::Tensor::F32(x.data() + t0 * c.channels, len, c.channels),
+            kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
+            kernels::MutableTensor::F32(state.data(), c.width - 1, c.channels),
+            kernels::MutableTensor::F32(y.data() + t0 * c.channels, len, c.channels));
         t0 += len;
       }
       EXPECT_EQ(y, y_one) << "pieces: " << cuts.size();
@@ -93,7 +101,10 @@ TEST(ShortConvTest, ShortInputShiftsState) {
   const std::vector<float> x = {4, 40};
   const std::vector<float> w = {0, 0, 0, 1, 1, 1, 1, 1};  // [2, 4]: x[t]; the sum
   std::vector<float> y = testing::NaNs(2);
-  kernels::ShortConv(x.data(), w.data(), 1, channels, width, false, state.data(), y.data());
+  kernels::ShortConv(kernels::Tensor::F32(x.data(), 1, channels),
+                     kernels::Tensor::F32(w.data(), channels, width), false,
+                     kernels::MutableTensor::F32(state.data(), width - 1, channels),
+                     kernels::MutableTensor::F32(y.data(), 1, channels));
   EXPECT_EQ(y, (std::vector<float>{4, 10 + 20 + 30 + 40}));
   EXPECT_EQ(state, (std::vector<float>{2, 20, 3, 30, 4, 40}));
 }

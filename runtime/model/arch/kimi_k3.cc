@@ -20,11 +20,14 @@ using Floats = std::vector<float>;
 
 // The attention-residual mix over bank + [prefix] into out [rows, D].
 void Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float eps, float* out) {
-  std::vector<const float*> candidates;
-  for (const Floats& b : act.bank) candidates.push_back(b.data());
-  candidates.push_back(act.prefix.data());
-  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()), act.rows, dim,
-                      w.norm.data(), w.proj.data(), eps, out);
+  std::vector<kernels::Tensor> candidates;
+  for (const Floats& b : act.bank)
+    candidates.push_back(kernels::Tensor::F32(b.data(), act.rows, dim));
+  candidates.push_back(kernels::Tensor::F32(act.prefix.data(), act.rows, dim));
+  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
+                      kernels::Tensor::F32(w.norm.data(), 1, dim),
+                      kernels::Tensor::F32(w.proj.data(), 1, dim), eps,
+                      kernels::MutableTensor::F32(out, act.rows, dim));
 }
 
 void Add(Floats& acc, const float* x) {

@@ -79,8 +79,13 @@ TEST(LongContextTest, KdaChunkFollowsTheFloat64RecurrenceOver256kTokens) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.k_dim));
 
     std::vector<float> o = testing::NaNs(piece * s.v_heads * s.v_dim);
-    kernels::KdaChunk(s, q.data(), k.data(), v.data(), g.data(), beta.data(), scale, state.data(),
-                      o.data());
+    kernels::KdaChunk(s, kernels::Tensor::F32(q.data(), s.t, s.heads * s.k_dim),
+                      kernels::Tensor::F32(k.data(), s.t, s.heads * s.k_dim),
+                      kernels::Tensor::F32(v.data(), s.t, s.v_heads * s.v_dim),
+                      kernels::Tensor::F32(g.data(), s.t, s.v_heads * s.k_dim),
+                      kernels::Tensor::F32(beta.data(), s.t, s.v_heads), scale,
+                      kernels::MutableTensor::F32(state.data(), s.v_heads, s.k_dim * s.v_dim),
+                      kernels::MutableTensor::F32(o.data(), s.t, s.v_heads * s.v_dim));
     std::vector<double> o_ref(o.size());
     kernels::ref::KdaRecurrent(s, testing::ToDouble(q).data(), testing::ToDouble(k).data(),
                                testing::ToDouble(v).data(), testing::ToDouble(g).data(),
@@ -165,12 +170,13 @@ TEST(LongContextTest, MlaAttentionOver256kLatentEntriesMatchesFloat64AtSampledPo
         a.heads = lc.heads;
         a.latent_dim = lc.C;
         a.rope_dim = lc.R;
-        a.q_latent = q_latent.data();
-        a.q_rope = q_rope.data();
-        a.cache = bf16 ? static_cast<const void*>(cache_bf16.data()) : lc.cache.data();
-        a.cache_dtype = bf16 ? kernels::DType::kBF16 : kernels::DType::kF32;
+        a.q_latent = kernels::Tensor::F32(q_latent.data(), t, lc.heads * lc.C);
+        a.q_rope = kernels::Tensor::F32(q_rope.data(), t, lc.heads * lc.R);
+        a.cache = bf16 ? kernels::Tensor{cache_bf16.data(),     nullptr, kernels::DType::kBF16,
+                                         kernels::Device::kCpu, S,       lc.C + lc.R}
+                       : kernels::Tensor::F32(lc.cache.data(), S, lc.C + lc.R);
         a.scale = scale;
-        a.o_latent = o.data();
+        a.o_latent = kernels::MutableTensor::F32(o.data(), t, lc.heads * lc.C);
         kernels::MlaAbsorbedAttention(a);
         const std::vector<double> ql = testing::ToDouble(q_latent), qr = testing::ToDouble(q_rope);
         std::vector<double> want(o.size());
@@ -214,12 +220,11 @@ TEST(LongContextTest, MlaPrefillOver256kKeysMatchesFloat64) {
     a.nope_dim = P;
     a.rope_dim = R;
     a.v_dim = Vd;
-    a.q = q.data();
-    a.kv = kv.data();
-    a.k_rope = k_rope.data();
-    a.k_rope_stride = R;
+    a.q = kernels::Tensor::F32(q.data(), t, heads * (P + R));
+    a.kv = kernels::Tensor::F32(kv.data(), prefix + t, heads * (P + Vd));
+    a.k_rope = kernels::Tensor::F32(k_rope.data(), prefix + t, R);
     a.scale = scale;
-    a.o = o.data();
+    a.o = kernels::MutableTensor::F32(o.data(), t, heads * Vd);
     kernels::MlaPrefillAttention(a);
     const std::vector<double> q_d = testing::ToDouble(q);
     std::vector<double> want(o.size());
