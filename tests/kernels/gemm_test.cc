@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/reference/gemm_ref.h"
 #include "kernels/reference/mxfp4_ref.h"
@@ -246,6 +247,37 @@ TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
         }
       }
     }
+  }
+}
+
+// The activations' rounding under bf16 compute is FloatToBf16 (kernels/bf16.h)
+// exactly, ties to even and NaN included: through an identity weight each
+// output is one rounded activation times 1, exact in float32. Without a bf16
+// matmul the same call computes in float32 and gives x back unrounded.
+TEST(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
+  const bool bf16 = Bf16ComputeAvailable();
+  const int64_t m = 40, k = 64;  // above the skinny sizes
+  std::vector<uint16_t> eye(k * k, 0);
+  for (int64_t i = 0; i < k; ++i) eye[i * k + i] = 0x3f80;  // 1.0
+  const Tensor w{eye.data(), nullptr, DType::kBF16, Device::kCpu, k, k, DType::kBF16};
+  std::vector<float> x(m * k);
+  uint64_t state = 77;
+  for (int64_t i = 0; i < m * k; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t bits = static_cast<uint32_t>(state >> 32);
+    // Every fourth value a tie (low half exactly 0x8000), odd and even.
+    if (i % 4 == 0) bits = (bits & 0xffff0000u) | 0x8000u;
+    // Normal magnitudes 2^-27 .. 2^12 (oneDNN flushes subnormals to zero).
+    bits = (bits & 0x807fffffu) | ((100u + (bits >> 23) % 40u) << 23);
+    std::memcpy(&x[i], &bits, sizeof(float));
+  }
+  x[5] = std::nanf("");  // row 0 becomes NaN throughout (NaN · 0 = NaN)
+  std::vector<float> y(m * k);
+  Linear(Tensor::F32(x.data(), m, k), w, MutableTensor::F32(y.data(), m, k));
+  for (int64_t j = 0; j < k; ++j) EXPECT_TRUE(std::isnan(y[j])) << j;
+  for (int64_t i = k; i < m * k; ++i) {
+    const float want = bf16 ? Bf16ToFloat(FloatToBf16(x[i])) : x[i];
+    ASSERT_EQ(y[i], want) << "element " << i << " of x " << x[i];
   }
 }
 
