@@ -11,81 +11,86 @@
 
 namespace deltaserve::kernels {
 
+// A stack in one region: the forward pass takes and drops its buffers
+// nested, last in first out, so the region's top is what is live, and the
+// region's touched pages are the most ever live at once. A buffer dropped out
+// of order stays until the ones above it go. A request that does not fit is
+// a separate allocation, and once nothing is live the region grows to the
+// most that was live, for the next step.
 class ScratchPool {
  public:
-  ~ScratchPool() {
-    for (const Block& b : free_) std::free(b.data);
-  }
+  ~ScratchPool() { std::free(region_); }
 
-  // A block of at least `bytes`: the smallest free one no more than twice
-  // that, else a new one.
   std::pair<void*, size_t> Take(size_t bytes) {
+    const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto best = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->bytes >= bytes && it->bytes / 2 <= bytes &&
-            (best == free_.end() || it->bytes < best->bytes)) {
-          best = it;
-        }
+      if (live_.empty() && overflow_live_ == 0 && capacity_ < high_water_) Grow();
+      live_bytes_ += size;
+      high_water_ = std::max(high_water_, live_bytes_);
+      if (top_ + size <= capacity_) {
+        void* data = static_cast<char*>(region_) + top_;
+        live_.push_back({top_, size, false});
+        top_ += size;
+        return {data, size};
       }
-      if (best != free_.end()) {
-        const Block b = *best;
-        *best = free_.back();
-        free_.pop_back();
-        free_bytes_ -= b.bytes;
-        Use(b.bytes);
-        return {b.data, b.bytes};
-      }
+      ++overflow_live_;
     }
-    const size_t capacity = (bytes + kAlign - 1) / kAlign * kAlign;
-    void* data = std::aligned_alloc(kAlign, capacity);
+    void* data = std::aligned_alloc(kAlign, size);
     if (data == nullptr) throw std::bad_alloc();
-    std::lock_guard<std::mutex> lock(mu_);
-    held_bytes_ += capacity;
-    Use(capacity);
-    return {data, capacity};
+    return {data, size};
   }
 
-  // Takes a block back; keeps no more free bytes than the most ever in use,
-  // dropping the largest free blocks first.
-  void Give(void* data, size_t bytes) {
+  void Give(void* data, size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
-    in_use_bytes_ -= bytes;
-    free_.push_back({data, bytes});
-    free_bytes_ += bytes;
-    while (free_bytes_ > peak_in_use_bytes_ && !free_.empty()) {
-      auto largest =
-          std::max_element(free_.begin(), free_.end(),
-                           [](const Block& a, const Block& b) { return a.bytes < b.bytes; });
-      std::free(largest->data);
-      free_bytes_ -= largest->bytes;
-      held_bytes_ -= largest->bytes;
-      *largest = free_.back();
-      free_.pop_back();
+    live_bytes_ -= size;
+    const char* base = static_cast<const char*>(region_);
+    const char* at = static_cast<const char*>(data);
+    if (region_ == nullptr || at < base || at >= base + capacity_) {
+      std::free(data);
+      --overflow_live_;
+      return;
+    }
+    const size_t offset = static_cast<size_t>(at - base);
+    for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
+      if (it->offset == offset) {
+        it->freed = true;
+        break;
+      }
+    }
+    while (!live_.empty() && live_.back().freed) {
+      top_ = live_.back().offset;
+      live_.pop_back();
     }
   }
 
   ScratchStats Stats() {
     std::lock_guard<std::mutex> lock(mu_);
-    return {held_bytes_, in_use_bytes_, peak_in_use_bytes_};
+    return {capacity_, live_bytes_, high_water_};
   }
 
  private:
   static constexpr size_t kAlign = 64;
-  struct Block {
-    void* data;
-    size_t bytes;
+  struct Entry {
+    size_t offset, size;
+    bool freed;
   };
 
-  void Use(size_t bytes) {
-    in_use_bytes_ += bytes;
-    peak_in_use_bytes_ = std::max(peak_in_use_bytes_, in_use_bytes_);
+  // Nothing is live: the region becomes the size of the most ever live.
+  void Grow() {
+    std::free(region_);
+    region_ = std::aligned_alloc(kAlign, high_water_);
+    if (region_ == nullptr) throw std::bad_alloc();
+    capacity_ = high_water_;
+    top_ = 0;
   }
 
   std::mutex mu_;
-  std::vector<Block> free_;
-  size_t free_bytes_ = 0, held_bytes_ = 0, in_use_bytes_ = 0, peak_in_use_bytes_ = 0;
+  void* region_ = nullptr;
+  size_t capacity_ = 0, top_ = 0;
+  std::vector<Entry> live_;  // in the region, bottom to top
+  size_t overflow_live_ = 0;
+  size_t live_bytes_ = 0, high_water_ = 0;
 };
 
 namespace {

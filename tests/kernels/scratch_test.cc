@@ -18,49 +18,41 @@ void OnFreshThread(F body) {
   std::thread(body).join();
 }
 
-TEST(ScratchTest, AReleasedBlockServesTheNextRequestThatFitsIt) {
+TEST(ScratchTest, AfterAStepItsBuffersComeFromOneRegionOfItsPeak) {
   OnFreshThread([] {
-    float* first = nullptr;
     {
-      ScratchFloats a(1 << 20);
-      first = a.data();
-      a[0] = 1.0f;
-      a[a.size() - 1] = 2.0f;
+      ScratchFloats a(1 << 18);  // the first step: separate allocations
+      { ScratchFloats b(1 << 16); }
+      ScratchFloats c(1 << 17);
     }
-    const ScratchFloats same(1 << 20);
-    EXPECT_EQ(same.data(), first);
-    const ScratchFloats smaller((1 << 19) + 1);  // over half: would reuse, but it is taken
-    EXPECT_NE(smaller.data(), first);
+    const ScratchStats first = ThisThreadScratchStats();
+    EXPECT_EQ(first.in_use_bytes, 0u);
+    EXPECT_EQ(first.peak_in_use_bytes, size_t{4} * ((1 << 18) + (1 << 17)));
+    // The next step: one region of that peak, as a stack.
+    ScratchFloats a(1 << 18);
+    ScratchFloats c(1 << 17);
+    EXPECT_EQ(c.data(), a.data() + (1 << 18));
+    EXPECT_EQ(ThisThreadScratchStats().held_bytes, first.peak_in_use_bytes);
+    ScratchFloats over(1 << 10);  // past the region: a separate allocation
+    EXPECT_NE(over.data(), c.data() + (1 << 17));
   });
 }
 
-TEST(ScratchTest, ABlockOverTwiceTheRequestIsNotUsed) {
+TEST(ScratchTest, ABufferDroppedOutOfOrderIsReusedOnceThoseAboveItGo) {
   OnFreshThread([] {
-    float* big = nullptr;
+    { ScratchFloats warm(1 << 16); }
+    { ScratchFloats grow(1 << 10); }  // the region is made here, at the peak
+    float* base = nullptr;
     {
-      const ScratchFloats a(1 << 20);
-      big = a.data();
+      ScratchFloats a(1000), b(1000);  // 4,000 bytes: 4,032 with rounding
+      base = a.data();
+      a = ScratchFloats();  // not the top: stays until b goes
+      const ScratchFloats c(1000);
+      EXPECT_EQ(c.data(), b.data() + 1008);  // above b
     }
-    const ScratchFloats small(1000);
-    EXPECT_NE(small.data(), big);
-    const ScratchFloats half(1 << 19);
-    EXPECT_EQ(half.data(), big);
-  });
-}
-
-TEST(ScratchTest, FreeBytesStayWithinThePeakInUse) {
-  OnFreshThread([] {
-    {
-      ScratchFloats a(1 << 18), b(1 << 18);  // 2 MiB in use at once
-    }
-    for (int64_t n = 1 << 10; n <= (1 << 17); n *= 2) {
-      const ScratchFloats each(n);  // a new size each time: none reuses a block
-    }
-    const ScratchStats stats = ThisThreadScratchStats();
-    EXPECT_EQ(stats.in_use_bytes, 0u);
-    EXPECT_EQ(stats.peak_in_use_bytes, size_t{2} << 20);
-    EXPECT_LE(stats.held_bytes, stats.peak_in_use_bytes);
-    EXPECT_GT(stats.held_bytes, 0u);
+    EXPECT_EQ(ThisThreadScratchStats().in_use_bytes, 0u);
+    const ScratchFloats again(1000);
+    EXPECT_EQ(again.data(), base);
   });
 }
 
