@@ -190,22 +190,47 @@ class EchoPeers {
   std::atomic<int> handed_off_{0}, closed_{0};
 };
 
-std::unique_ptr<H2Guard> StartGuard(H2Guard::Handoff handoff, std::vector<std::string>* cuts,
-                                    std::mutex* cuts_mu) {
-  H2GuardOptions options;
-  options.flush_after_close = std::chrono::milliseconds(300);
-  options.rules.max_header_block_bytes = 4096;
-  options.buffer_bytes = 4096;  // small, so that backpressure is exercised
-  options.on_cut = [cuts, cuts_mu](const std::string& peer, const absl::Status& why) {
-    std::lock_guard<std::mutex> lock(*cuts_mu);
-    cuts->push_back(peer + ": " + std::string(why.message()));
-  };
-  auto guard = H2Guard::Listen("127.0.0.1", 0, "the test port", std::move(options));
-  EXPECT_TRUE(guard.ok()) << guard.status();
-  if (!guard.ok()) return nullptr;
-  EXPECT_TRUE((*guard)->Start(std::move(handoff)).ok());
-  return std::move(*guard);
-}
+// What a guard reported cutting, "peer: why", from its thread.
+class Cuts {
+ public:
+  void Add(std::string cut) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cuts_.push_back(std::move(cut));
+  }
+  std::vector<std::string> Get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cuts_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> cuts_;
+};
+
+// A guard on a free local port with small buffers (so backpressure is
+// exercised), a 4 KiB header-block bound and 300 ms to flush after a close,
+// handing connections to echo peers unless a test brings its own.
+class H2GuardTest : public ::testing::Test {
+ protected:
+  void StartGuard() { StartGuard(peers_.Handoff()); }
+  void StartGuard(H2Guard::Handoff handoff) {
+    H2GuardOptions options;
+    options.flush_after_close = std::chrono::milliseconds(300);
+    options.rules.max_header_block_bytes = 4096;
+    options.buffer_bytes = 4096;
+    options.on_cut = [this](const std::string& peer, const absl::Status& why) {
+      cuts_.Add(peer + ": " + std::string(why.message()));
+    };
+    auto guard = H2Guard::Listen("127.0.0.1", 0, "the test port", std::move(options));
+    ASSERT_TRUE(guard.ok()) << guard.status();
+    ASSERT_TRUE((*guard)->Start(std::move(handoff)).ok());
+    guard_ = std::move(*guard);
+  }
+
+  EchoPeers peers_;  // outlives the guard, which hands it connections
+  Cuts cuts_;
+  std::unique_ptr<H2Guard> guard_;
+};
 
 template <typename Pred>
 bool WaitFor(Pred done) {
@@ -215,13 +240,9 @@ bool WaitFor(Pred done) {
   return done();
 }
 
-TEST(H2GuardTest, RelaysBothWaysUnderBackpressure) {
-  EchoPeers peers;
-  std::vector<std::string> cuts;
-  std::mutex cuts_mu;
-  auto guard = StartGuard(peers.Handoff(), &cuts, &cuts_mu);
-  ASSERT_NE(guard, nullptr);
-  const int fd = Connect(guard->port());
+TEST_F(H2GuardTest, RelaysBothWaysUnderBackpressure) {
+  ASSERT_NO_FATAL_FAILURE(StartGuard());
+  const int fd = Connect(guard_->port());
   ASSERT_GE(fd, 0);
   // 8 MiB of DATA frames, a varying byte pattern, sent while the echo is
   // read on another thread: far more than the guard's 4 KiB buffers hold.
@@ -237,85 +258,73 @@ TEST(H2GuardTest, RelaysBothWaysUnderBackpressure) {
   reader.join();
   EXPECT_TRUE(echoed == stream) << echoed.size() << " of " << stream.size() << " bytes came back";
   close(fd);
-  EXPECT_TRUE(WaitFor([&] { return peers.closed() == 1; }));
-  EXPECT_EQ(guard->connections_cut(), 0);
-  guard->Stop(std::chrono::milliseconds(0));
+  EXPECT_TRUE(WaitFor([&] { return peers_.closed() == 1; }));
+  EXPECT_EQ(guard_->connections_cut(), 0);
+  guard_->Stop(std::chrono::milliseconds(0));
 }
 
-TEST(H2GuardTest, ACutClosesBothSidesAndNamesThePeerAndTheReason) {
-  EchoPeers peers;
-  std::vector<std::string> cuts;
-  std::mutex cuts_mu;
-  auto guard = StartGuard(peers.Handoff(), &cuts, &cuts_mu);
-  ASSERT_NE(guard, nullptr);
-  const int fd = Connect(guard->port());
+TEST_F(H2GuardTest, ACutClosesBothSidesAndNamesThePeerAndTheReason) {
+  ASSERT_NO_FATAL_FAILURE(StartGuard());
+  const int fd = Connect(guard_->port());
   ASSERT_GE(fd, 0);
   std::string flood = kPreface + Frame(kHeaders, 0, 1, 1000);
   for (int i = 0; i < 10; ++i) flood += Frame(kContinuation, 0, 1, 1000);
   SendAll(fd, flood);  // may fail part way: the guard closes the connection
   ReadAll(fd);         // ends: the connection is closed
   close(fd);
-  EXPECT_TRUE(WaitFor([&] { return peers.closed() == 1; }));
-  EXPECT_EQ(guard->connections_cut(), 1);
-  std::lock_guard<std::mutex> lock(cuts_mu);
+  EXPECT_TRUE(WaitFor([&] { return peers_.closed() == 1; }));
+  EXPECT_EQ(guard_->connections_cut(), 1);
+  const std::vector<std::string> cuts = cuts_.Get();
   ASSERT_EQ(cuts.size(), 1u);
   EXPECT_EQ(cuts[0].rfind("127.0.0.1:", 0), 0u) << cuts[0];
   EXPECT_NE(cuts[0].find("a header block of over 4096 bytes on stream 1"), std::string::npos)
       << cuts[0];
 }
 
-TEST(H2GuardTest, StopAcceptingClosesThePortAndStopClosesWhatIsOpen) {
-  EchoPeers peers;
-  std::vector<std::string> cuts;
-  std::mutex cuts_mu;
-  auto guard = StartGuard(peers.Handoff(), &cuts, &cuts_mu);
-  ASSERT_NE(guard, nullptr);
-  const int open = Connect(guard->port());
+TEST_F(H2GuardTest, StopAcceptingClosesThePortAndStopClosesWhatIsOpen) {
+  ASSERT_NO_FATAL_FAILURE(StartGuard());
+  const int open = Connect(guard_->port());
   ASSERT_GE(open, 0);
   ASSERT_TRUE(SendAll(open, kPreface));
   EXPECT_EQ(ReadAll(open, kPreface.size()), kPreface);  // relayed and echoed
-  guard->StopAccepting();
-  EXPECT_TRUE(WaitFor([&] { return Connect(guard->port()) < 0; }));
-  EXPECT_EQ(peers.handed_off(), 1);
+  guard_->StopAccepting();
+  EXPECT_TRUE(WaitFor([&] { return Connect(guard_->port()) < 0; }));
+  EXPECT_EQ(peers_.handed_off(), 1);
   // The open connection still relays until Stop, which closes it.
   ASSERT_TRUE(SendAll(open, Frame(kSettings, 0, 0, 0)));
   EXPECT_EQ(ReadAll(open, 9), Frame(kSettings, 0, 0, 0));
-  guard->Stop(std::chrono::milliseconds(0));
+  guard_->Stop(std::chrono::milliseconds(0));
   EXPECT_EQ(ReadAll(open), "");
   close(open);
-  EXPECT_TRUE(WaitFor([&] { return peers.closed() == 1; }));
+  EXPECT_TRUE(WaitFor([&] { return peers_.closed() == 1; }));
 }
 
 // A peer in gRPC's place that writes until every buffer on the way is full
 // and closes, to a client that reads nothing: the guard holds the
 // connection for the client to take the rest, and closes it once
 // flush_after_close (300 ms here) has passed instead of holding it for ever.
-TEST(H2GuardTest, AClientThatDoesNotTakeTheLastBytesIsClosedAfterAWhile) {
-  std::vector<std::string> cuts;
-  std::mutex cuts_mu;
+TEST_F(H2GuardTest, AClientThatDoesNotTakeTheLastBytesIsClosedAfterAWhile) {
   std::thread writer;
   std::atomic<size_t> written{0};
-  auto guard = StartGuard(
-      [&](int fd) {
-        writer = std::thread([fd, &written] {
-          const std::string chunk(65536, 'x');
-          int idle_ms = 0;
-          while (idle_ms < 500) {  // full: nothing more went for half a second
-            const ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
-            if (n > 0) {
-              written += static_cast<size_t>(n);
-              idle_ms = 0;
-            } else {
-              std::this_thread::sleep_for(std::chrono::milliseconds(10));
-              idle_ms += 10;
-            }
-          }
-          close(fd);
-        });
-      },
-      &cuts, &cuts_mu);
-  ASSERT_NE(guard, nullptr);
-  const int fd = Connect(guard->port(), 4096);
+  StartGuard([&](int fd) {
+    writer = std::thread([fd, &written] {
+      const std::string chunk(65536, 'x');
+      int idle_ms = 0;
+      while (idle_ms < 500) {  // full: nothing more went for half a second
+        const ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+        if (n > 0) {
+          written += static_cast<size_t>(n);
+          idle_ms = 0;
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          idle_ms += 10;
+        }
+      }
+      close(fd);
+    });
+  });
+  ASSERT_NE(guard_, nullptr);
+  const int fd = Connect(guard_->port(), 4096);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendAll(fd, kPreface));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // reads nothing
@@ -325,7 +334,7 @@ TEST(H2GuardTest, AClientThatDoesNotTakeTheLastBytesIsClosedAfterAWhile) {
   EXPECT_LT(got.size(), written.load());
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   close(fd);
-  EXPECT_EQ(guard->connections_cut(), 0);
+  EXPECT_EQ(guard_->connections_cut(), 0);
 }
 
 }  // namespace
