@@ -44,8 +44,8 @@ struct PrefillInputs {
   std::vector<float> q, kv, k_rope;
 };
 
-std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
-  std::vector<float> o = NaNs(c.t * c.heads * c.v);
+// The prefill call for case `c` on `in`, writing o [t, heads * v].
+MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, float* o) {
   MlaPrefillArgs args;
   args.t = c.t;
   args.prefix = c.prefix;
@@ -57,8 +57,13 @@ std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
   args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
   args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
   args.scale = c.scale;
-  args.o = MutableTensor::F32(o.data(), c.t, c.heads * c.v);
-  MlaPrefillAttention(args);
+  args.o = MutableTensor::F32(o, c.t, c.heads * c.v);
+  return args;
+}
+
+std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
+  std::vector<float> o = NaNs(c.t * c.heads * c.v);
+  MlaPrefillAttention(PrefillArgs(c, in, o.data()));
   return o;
 }
 
@@ -345,18 +350,7 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   const PrefillCase c{3, 2, 2, 4, 2, 4, 0.5f};
   const PrefillInputs in(c, 7);
   std::vector<float> o(c.t * c.heads * c.v);
-  MlaPrefillArgs args;
-  args.t = c.t;
-  args.prefix = c.prefix;
-  args.heads = c.heads;
-  args.nope_dim = c.nope;
-  args.rope_dim = c.rope;
-  args.v_dim = c.v;
-  args.q = Tensor::F32(in.q.data(), c.t, c.heads * (c.nope + c.rope));
-  args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
-  args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
-  args.scale = c.scale;
-  args.o = MutableTensor::F32(o.data(), c.t, c.heads * c.v);
+  const MlaPrefillArgs args = PrefillArgs(c, in, o.data());
   MlaPrefillAttention(args);
 
   MlaPrefillArgs short_kv = args;  // one key row fewer than prefix + t
