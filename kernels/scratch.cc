@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <new>
 #include <tuple>
@@ -131,10 +130,6 @@ void ScratchBytes::Release() {
   data_ = nullptr;
   capacity_ = 0;
   pool_.reset();
-}
-
-void ZeroBytes(void* data, size_t bytes) {
-  if (bytes > 0) std::memset(data, 0, bytes);
 }
 
 ScratchStats ThisThreadScratchStats() { return ThisThreadPool()->Stats(); }

@@ -17,7 +17,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 
 namespace deltaserve::kernels {
 
@@ -46,21 +45,18 @@ class ScratchBytes {
   std::shared_ptr<ScratchPool> pool_;
 };
 
-// `count` elements of a trivial type T. Uninitialised: a caller that reads
-// before it writes (an accumulating GEMM, a sum) asks for Zeroed.
+// `count` elements of a trivial type T, uninitialised.
 template <typename T>
 class Scratch {
  public:
   Scratch() = default;
   explicit Scratch(int64_t count) : bytes_(static_cast<size_t>(count) * sizeof(T)), count_(count) {}
-  static Scratch Zeroed(int64_t count);
 
   T* data() const { return static_cast<T*>(bytes_.data()); }
   int64_t size() const { return count_; }
   T& operator[](int64_t i) const { return data()[i]; }
   T* begin() const { return data(); }
   T* end() const { return data() + count_; }
-  std::span<T> span() const { return {data(), static_cast<size_t>(count_)}; }
 
  private:
   ScratchBytes bytes_;
@@ -68,17 +64,6 @@ class Scratch {
 };
 
 using ScratchFloats = Scratch<float>;
-
-// Sets `bytes` at `data` to zero (out of line: see kernels/cpu/dispatch.h on
-// inline code in headers the CPU levels include).
-void ZeroBytes(void* data, size_t bytes);
-
-template <typename T>
-Scratch<T> Scratch<T>::Zeroed(int64_t count) {
-  Scratch<T> s(count);
-  ZeroBytes(s.data(), static_cast<size_t>(count) * sizeof(T));
-  return s;
-}
 
 // The calling thread's pool, for tests: bytes of its region, bytes live, and
 // the most ever live at once.
