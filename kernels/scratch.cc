@@ -8,7 +8,32 @@
 #include <utility>
 #include <vector>
 
+#if DELTASERVE_SCRATCH_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace deltaserve::kernels {
+namespace {
+
+// Marks [p, p + bytes) unusable (poisoned) or usable for AddressSanitizer;
+// a no-op without it.
+void MarkPoisoned(const void* p, size_t bytes, bool poisoned) {
+#if DELTASERVE_SCRATCH_ASAN
+  if (poisoned) {
+    ASAN_POISON_MEMORY_REGION(p, bytes);
+  } else {
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+  }
+#else
+  static_cast<void>(p);
+  static_cast<void>(bytes);
+  static_cast<void>(poisoned);
+#endif
+}
+void Poison(const void* p, size_t bytes) { MarkPoisoned(p, bytes, true); }
+void Unpoison(const void* p, size_t bytes) { MarkPoisoned(p, bytes, false); }
+
+}  // namespace
 
 // A stack in one region: the forward pass takes and drops its buffers
 // nested, last in first out, so the region's top is what is live, and the
@@ -18,10 +43,13 @@ namespace deltaserve::kernels {
 // most that was live, for the next step.
 class ScratchPool {
  public:
-  ~ScratchPool() { std::free(region_); }
+  ~ScratchPool() { FreeRegion(); }
 
+  // Returns the buffer and its size in the pool's accounting (the request
+  // rounded up to the alignment, plus the red zone); only the requested
+  // bytes are usable under AddressSanitizer.
   std::pair<void*, size_t> Take(size_t bytes) {
-    const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+    const size_t size = (bytes + kAlign - 1) / kAlign * kAlign + kScratchRedzoneBytes;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (live_.empty() && overflow_live_ == 0 && capacity_ < high_water_) Grow();
@@ -31,12 +59,14 @@ class ScratchPool {
         void* data = static_cast<char*>(region_) + top_;
         live_.push_back({top_, size, false});
         top_ += size;
+        Unpoison(data, bytes);
         return {data, size};
       }
       ++overflow_live_;
     }
     void* data = std::aligned_alloc(kAlign, size);
     if (data == nullptr) throw std::bad_alloc();
+    Poison(static_cast<char*>(data) + bytes, size - bytes);
     return {data, size};
   }
 
@@ -46,11 +76,13 @@ class ScratchPool {
     const char* base = static_cast<const char*>(region_);
     const char* at = static_cast<const char*>(data);
     if (region_ == nullptr || at < base || at >= base + capacity_) {
+      Unpoison(data, size);
       std::free(data);
       --overflow_live_;
       return;
     }
     const size_t offset = static_cast<size_t>(at - base);
+    Poison(data, size);
     for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
       if (it->offset == offset) {
         it->freed = true;
@@ -77,11 +109,19 @@ class ScratchPool {
 
   // Nothing is live: the region becomes the size of the most ever live.
   void Grow() {
-    std::free(region_);
+    FreeRegion();
     region_ = std::aligned_alloc(kAlign, high_water_);
     if (region_ == nullptr) throw std::bad_alloc();
     capacity_ = high_water_;
     top_ = 0;
+    Poison(region_, capacity_);
+  }
+
+  void FreeRegion() {
+    if (region_ != nullptr) Unpoison(region_, capacity_);
+    std::free(region_);
+    region_ = nullptr;
+    capacity_ = 0;
   }
 
   std::mutex mu_;

@@ -12,13 +12,34 @@
 // the process had live at once, which it reached anyway: a pool of blocks
 // of assorted sizes held 20 MB more at the peak of a 512-token prefill on
 // k3-small, its blocks not fitting the next layer's sizes.
+//
+// Under AddressSanitizer the region's free part and each buffer's bytes past
+// its request are poisoned, and buffers are kept apart by a red zone, so an
+// overrun into the next buffer or a read of a dropped one is reported as it
+// would be for separate heap blocks (without the heap's quarantine, which
+// held a million-token score's freed buffers past its memory bound).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define DELTASERVE_SCRATCH_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DELTASERVE_SCRATCH_ASAN 1
+#endif
+#endif
+#ifndef DELTASERVE_SCRATCH_ASAN
+#define DELTASERVE_SCRATCH_ASAN 0
+#endif
+
 namespace deltaserve::kernels {
+
+// Bytes left poisoned after each buffer in the region: a red zone under
+// AddressSanitizer, none otherwise.
+inline constexpr size_t kScratchRedzoneBytes = DELTASERVE_SCRATCH_ASAN ? 64 : 0;
 
 class ScratchPool;
 

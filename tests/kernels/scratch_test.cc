@@ -1,6 +1,7 @@
-// The scratch pool (kernels/scratch.h): blocks come back for requests that
-// fit them, free bytes stay bounded by the peak in use, buffers are aligned
-// and may be moved or dropped on another thread.
+// The scratch pool (kernels/scratch.h): after the first step buffers come
+// from one region of the peak in use, as a stack; buffers are aligned and may
+// be moved or dropped on another thread; under AddressSanitizer an overrun or
+// a read of a dropped buffer is reported.
 #include "kernels/scratch.h"
 
 #include <gtest/gtest.h>
@@ -27,11 +28,12 @@ TEST(ScratchTest, AfterAStepItsBuffersComeFromOneRegionOfItsPeak) {
     }
     const ScratchStats first = ThisThreadScratchStats();
     EXPECT_EQ(first.in_use_bytes, 0u);
-    EXPECT_EQ(first.peak_in_use_bytes, size_t{4} * ((1 << 18) + (1 << 17)));
+    EXPECT_EQ(first.peak_in_use_bytes,
+              size_t{4} * ((1 << 18) + (1 << 17)) + 2 * kScratchRedzoneBytes);
     // The next step: one region of that peak, as a stack.
     ScratchFloats a(1 << 18);
     ScratchFloats c(1 << 17);
-    EXPECT_EQ(c.data(), a.data() + (1 << 18));
+    EXPECT_EQ(c.data(), a.data() + (1 << 18) + kScratchRedzoneBytes / 4);
     EXPECT_EQ(ThisThreadScratchStats().held_bytes, first.peak_in_use_bytes);
     ScratchFloats over(1 << 10);  // past the region: a separate allocation
     EXPECT_NE(over.data(), c.data() + (1 << 17));
@@ -48,7 +50,7 @@ TEST(ScratchTest, ABufferDroppedOutOfOrderIsReusedOnceThoseAboveItGo) {
       base = a.data();
       a = ScratchFloats();  // not the top: stays until b goes
       const ScratchFloats c(1000);
-      EXPECT_EQ(c.data(), b.data() + 1008);  // above b
+      EXPECT_EQ(c.data(), b.data() + 1008 + kScratchRedzoneBytes / 4);  // above b
     }
     EXPECT_EQ(ThisThreadScratchStats().in_use_bytes, 0u);
     const ScratchFloats again(1000);
@@ -80,6 +82,47 @@ TEST(ScratchTest, MovedAndCrossThreadBuffersReturnToTheirPool) {
   from_thread = ScratchFloats();  // back to the ended thread's pool, which then goes
   EXPECT_EQ(from_thread.data(), nullptr);
 }
+
+#if DELTASERVE_SCRATCH_ASAN
+// Without the poisoning, both would go unnoticed: the bytes past a buffer
+// are the next buffer's or the region's free part, and a dropped buffer's
+// bytes stay mapped.
+TEST(ScratchDeathTest, AnOverrunOrAReadOfADroppedBufferIsReportedUnderAsan) {
+  // Each on a thread of its own: the first buffer is a separate allocation,
+  // the ones after it come from the region made at its size.
+  const auto overrun = [] {
+    OnFreshThread([] {
+      { ScratchFloats warm(1 << 12); }
+      ScratchFloats a(1000), b(1000);
+      volatile float* p = a.data();
+      p[1000] = 1.0f;  // one past the request: rounding slack, then b
+    });
+  };
+  EXPECT_DEATH(overrun(), "use-after-poison");
+  const auto into_next = [] {
+    OnFreshThread([] {
+      { ScratchFloats warm(1 << 12); }
+      ScratchFloats a(1024), b(1024);  // a ends on the alignment: the red zone follows
+      volatile float* p = a.data();
+      p[1024 + 15] = 1.0f;
+    });
+  };
+  EXPECT_DEATH(into_next(), "use-after-poison");
+  const auto dropped = [] {
+    OnFreshThread([] {
+      { ScratchFloats warm(1 << 12); }
+      float* stale = nullptr;
+      {
+        ScratchFloats a(1000);
+        stale = a.data();
+      }
+      volatile float* p = stale;
+      static_cast<void>(p[0]);
+    });
+  };
+  EXPECT_DEATH(dropped(), "use-after-poison");
+}
+#endif
 
 }  // namespace
 }  // namespace deltaserve::kernels
