@@ -13,13 +13,15 @@
 // A few rows (decode, a batch of decode steps) are bound by reading W, not by
 // arithmetic: sgemm would spend more time packing W than multiplying. The
 // skinny kernel below streams W once, widening each group of eight weights
-// in registers, and multiplies it by up to four rows of x at a time.
+// in registers, and multiplies it by up to two rows of x at a time (below
+// AVX2, the same sums in scalar code).
 #include "kernels/cpu/gemm_cpu.h"
 
 #include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -116,11 +118,14 @@ void WidenRowsOf(const Tensor& w, int64_t r0, int64_t r1, float* out) {
   }
 }
 
-#if DELTASERVE_CPU_AVX2
 // Up to this many rows of x, the skinny kernel below beats widening W and
-// sgemm, which packs (copies) all of W for a handful of rows.
+// sgemm, which packs (copies) all of W for a handful of rows. It also sums
+// every (row of W, row of x) pair in one order whatever the other rows, so a
+// sequence's result does not depend on its place in a decode batch; sgemm's
+// order depends on the number of rows.
 constexpr int64_t kMaxSkinnyRows = 16;
 
+#if DELTASERVE_CPU_AVX2
 // One row r of W against MR <= 2 rows of x, 32 columns a step in four
 // independent sums: W is then read as one sequential stream per thread,
 // which the hardware prefetchers follow best (interleaving four rows of 2 KiB
@@ -156,11 +161,46 @@ void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y
     const __m256 sum4 =
         _mm256_add_ps(_mm256_add_ps(acc[0][i], acc[1][i]), _mm256_add_ps(acc[2][i], acc[3][i]));
     float sum = simd::HorizontalSum(sum4);
+    // fma spelled out: left to contraction, the compiler fused this loop for
+    // one MR and not another at the avx512 level.
+    for (int64_t t = c; t < k; ++t) sum = std::fma(x[i * ldx + t], At<D>(row, scales, t), sum);
+    float& out = y[i * ldy + r];
+    out = accumulate ? out + sum : sum;
+  }
+}
+
+#else
+// The same sums without vectors: 32 partial sums a pair, the 8-column tail
+// into the first 8, then a fixed reduction.
+template <DType D, int MR>
+void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+               bool accumulate) {
+  const int64_t k = w.cols;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
+  const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+  float acc[MR][32] = {};
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    for (int l = 0; l < 32; ++l) {
+      const float wv = At<D>(row, scales, c + l);
+      for (int i = 0; i < MR; ++i) acc[i][l] += wv * x[i * ldx + c + l];
+    }
+  }
+  for (; c + 8 <= k; c += 8) {
+    for (int l = 0; l < 8; ++l) {
+      const float wv = At<D>(row, scales, c + l);
+      for (int i = 0; i < MR; ++i) acc[i][l] += wv * x[i * ldx + c + l];
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float sum = 0.0f;
+    for (int l = 0; l < 32; ++l) sum += acc[i][l];
     for (int64_t t = c; t < k; ++t) sum += x[i * ldx + t] * At<D>(row, scales, t);
     float& out = y[i * ldy + r];
     out = accumulate ? out + sum : sum;
   }
 }
+#endif  // DELTASERVE_CPU_AVX2
 
 // Rows [i0, i0 + MR) of x against rows [j0, j1) of W.
 template <DType D, int MR>
@@ -190,9 +230,6 @@ void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float
     if (i < m) SkinnyRows<D, 1>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
   }
 }
-#else
-constexpr int64_t kMaxSkinnyRows = 0;  // below AVX2: widen and sgemm for every size
-#endif
 
 // bf16 to nearest, ties to even, a NaN kept a quiet NaN: kernels/bf16.h's
 // FloatToBf16, written without branches so that each CPU level's compiler
@@ -249,9 +286,7 @@ void WideLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* 
 template <DType D>
 void LinearOf(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
               bool accumulate) {
-#if DELTASERVE_CPU_AVX2
   if (m <= kMaxSkinnyRows) return SkinnyLinear<D>(x, ldx, w, m, y, ldy, accumulate);
-#endif
   // The opt-in bf16 compute (Tensor::compute), where oneDNN has a bf16 matmul
   // for this CPU; else the exact float32 path.
   if (D == DType::kBF16 && w.compute == DType::kBF16 && onednn::HasBf16Matmul()) {

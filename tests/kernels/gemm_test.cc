@@ -153,6 +153,36 @@ TEST_P(LinearTest, Accumulates) {
   }
 }
 
+// A decode batch (up to 16 rows, the skinny kernel) gives each row exactly
+// what that row alone gives: a sequence's logits must not depend on which
+// other sequences share its step (docs/architecture.md, "Decode ahead of
+// results"), so every (row of x, row of W) pair sums in one order whatever
+// the batch. Widths cover whole 32-column steps, an 8-column tail and a
+// scalar tail.
+TEST_P(LinearTest, ARowOfADecodeBatchEqualsThatRowAlone) {
+  uint64_t seed = 1500;
+  const std::vector<int64_t> widths =
+      GetParam() == DType::kMxfp4 ? std::vector<int64_t>{32, 160} : std::vector<int64_t>{45, 1024};
+  for (int64_t k : widths) {
+    const int64_t n = 67;
+    const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
+    const auto x = RandomFloats(16 * k, ++seed);
+    std::vector<float> alone(16 * n);
+    for (int64_t i = 0; i < 16; ++i) {
+      Linear(Tensor::F32(x.data() + i * k, 1, k), w.tensor,
+             MutableTensor::F32(alone.data() + i * n, 1, n));
+    }
+    for (int64_t m = 2; m <= 16; ++m) {
+      std::vector<float> batch(m * n);
+      Linear(Tensor::F32(x.data(), m, k), w.tensor, MutableTensor::F32(batch.data(), m, n));
+      for (int64_t e = 0; e < m * n; ++e) {
+        ASSERT_EQ(batch[e], alone[e])
+            << "k " << k << " m " << m << " row " << e / n << " col " << e % n;
+      }
+    }
+  }
+}
+
 // Column blocks of wider rows: reads x with row stride ldx, writes y with row
 // stride ldy, and leaves the other columns of y alone.
 TEST_P(LinearTest, StridedKeepsOtherColumns) {
