@@ -102,6 +102,7 @@ TEST(HelpTest, BenchmarkProgramsPrintUsageInsteadOfRunning) {
   }
   for (const std::string& program :
        {testing::BinPath("model_bench") + " --help", testing::BinPath("kda_bench") + " --help",
+        testing::BinPath("skinny_bench") + " --help",
         std::string("bash bench/pipeline_bench.sh --help"),
         std::string("bash bench/serve_bench.sh --help"),
         std::string("bash bench/coordinator_pipeline_bench.sh -h"),
