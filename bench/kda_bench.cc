@@ -8,11 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
-#include <string>
 #include <vector>
 
+#include "bench/int_args.h"
 #include "kernels/kda.h"
 #include "kernels/threads.h"
 
@@ -64,18 +63,12 @@ int main(int argc, char** argv) {
       "\n"
       "  THREADS   compute threads (default: 0, OpenMP's default)\n"
       "  TOKENS    prompt tokens (default: 8192)\n";
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    std::strtoll(argv[i], &end, 10);
-    const bool number = *argv[i] != '\0' && *end == '\0';
-    if (!number || i > 2) {
-      const bool help = std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
-      std::fputs(kUsage, help ? stdout : stderr);
-      return help ? 0 : 2;
-    }
+  std::vector<int64_t> args = {0, 8192};  // THREADS, TOKENS
+  if (auto exit_code = deltaserve::bench::ParseIntArgs(argc, argv, kUsage, &args)) {
+    return *exit_code;
   }
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
-  const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 8192;
+  const int threads = static_cast<int>(args[0]);
+  const int64_t tokens = args[1];
   deltaserve::kernels::SetNumThreads(threads);
   const KdaShape s{tokens, 8, 8, 128, 128};
   std::vector<float> q = Uniform(s.t * s.heads * s.k_dim, -1, 1, 1);

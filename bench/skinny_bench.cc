@@ -11,11 +11,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
-#include <string>
 #include <vector>
 
+#include "bench/int_args.h"
 #include "kernels/gemm.h"
 #include "kernels/threads.h"
 
@@ -61,18 +60,12 @@ int main(int argc, char** argv) {
       "\n"
       "  THREADS   compute threads (default: 1)\n"
       "  MB        bytes of weights streamed, in MB (default: 256)\n";
-  for (int i = 1; i < argc; ++i) {
-    char* end = nullptr;
-    std::strtoll(argv[i], &end, 10);
-    const bool number = *argv[i] != '\0' && *end == '\0';
-    if (!number || i > 2) {
-      const bool help = std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
-      std::fputs(kUsage, help ? stdout : stderr);
-      return help ? 0 : 2;
-    }
+  std::vector<int64_t> args = {1, 256};  // THREADS, MB
+  if (auto exit_code = deltaserve::bench::ParseIntArgs(argc, argv, kUsage, &args)) {
+    return *exit_code;
   }
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
-  const int64_t mb = argc > 2 ? std::max(2LL, std::atoll(argv[2])) : 256;
+  const int threads = static_cast<int>(args[0]);
+  const int64_t mb = std::max<int64_t>(2, args[1]);
   deltaserve::kernels::SetNumThreads(threads);
   std::mt19937 gen(1);
   // bf16 values in [1, 2): sign and exponent fixed, random mantissa bits.
