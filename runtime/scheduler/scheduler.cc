@@ -227,6 +227,15 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
   std::stable_sort(ready.begin(), ready.end(), [](const SequencePtr& x, const SequencePtr& y) {
     return x->last_step < y->last_step;
   });
+  // On a pipeline, a sequence of the last P - 1 steps sits out while others
+  // can go. Sent again at once, its step would wait at the first stage for
+  // the earlier one's token to come through every stage, and the stages
+  // would take turns instead of overlapping; picked only to fill the 1/P,
+  // such a sequence used to tie two groups together for good.
+  const auto recent = [&](const SequencePtr& s) { return s->last_step + stages > step.id; };
+  if (!std::all_of(ready.begin(), ready.end(), recent)) {
+    ready.erase(std::remove_if(ready.begin(), ready.end(), recent), ready.end());
+  }
   if (ready.size() > per_step) ready.resize(per_step);
   for (const SequencePtr& s : ready) {
     // Ahead: no token; the replica feeds the one the step in flight samples.

@@ -5,9 +5,10 @@
 //
 // Policy. Requests wait in arrival order for one of max_running places. Each
 // step carries one decode token for the running sequences past their prompt
-// (1/P of them on a P-stage pipeline, least recently served first, so P steps
-// of decoders are in the pipeline at once), then prefill chunks within a
-// token budget and a time budget, each chunk cut by the cost model
+// (1/P of them on a P-stage pipeline, least recently served first and none of
+// the last P - 1 steps' while others can go, so P steps of decoders are in
+// the pipeline at once and none waits for another), then prefill chunks
+// within a token budget and a time budget, each chunk cut by the cost model
 // (runtime/scheduler/chunk_cost.h) so chunks shrink as a sequence's MLA
 // prefix grows. The oldest prompt is promised a quarter of the budget and
 // always gets some tokens, so a long prompt keeps moving under any load; the
