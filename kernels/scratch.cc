@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#if DELTASERVE_SCRATCH_ASAN
+#if DELTASERVE_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -18,7 +18,7 @@ namespace {
 // Marks [p, p + bytes) unusable (poisoned) or usable for AddressSanitizer;
 // a no-op without it.
 void MarkPoisoned(const void* p, size_t bytes, bool poisoned) {
-#if DELTASERVE_SCRATCH_ASAN
+#if DELTASERVE_ASAN
   if (poisoned) {
     ASAN_POISON_MEMORY_REGION(p, bytes);
   } else {

@@ -25,21 +25,25 @@
 #include <memory>
 
 #if defined(__SANITIZE_ADDRESS__)
-#define DELTASERVE_SCRATCH_ASAN 1
+#define DELTASERVE_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define DELTASERVE_SCRATCH_ASAN 1
+#define DELTASERVE_ASAN 1
 #endif
 #endif
-#ifndef DELTASERVE_SCRATCH_ASAN
-#define DELTASERVE_SCRATCH_ASAN 0
+#ifndef DELTASERVE_ASAN
+#define DELTASERVE_ASAN 0
 #endif
 
 namespace deltaserve::kernels {
 
+// Whether this build runs under AddressSanitizer, which also makes compute
+// 10-15x slower: the tests that size their work by time read it.
+inline constexpr bool kAddressSanitizer = DELTASERVE_ASAN != 0;
+
 // Bytes left poisoned after each buffer in the region: a red zone under
 // AddressSanitizer, none otherwise.
-inline constexpr size_t kScratchRedzoneBytes = DELTASERVE_SCRATCH_ASAN ? 64 : 0;
+inline constexpr size_t kScratchRedzoneBytes = DELTASERVE_ASAN ? 64 : 0;
 
 class ScratchPool;
 

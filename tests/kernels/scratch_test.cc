@@ -83,7 +83,7 @@ TEST(ScratchTest, MovedAndCrossThreadBuffersReturnToTheirPool) {
   EXPECT_EQ(from_thread.data(), nullptr);
 }
 
-#if DELTASERVE_SCRATCH_ASAN
+#if DELTASERVE_ASAN
 // Without the poisoning, both would go unnoticed: the bytes past a buffer
 // are the next buffer's or the region's free part, and a dropped buffer's
 // bytes stay mapped.

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "deltaserve/v1/worker.grpc.pb.h"
+#include "kernels/scratch.h"
 #include "runtime/comm/world_layout.h"
 #include "runtime/model/config.h"
 #include "runtime/serving/worker_codec.h"
@@ -342,8 +343,10 @@ TEST(WorkerLossTest, AStepLongerThanTheKeepaliveKeepsTheLink) {
       << worker->Log();
   // One chunk of 40,000 tokens: MLA's quadratic prefill makes it one step
   // of seconds (about 10 s on a 2-core Zen 4, 6 x the keepalive at least).
+  // Under AddressSanitizer 12,000 tokens take as long (40,000 took 250 s).
+  const int64_t prompt = kernels::kAddressSanitizer ? 12000 : 40000;
   const Streamed out =
-      GenerateAll(*coordinator.stub, TokensRequest(testing::RandomTokens(40000, 77), 2), 300);
+      GenerateAll(*coordinator.stub, TokensRequest(testing::RandomTokens(prompt, 77), 2), 300);
   ASSERT_TRUE(out.status.ok()) << out.status.error_message() << worker->Log();
   EXPECT_EQ(out.ids.size(), 2u);
   EXPECT_GE(out.completion.timings().time_to_first_token_s(), 2.0)
@@ -369,7 +372,9 @@ void SurvivesTheLossOfItsReplica(const StartFn& start_first,
       *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
       std::chrono::seconds(30)));
   const std::vector<int32_t> prompt = testing::RandomTokens(40, 77);
-  constexpr int kTokens = 8000;
+  // Enough to outlast the second replica's start, 8,000 tokens in build/;
+  // under AddressSanitizer a tenth of the rate makes 3,000 last longer.
+  constexpr int kTokens = kernels::kAddressSanitizer ? 3000 : 8000;
   const Streamed undisturbed = GenerateAll(*coordinator.stub, Seeded(prompt, kTokens));
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
   ASSERT_EQ(undisturbed.ids.size(), static_cast<size_t>(kTokens));
