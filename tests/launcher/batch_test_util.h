@@ -101,8 +101,10 @@ inline std::string MixedInput(int scale = 1, int max_tokens = 12) {
   lines.push_back("");
   // Seeds 140 + i, not 40 + i: on k3-tiny, s4's log-prob at position 21 came
   // out 1.47 apart when that position fell in a piece of 17-21 rows
-  // (`deltaserve score --prefill-chunk 21`), the float32 rounding of that
-  // GEMM tipping a near tie, so a batch whose pieces were cut by load could
+  // (`deltaserve score --prefill-chunk 21`, or 2): its routing keys for the
+  // seventh MoE layer's 2nd and 3rd experts were 9.9e-7 apart there, and the
+  // float32 rounding of the layer's input under another chunking picked
+  // expert 7 instead of 4, so a batch whose pieces were cut by load could
   // disagree with its own rerun. These 8 agree with one piece to within
   // 6.1e-5 (relative) at every --prefill-chunk from 1 to 64.
   for (int i = 0; i < scale; ++i) {
