@@ -18,8 +18,9 @@
                             PP.json TG.json MODEL_BENCH.md [PP.json TG.json MODEL_BENCH.md ...]
         The markdown table of tokens/s from one or more rounds (llama-bench -o json
         for prefill and decode, model_bench's report), each figure the best of the
-        rounds, with every round's figure beside it. Exit 1 when a figure is
-        missing from a round.
+        rounds, with every round's figure beside it; then decode's ceiling, the
+        read bandwidth model_bench measured over its weight bytes per token, and
+        each side's share of it. Exit 1 when a figure is missing from a round.
 """
 
 import argparse
@@ -87,6 +88,7 @@ def table(a: argparse.Namespace) -> int:
         print("llamacpp_check: table wants files in threes", file=sys.stderr)
         return 1
     llama, ds = {}, {}  # (kind, tokens) -> tokens/s of each round
+    ceiling = []  # per round: read bandwidth / weight bytes per token
     for i in range(0, len(a.files), 3):
         pp, tg, md = a.files[i:i + 3]
         for path in (pp, tg):
@@ -99,9 +101,14 @@ def table(a: argparse.Namespace) -> int:
         # The first prefill row is model_bench's warm-up run.
         for tokens, ts in re.findall(r"^\| (\d+) \| [\d.]+ \| ([\d.]+) \|", text, re.M)[1:]:
             ds.setdefault(("pp", int(tokens)), []).append(float(ts))
-        m = re.search(r"^\| \d+ steps after \d+ tokens \| ([\d.]+) \|", text, re.M)
+        m = re.search(r"^\| \d+ steps after \d+ tokens \| ([\d.]+) \| ([\d.]+) MB \|", text, re.M)
         if m:
             ds.setdefault(("tg", a.decode), []).append(float(m.group(1)))
+            bw = re.search(r"^- memory read bandwidth: ([\d.]+) GB/s", text, re.M)
+            if bw:
+                # Tokens/s of a decode that only read the weights, at the
+                # bandwidth measured in this round.
+                ceiling.append(float(bw.group(1)) * 1e3 / float(m.group(2)))
 
     def spread(v):
         return ", ".join(f"{x:.0f}" if x >= 100 else f"{x:.1f}" for x in v)
@@ -121,6 +128,15 @@ def table(a: argparse.Namespace) -> int:
             return 1
         print(f"| {name} | {max(x):.1f} | {max(y):.1f} | {max(y) / max(x):.2f}x "
               f"| {spread(x)} | {spread(y)} |")
+    if len(ceiling) == rounds:
+        # Decode reads every active weight once a token, the same bf16 tensors
+        # on both sides: no program decodes faster than the bandwidth allows.
+        x, y = llama[("tg", a.decode)], ds[("tg", a.decode)]
+        print(f"\ndecode ceiling (model_bench's read bandwidth / its weight bytes per token), "
+              f"each round: {spread(ceiling)} tokens/s; llama.cpp at "
+              f"{', '.join(f'{v / c:.0%}' for v, c in zip(x, ceiling))} of it, deltaserve at "
+              f"{', '.join(f'{v / c:.0%}' for v, c in zip(y, ceiling))}; the most deltaserve "
+              f"could be ahead at that bandwidth: {', '.join(f'{c / v:.2f}x' for v, c in zip(x, ceiling))}")
     return 0
 
 
