@@ -130,13 +130,18 @@ def table(a: argparse.Namespace) -> int:
               f"| {spread(x)} | {spread(y)} |")
     if len(ceiling) == rounds:
         # Decode reads every active weight once a token, the same bf16 tensors
-        # on both sides: no program decodes faster than the bandwidth allows.
+        # on both sides: reading them from memory, no program decodes faster
+        # than the bandwidth allows.
         x, y = llama[("tg", a.decode)], ds[("tg", a.decode)]
+
+        def share(v):
+            return ", ".join(f"{t / c:.0%}" for t, c in zip(v, ceiling))
+
+        most = ", ".join(f"{c / t:.2f}x" for t, c in zip(x, ceiling))
         print(f"\ndecode ceiling (model_bench's read bandwidth / its weight bytes per token), "
-              f"each round: {spread(ceiling)} tokens/s; llama.cpp at "
-              f"{', '.join(f'{v / c:.0%}' for v, c in zip(x, ceiling))} of it, deltaserve at "
-              f"{', '.join(f'{v / c:.0%}' for v, c in zip(y, ceiling))}; the most deltaserve "
-              f"could be ahead at that bandwidth: {', '.join(f'{c / v:.2f}x' for v, c in zip(x, ceiling))}")
+              f"each round: {spread(ceiling)} tokens/s; llama.cpp at {share(x)} of it, "
+              f"deltaserve at {share(y)}; the most deltaserve could be ahead at that "
+              f"bandwidth: {most}")
     return 0
 
 
