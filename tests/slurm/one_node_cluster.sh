@@ -75,6 +75,12 @@ SlurmdLogFile=$dir/log/slurmd.log
 # The mpi/pmix plugin's per-step directories (spmix_appdir_UID_JOB.STEP):
 # another test cluster has the same job and step ids.
 TmpFS=$dir/tmp
+# Job ids of their own (this cluster's port, unique among the clusters alive
+# on this machine, times 1000): Open MPI names a step's shared-memory
+# segments (/dev/shm/vader_segment.HOST.JOBID...) after a hash of the job and
+# step ids, so two test clusters both at job 1 had their ranks attach to each
+# other's segments and crash (two Slurm tests side by side under ctest -j).
+FirstJobId=$((ctld_port * 1000))
 # No cgroups: processes are tracked by parentage, tasks are not bound.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
