@@ -266,8 +266,8 @@ void SkinnyRows(const float* x, int64_t ldx, const Tensor& w, int64_t j0, int64_
 }
 
 // Threads split W's rows; each thread takes x four rows at a time (then two,
-// then one) over its block of W, so W streams from memory once and the block is reused from
-// cache for the other rows of x.
+// then one) over its block of W, so W streams from memory once and the block
+// is reused from cache for the other rows of x.
 template <DType D>
 void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
                   bool accumulate) {
