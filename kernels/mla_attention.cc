@@ -38,7 +38,22 @@ void MlaAbsorbedAttention(const MlaAbsorbedArgs& a) {
   DELTASERVE_CHECK(a.cache.dtype == DType::kF32 || a.cache.dtype == DType::kBF16);
   DELTASERVE_CHECK_VIEW(a.q_latent, DType::kF32, a.t, a.heads * a.latent_dim);
   DELTASERVE_CHECK_VIEW(a.q_rope, DType::kF32, a.t, a.heads * a.rope_dim);
-  DELTASERVE_CHECK_VIEW(a.cache, a.cache.dtype, a.prefix + a.t, a.latent_dim + a.rope_dim);
+  const int64_t keys = a.prefix + a.t;
+  if (a.page_tokens > 0) {
+    // Every page the keys need names a page of the pool.
+    const int64_t pool_pages = a.cache.rows / a.page_tokens;
+    const int64_t pages = (keys + a.page_tokens - 1) / a.page_tokens;
+    DELTASERVE_CHECK_VIEW(a.cache, a.cache.dtype, pool_pages * a.page_tokens,
+                          a.latent_dim + a.rope_dim);
+    DELTASERVE_CHECK_VIEW(a.page_table, DType::kI32, 1, pages);
+    for (int64_t i = 0; i < pages; ++i) {
+      const int32_t page = a.page_table.As<int32_t>()[i];
+      DELTASERVE_CHECK(page >= 0 && page < pool_pages);
+    }
+  } else {
+    DELTASERVE_CHECK(a.page_tokens == 0);
+    DELTASERVE_CHECK_VIEW(a.cache, a.cache.dtype, keys, a.latent_dim + a.rope_dim);
+  }
   DELTASERVE_CHECK_VIEW(a.o_latent, DType::kF32, a.t, a.heads * a.latent_dim);
   DELTASERVE_CHECK(!Overlaps(a.q_latent, a.o_latent) && !Overlaps(a.q_rope, a.o_latent) &&
                    !Overlaps(a.cache, a.o_latent));
@@ -52,6 +67,8 @@ void MlaAbsorbedAttention(const MlaAbsorbedArgs& a) {
   p.q_rope = a.q_rope.As<float>();
   p.cache = a.cache.data;
   p.cache_dtype = a.cache.dtype;
+  p.page_table = a.page_tokens > 0 ? a.page_table.As<int32_t>() : nullptr;
+  p.page_tokens = a.page_tokens;
   p.scale = a.scale;
   p.o_latent = a.o_latent.As<float>();
   DELTASERVE_CPU_DISPATCH(MlaAbsorbedAttention)(p);

@@ -37,9 +37,16 @@ struct MlaAbsorbedArgs {
   Tensor q_latent;         // f32 [T, n, C]: W_UKᵀ q_nope per head
   Tensor q_rope;           // f32 [T, n, R]
   Tensor cache;            // [S, C + R]: c then k_rope per token, f32 or bf16
-                           // (bf16 is widened a block of keys at a time)
+                           // (bf16 is widened a block of keys at a time);
+                           // with page_tokens > 0, a page pool instead (below)
   float scale = 1.0f;
   MutableTensor o_latent;  // f32 [T, n, C]: attention-weighted sum of c
+  // A paged cache (page_tokens > 0): `cache` is a pool of pages, [pages *
+  // page_tokens, C + R], and key s is its row page_table[s / page_tokens] *
+  // page_tokens + s % page_tokens. page_table: i32 [1, ceil(S / page_tokens)],
+  // each entry a page of the pool.
+  Tensor page_table;
+  int64_t page_tokens = 0;
 };
 
 void MlaAbsorbedAttention(const MlaAbsorbedArgs& args);

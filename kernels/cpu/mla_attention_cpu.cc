@@ -57,6 +57,14 @@ struct KeySource {
   const uint16_t* rows16 = nullptr;
   int64_t stride16 = 0, width16 = 0;
   int64_t a16 = 0, b16 = 0, v16 = 0;
+  // A paged cache: key s lives in row Row(s) of the pool.
+  const int32_t* page_table = nullptr;
+  int64_t page_tokens = 0;
+
+  int64_t Row(int64_t s) const {
+    if (page_table == nullptr) return s;
+    return page_table[s / page_tokens] * page_tokens + s % page_tokens;
+  }
 };
 
 // One query row: its two key-dimension pieces, where its output goes, and how
@@ -276,7 +284,7 @@ void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels, int
       const int64_t w = keys.width16;
       ws->widened.resize(static_cast<size_t>(kBlockK * w));
       for (int64_t j = 0; j < nk; ++j) {
-        const uint16_t* src = keys.rows16 + (s0 + j) * keys.stride16;
+        const uint16_t* src = keys.rows16 + keys.Row(s0 + j) * keys.stride16;
         float* dst = ws->widened.data() + j * w;
         for (int64_t c = 0; c < w; ++c) {
           const uint32_t bits = static_cast<uint32_t>(src[c]) << 16;
@@ -288,9 +296,10 @@ void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels, int
       }
     } else {
       for (int64_t j = 0; j < nk; ++j) {
-        ws->ka[j] = keys.a + (s0 + j) * keys.a_stride;
-        ws->kb[j] = keys.b + (s0 + j) * keys.b_stride;
-        ws->v[j] = keys.v + (s0 + j) * keys.v_stride;
+        const int64_t row = keys.Row(s0 + j);
+        ws->ka[j] = keys.a + row * keys.a_stride;
+        ws->kb[j] = keys.b + row * keys.b_stride;
+        ws->v[j] = keys.v + row * keys.v_stride;
       }
     }
     for (int p = 0; p < panels; ++p) {
@@ -450,10 +459,12 @@ struct AbsorbedRows {
       keys->rows16 = static_cast<const uint16_t*>(a.cache);
       keys->stride16 = width;
       keys->width16 = width;
-      return nq;
+    } else {
+      const auto* cache = static_cast<const float*>(a.cache);
+      *keys = {cache, width, cache + a.latent_dim, width, cache, width};
     }
-    const auto* cache = static_cast<const float*>(a.cache);
-    *keys = {cache, width, cache + a.latent_dim, width, cache, width};
+    keys->page_table = a.page_table;
+    keys->page_tokens = a.page_tokens;
     return nq;
   }
 };

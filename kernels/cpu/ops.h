@@ -32,8 +32,12 @@ struct MlaAbsorbedPtrs {
   int64_t t = 0, prefix = 0, heads = 0, latent_dim = 0, rope_dim = 0;
   const float* q_latent = nullptr;  // [T, n, C]
   const float* q_rope = nullptr;    // [T, n, R]
-  const void* cache = nullptr;      // [S, C + R] of cache_dtype
+  const void* cache = nullptr;      // [S, C + R] of cache_dtype, or a page pool
   DType cache_dtype = DType::kF32;  // kF32 or kBF16
+  // Paged (page_table set): key s is cache row page_table[s / page_tokens] *
+  // page_tokens + s % page_tokens.
+  const int32_t* page_table = nullptr;
+  int64_t page_tokens = 0;
   float scale = 1.0f;
   float* o_latent = nullptr;  // [T, n, C]
 };
@@ -74,6 +78,15 @@ DELTASERVE_CPU_DECLARE(KdaGateSoftplus,
                             int64_t heads, int64_t head_dim, float* g))
 DELTASERVE_CPU_DECLARE(MlaPrefillAttention, void(const MlaPrefillPtrs& args))
 DELTASERVE_CPU_DECLARE(MlaAbsorbedAttention, void(const MlaAbsorbedPtrs& args))
+DELTASERVE_CPU_DECLARE(PagedCacheWrite,
+                       void(const float* rows, int64_t stride, int64_t n, int64_t width,
+                            int64_t begin, const int32_t* page_table, int64_t page_tokens,
+                            void* pool, DType dtype))
+DELTASERVE_CPU_DECLARE(PagedCacheRead,
+                       void(const void* pool, DType dtype, const int32_t* page_table,
+                            int64_t page_tokens, int64_t begin, int64_t n, int64_t width,
+                            float* rows, int64_t stride))
+DELTASERVE_CPU_DECLARE(PagedCacheCopyPage, void(const void* from, void* to, int64_t bytes))
 DELTASERVE_CPU_DECLARE(MoeRoute, void(const float* logits, const float* bias, int64_t t,
                                       int64_t experts, int64_t top_k, bool renormalize,
                                       float scaling, int32_t* idx, float* weights))

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/bf16.h"
 #include "kernels/reference/mla_attention_ref.h"
 #include "kernels/threads.h"
 #include "tests/test_util.h"
@@ -267,6 +270,74 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
   std::printf("max abs error over the sweep: %.3g\n", worst);
 }
 
+// A paged cache gives the bits of the same keys held contiguously: keys are
+// read through the page table in the same order, at any page size (one that
+// splits a key block, one of a key block exactly), dtype and key split.
+TEST(MlaAbsorbedAttention, PagedCacheEqualsContiguous) {
+  const int64_t heads = 2, C = 12, R = 4, w = C + R;
+  uint64_t seed = 5000;
+  const int saved = NumThreads();
+  for (int threads : {saved, 5}) {
+    SetNumThreads(threads);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int64_t page_tokens : {1, 7, 64}) {
+        for (int64_t t : {1, 3, 65}) {
+          for (int64_t prefix : {0, 5, 700}) {
+            const int64_t s = prefix + t;
+            const int64_t pages = (s + page_tokens - 1) / page_tokens;
+            const int64_t pool_pages = pages + 2;
+            std::vector<int32_t> table(static_cast<size_t>(pool_pages));
+            std::iota(table.begin(), table.end(), 0);
+            std::shuffle(table.begin(), table.end(), std::mt19937_64(seed));
+            table.resize(static_cast<size_t>(pages));
+            const std::vector<float> ql = RandomFloats(t * heads * C, seed += 3);
+            const std::vector<float> qr = RandomFloats(t * heads * R, seed + 1);
+            const std::vector<float> keys = RandomFloats(s * w, seed + 2);
+            std::vector<uint16_t> keys16(keys.size());
+            for (size_t i = 0; i < keys.size(); ++i) keys16[i] = FloatToBf16(keys[i]);
+            // The pool: NaN everywhere but the sequence's rows.
+            std::vector<float> pool = NaNs(pool_pages * page_tokens * w);
+            std::vector<uint16_t> pool16(pool.size(), 0x7fc0);
+            for (int64_t k = 0; k < s; ++k) {
+              const int64_t row = table[k / page_tokens] * page_tokens + k % page_tokens;
+              std::copy_n(keys.data() + k * w, w, pool.data() + row * w);
+              std::copy_n(keys16.data() + k * w, w, pool16.data() + row * w);
+            }
+            const auto view = [&](void* p, int64_t rows) {
+              return dtype == DType::kBF16 ? Tensor{p, nullptr, DType::kBF16, Device::kCpu, rows, w}
+                                           : Tensor::F32(static_cast<float*>(p), rows, w);
+            };
+            MlaAbsorbedArgs args;
+            args.t = t;
+            args.prefix = prefix;
+            args.heads = heads;
+            args.latent_dim = C;
+            args.rope_dim = R;
+            args.q_latent = Tensor::F32(ql.data(), t, heads * C);
+            args.q_rope = Tensor::F32(qr.data(), t, heads * R);
+            args.scale = 0.25f;
+            std::vector<float> flat = NaNs(t * heads * C), paged = NaNs(t * heads * C);
+            args.cache = dtype == DType::kBF16 ? view(const_cast<uint16_t*>(keys16.data()), s)
+                                               : view(const_cast<float*>(keys.data()), s);
+            args.o_latent = MutableTensor::F32(flat.data(), t, heads * C);
+            MlaAbsorbedAttention(args);
+            args.cache = dtype == DType::kBF16 ? view(pool16.data(), pool_pages * page_tokens)
+                                               : view(pool.data(), pool_pages * page_tokens);
+            args.page_table = Tensor::I32(table.data(), 1, pages);
+            args.page_tokens = page_tokens;
+            args.o_latent = MutableTensor::F32(paged.data(), t, heads * C);
+            MlaAbsorbedAttention(args);
+            ASSERT_EQ(std::memcmp(flat.data(), paged.data(), flat.size() * sizeof(float)), 0)
+                << threads << " threads, " << DTypeName(dtype) << " page_tokens " << page_tokens
+                << " T=" << t << " prefix=" << prefix;
+          }
+        }
+      }
+    }
+  }
+  SetNumThreads(saved);
+}
+
 // The absorbed form over the latent cache equals the prefill form over the
 // materialised keys and values: kv = c·Wᵀ, q_latent_h = W_UK_hᵀ q_nope_h,
 // o_h = W_UV_h o_latent_h.
@@ -335,7 +406,7 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
                        MutableTensor::F32(o_prefill.data(), T, n * Vd)});
   MlaAbsorbedAttention({T, L, n, C, R, Tensor::F32(ql_f.data(), T, n * C),
                         Tensor::F32(qr_f.data(), T, n * R), Tensor::F32(cache_f.data(), S, C + R),
-                        scale, MutableTensor::F32(o_latent.data(), T, n * C)});
+                        scale, MutableTensor::F32(o_latent.data(), T, n * C), Tensor{}, 0});
   const std::vector<double> o_absorbed = up_project(o_latent);
   // Both paths round their inputs (kv, q_latent) to float32 and reduce over
   // S keys and C latent channels.
