@@ -25,6 +25,10 @@ const std::vector<FlagSpec>& DeploymentFlags() {
       {"threads", "N", "compute threads of this process (0: OpenMP's default)", "0"},
       {"kv-cache-dtype", "f32|bf16",
        "dtype of the MLA latent cache (bf16: half the bytes; docs/numerics.md)", "f32"},
+      {"kv-cache-tokens", "N",
+       "tokens of MLA cache per rank over all sequences, in pages of 64 (0: 64 sequences of the "
+       "model's context); a batch that does not fit is refused before it runs",
+       "0"},
       {"compute-dtype", "f32|bf16",
        "GEMM precision on bf16 weights (bf16: activations rounded for bf16 units; "
        "docs/numerics.md)",
@@ -60,6 +64,11 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
       return absl::InvalidArgumentError(
           absl::StrCat("--", flag, " is '", value, "'; it must be f32 or bf16"));
     }
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(options.cache_tokens, flags.GetInt("kv-cache-tokens", 0));
+  if (options.cache_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-tokens is ", options.cache_tokens, "; it must be >= 0"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));

@@ -27,8 +27,10 @@ struct PipelineStats {
   int64_t tokens_sent = 0;  // tokens those packets carried
   double compute_s = 0;     // embedding, layers and logits on this rank
   double busy_wall_s = 0;   // wall time inside StepExecutor::Run
-  int64_t fork_bytes = 0;   // sequence state copied to fork new sequences
-  double fork_s = 0;        // time those copies took
+  // Sequence state copied to fork new sequences: KDA state and the partly
+  // filled last MLA page (full pages are shared).
+  int64_t fork_bytes = 0;
+  double fork_s = 0;  // time those copies took
   // The most a step's logits buffer held on this rank (capacity, bytes):
   // rows x vocab x 4 of the largest step on the last stage, 0 elsewhere.
   int64_t peak_logits_bytes = 0;

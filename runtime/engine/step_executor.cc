@@ -55,9 +55,11 @@ HeldState StepExecutor::Held() const {
   for (const auto& [id, seq] : sequences_) {
     ++held.sequences;
     held.kda_bytes += seq.state->KdaBytes();
-    held.mla_bytes += seq.state->MlaCacheBytes();
     held.tokens += seq.state->length;
   }
+  // Pages a fork shares with its prefix are held once.
+  const CachePool& pool = stage_.model().cache_pool();
+  held.mla_bytes = pool.used_pages() * pool.page_bytes();
   return held;
 }
 
@@ -104,16 +106,30 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
     }
   }
   const Model& model = stage_.model();
+  // Forgets the sequences this step started, when it fails.
+  const auto undo_starts = [&] {
+    for (const SequenceWork& w : step.work) {
+      if (w.start) sequences_.erase(w.sequence_id);
+    }
+  };
   for (const SequenceWork& w : step.work) {
     if (!w.start) continue;
     Sequence seq;
     if (w.fork_from) {
-      // A copy of the prefix's state as it is before this step's work.
+      // The prefix's state as it is before this step's work: its full MLA
+      // pages shared, the rest copied.
       const auto t0 = std::chrono::steady_clock::now();
       const SequenceState& prefix = *sequences_.at(*w.fork_from).state;
-      seq.state = std::make_unique<SequenceState>(prefix);
+      absl::StatusOr<std::unique_ptr<SequenceState>> fork = prefix.Fork();
+      if (!fork.ok()) {
+        undo_starts();
+        return absl::Status(fork.status().code(),
+                            absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
+                                         " cannot fork: ", fork.status().message()));
+      }
+      seq.state = *std::move(fork);
       PipelineStats& stats = stage_.stats();
-      stats.fork_bytes += prefix.KdaBytes() + prefix.MlaCacheBytes();
+      stats.fork_bytes += prefix.ForkCopyBytes();
       stats.fork_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
       seq.state = model.NewSequence();
@@ -136,9 +152,7 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   const absl::Status status = stage_.Forward(inputs, &logits);
   if (!status.ok()) {
     // Forward changes no state when it refuses a batch; undo the starts.
-    for (const SequenceWork& w : step.work) {
-      if (w.start) sequences_.erase(w.sequence_id);
-    }
+    undo_starts();
     return status;
   }
   std::vector<SequenceResult> results;

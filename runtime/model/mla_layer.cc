@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/bf16.h"
 #include "kernels/gemm.h"
 #include "kernels/mla_attention.h"
 #include "kernels/norm.h"
+#include "kernels/paged_cache.h"
 #include "kernels/scratch.h"
 #include "runtime/model/layers.h"
 
@@ -52,8 +52,7 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_
 // The absorbed form: q_latent_h = W_UK_hᵀ q_nope_h, attention over the cached
 // [c | kr], o_h = W_UV_h o_latent_h.
 void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t,
-                    const float* q, const void* cache, kernels::DType cache_dtype, float scale,
-                    float* o) {
+                    const float* q, const kernels::PagedCache& cache, float scale, float* o) {
   kernels::ScratchFloats q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
   kernels::ScratchFloats o_latent(t * m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
@@ -73,8 +72,9 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64
   args.rope_dim = m.R;
   args.q_latent = kernels::Tensor::F32(q_latent.data(), t, m.n * m.C);
   args.q_rope = kernels::Tensor::F32(q_rope.data(), t, m.n * m.R);
-  args.cache = kernels::Tensor{cache,      nullptr,       cache_dtype, kernels::Device::kCpu,
-                               prefix + t, m.CacheWidth()};
+  args.cache = cache.pool;
+  args.page_table = cache.page_table;
+  args.page_tokens = cache.page_tokens;
   args.scale = scale;
   args.o_latent = kernels::MutableTensor::F32(o_latent.data(), t, m.n * m.C);
   kernels::MlaAbsorbedAttention(args);
@@ -134,34 +134,25 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
     if (t == 0) continue;
-    MlaLayerState& state = batch.states[b]->mla[layer];
-    const float* rows_b = ckr.data() + r0 * m.CacheWidth();
+    SequenceState& state = *batch.states[b];
+    const MutablePagedCache cache = state.MlaCache(layer);
+    const int64_t prefix = state.length;  // the tokens cached before this chunk
     const float* qb = q.data() + r0 * m.n * m.QkDim();
     float* ob = o.data() + r0 * m.n * m.Vd;
-    if (batch.states[b]->cache_dtype == kernels::DType::kBF16) {
-      // The new rows rounded to bf16 (to nearest even), then read back as
-      // they are stored: this chunk's own queries see the rounded keys too,
-      // so chunking does not change what a token attends to.
-      std::vector<uint16_t>& cache = state.cache_bf16;
-      const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
-      for (int64_t i = 0; i < t * m.CacheWidth(); ++i)
-        cache.push_back(kernels::FloatToBf16(rows_b[i]));
-      if (AbsorbedIsCheaper(m, prefix, t)) {
-        AttendAbsorbed(w, m, prefix, t, qb, cache.data(), kernels::DType::kBF16, scale, ob);
-      } else {
-        ScratchFloats wide(static_cast<int64_t>(cache.size()));
-        for (size_t i = 0; i < cache.size(); ++i) wide[i] = kernels::Bf16ToFloat(cache[i]);
-        AttendPrefill(w, m, prefix, t, qb, wide.data(), scale, ob);
-      }
-      continue;
-    }
-    std::vector<float>& cache = state.cache;
-    const int64_t prefix = static_cast<int64_t>(cache.size()) / m.CacheWidth();
-    cache.insert(cache.end(), rows_b, rows_b + t * m.CacheWidth());
+    // The new rows go in as stored (bf16: rounded to nearest even) before
+    // they are read back, so this chunk's own queries see the rounded keys
+    // too and chunking does not change what a token attends to.
+    PagedCacheWrite(Tensor::F32(ckr.data() + r0 * m.CacheWidth(), t, m.CacheWidth()), prefix,
+                    cache);
     if (AbsorbedIsCheaper(m, prefix, t)) {
-      AttendAbsorbed(w, m, prefix, t, qb, cache.data(), kernels::DType::kF32, scale, ob);
+      AttendAbsorbed(w, m, prefix, t, qb, cache, scale, ob);
     } else {
-      AttendPrefill(w, m, prefix, t, qb, cache.data(), scale, ob);
+      // Keys and values are materialised from every cached row, gathered
+      // from the pages (and widened from bf16) into one [S, C + R] block.
+      const int64_t S = prefix + t;
+      ScratchFloats rows_s(S * m.CacheWidth());
+      PagedCacheRead(cache, 0, MutableTensor::F32(rows_s.data(), S, m.CacheWidth()));
+      AttendPrefill(w, m, prefix, t, qb, rows_s.data(), scale, ob);
     }
   }
 

@@ -1,6 +1,7 @@
 #include "runtime/model/model.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,8 +16,27 @@
 
 namespace deltaserve {
 
+int64_t DefaultCacheTokens(const ModelConfig& config, const ModelShard& shard,
+                           kernels::DType cache_dtype) {
+  constexpr int64_t kSequences = 64;
+  constexpr int64_t kMaxReservedBytes = int64_t{1} << 40;
+  const int64_t context =
+      config.max_position_embeddings > 0 ? config.max_position_embeddings : int64_t{1} << 20;
+  const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
+  int64_t mla_layers = 0;
+  for (int64_t i = shard.layer_begin; i < end; ++i) {
+    mla_layers += config.layer_kinds[i] == LayerKind::kMla ? 1 : 0;
+  }
+  const int64_t token_bytes = std::max<int64_t>(1, mla_layers) * config.MlaCacheWidth() *
+                              (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
+  const int64_t most = std::max<int64_t>(kCachePageTokens, kMaxReservedBytes / token_bytes);
+  const int64_t wanted = context <= INT64_MAX / kSequences ? context * kSequences : INT64_MAX;
+  // At most 2^31 - 1 pages, the page ids' range.
+  return std::min({wanted, most, int64_t{INT32_MAX} * kCachePageTokens});
+}
+
 Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
-             int64_t bytes_read, ModelOptions options)
+             int64_t bytes_read, ModelOptions options, std::shared_ptr<CachePool> cache_pool)
     : arch_(&ArchitectureOf(config)),
       config_(std::move(config)),
       local_(LocalConfig(config_, shard)),
@@ -24,7 +44,8 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communi
       weights_(std::move(weights)),
       tp_(tp),
       bytes_read_(bytes_read),
-      options_(options) {}
+      options_(options),
+      cache_pool_(std::move(cache_pool)) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const ModelShard& requested, Communicator* tp,
@@ -52,12 +73,23 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
       if (w.tensor().dtype == kernels::DType::kBF16) w.set_compute(kernels::DType::kBF16);
     });
   }
-  return std::unique_ptr<Model>(
-      new Model(std::move(config), shard, std::move(weights), tp, bytes_read, options));
+  if (options.cache_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the MLA cache of ", options.cache_tokens, " tokens: it must be >= 0"));
+  }
+  const int64_t cache_tokens = options.cache_tokens > 0
+                                   ? options.cache_tokens
+                                   : DefaultCacheTokens(config, shard, options.kv_cache_dtype);
+  DELTASERVE_ASSIGN_OR_RETURN(
+      std::shared_ptr<CachePool> pool,
+      CachePool::Create(LocalConfig(config, shard), shard, options.kv_cache_dtype,
+                        CachePagesFor(cache_tokens)));
+  return std::unique_ptr<Model>(new Model(std::move(config), shard, std::move(weights), tp,
+                                          bytes_read, options, std::move(pool)));
 }
 
 std::unique_ptr<SequenceState> Model::NewSequence() const {
-  return std::make_unique<SequenceState>(local_, shard_, options_.kv_cache_dtype);
+  return std::make_unique<SequenceState>(local_, shard_, cache_pool_);
 }
 
 int64_t Model::BankSizeBefore(int64_t layer) const { return arch_->BankSizeBefore(config_, layer); }
@@ -66,6 +98,7 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
   const int64_t V = config_.vocab_size;
   PreparedBatch prepared;
   BatchRows& batch = prepared.rows;
+  int64_t pages = 0;  // MLA cache pages the batch takes
   batch.offsets.push_back(0);
   for (size_t b = 0; b < inputs.size(); ++b) {
     const ForwardInput& in = inputs[b];
@@ -96,6 +129,7 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
                        " tokens exceeds the model's max_position_embeddings of ",
                        config_.max_position_embeddings));
     }
+    pages += in.state->PagesNeeded(context);
     const int64_t begin = batch.offsets.back();
     prepared.tokens.insert(prepared.tokens.end(), in.tokens.begin(), in.tokens.end());
     batch.offsets.push_back(begin + static_cast<int64_t>(in.tokens.size()));
@@ -105,6 +139,13 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
     } else {
       prepared.output_rows.push_back(batch.offsets.back() - 1);
     }
+  }
+  const int64_t free_pages = cache_pool_->capacity_pages() - cache_pool_->used_pages();
+  if (pages > free_pages) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the batch needs ", pages, " more MLA cache pages of ", kCachePageTokens,
+                     " tokens, and ", free_pages, " of ", cache_pool_->capacity_pages(),
+                     " are free (--kv-cache-tokens sets the cache's size)"));
   }
   return prepared;
 }
@@ -122,6 +163,12 @@ Activations Model::Embed(const std::vector<int32_t>& tokens) const {
 absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   const int64_t rows = act->rows, D = config_.hidden_size;
   const float eps = config_.rms_norm_eps;
+  // Pages for the new tokens, before any layer writes them (Prepare checked
+  // that the pool has them).
+  for (int64_t b = 0; b < batch.sequences(); ++b) {
+    SequenceState& state = *batch.states[b];
+    DELTASERVE_RETURN_IF_ERROR(state.ReservePages(state.length + batch.Count(b)));
+  }
   kernels::ScratchFloats normed(rows * D);
   // The sub-layers with their pre-norms; the architecture decides what they
   // read and how their outputs join the residual.

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/model/layers.h"
 #include "runtime/model/sequence_state.h"
@@ -30,7 +31,16 @@ struct ModelOptions {
   // or kBF16 (activations rounded to bf16 for oneDNN's bf16 matmul on prefill
   // chunks; docs/numerics.md bounds its error).
   kernels::DType compute_dtype = kernels::DType::kF32;
+  // Tokens the rank's MLA cache pool holds over all its sequences, in pages
+  // of kCachePageTokens; 0: DefaultCacheTokens. Address space is reserved
+  // for all of them; memory is committed as pages are written.
+  int64_t cache_tokens = 0;
 };
+
+// The pool's default size: 64 sequences of the model's whole context, at
+// most 1 TiB of address space for the rank's MLA layers.
+int64_t DefaultCacheTokens(const ModelConfig& config, const ModelShard& shard,
+                           kernels::DType cache_dtype);
 
 struct ForwardInput {
   SequenceState* state = nullptr;
@@ -62,13 +72,17 @@ class Model {
   int64_t bytes_read() const { return bytes_read_; }  // from the checkpoint
   WeightBytes weight_bytes() const { return CountWeightBytes(weights_); }
   std::unique_ptr<SequenceState> NewSequence() const;
+  // The rank's MLA cache pages, shared by its sequences.
+  const CachePool& cache_pool() const { return *cache_pool_; }
 
   // The whole model at once (one stage holding every layer): runs all inputs
   // as one batch and advances each state by its tokens. Returns logits
   // [rows, vocab]: per input in order, one row per new token when
   // all_logits, else one row for its last token. Token ids out of range, an
   // empty input, a context past max_position_embeddings or one state twice
-  // are errors naming the input, position and value; no state changes then.
+  // are errors naming the input, position and value, and a batch whose MLA
+  // cache pages the pool cannot hold is ResourceExhausted; no state changes
+  // then.
   absl::StatusOr<std::vector<float>> Forward(std::span<const ForwardInput> inputs) const;
 
   // The pieces Forward is made of, for pipeline stages.
@@ -83,7 +97,7 @@ class Model {
 
  private:
   Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
-        int64_t bytes_read, ModelOptions options);
+        int64_t bytes_read, ModelOptions options, std::shared_ptr<CachePool> cache_pool);
 
   const ModelArchitecture* arch_;  // what differs between K3 and Kimi Linear
   ModelConfig config_;
@@ -93,6 +107,7 @@ class Model {
   Communicator* tp_;
   int64_t bytes_read_;
   ModelOptions options_;
+  std::shared_ptr<CachePool> cache_pool_;
 };
 
 }  // namespace deltaserve

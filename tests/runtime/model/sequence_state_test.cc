@@ -1,0 +1,149 @@
+// Paged sequence state (runtime/model/cache_pool.h, sequence_state.h): pages
+// come from a bounded pool and go back to it, a fork shares its parent's full
+// pages and copies only the partly filled last one, and a batch the pool
+// cannot hold is refused before anything changes.
+#include "runtime/model/sequence_state.h"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/model/cache_pool.h"
+#include "runtime/model/model.h"
+#include "runtime/model/presets.h"
+#include "runtime/model/random_checkpoint.h"
+#include "tests/model_runs.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+std::unique_ptr<Model> TinyModel(int64_t cache_tokens,
+                                 kernels::DType dtype = kernels::DType::kF32) {
+  static const std::string dir = [] {
+    const std::string d = testing::TempDir("sequence_state_model");
+    EXPECT_TRUE(WriteRandomCheckpoint(*PresetConfig("k3-tiny"), d, 3).ok());
+    return d;
+  }();
+  ModelOptions options;
+  options.cache_tokens = cache_tokens;
+  options.kv_cache_dtype = dtype;
+  auto model = Model::Load(dir, {}, nullptr, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+absl::StatusOr<std::vector<float>> Feed(const Model& model, SequenceState* state,
+                                        const std::vector<int32_t>& tokens) {
+  const ForwardInput input{state, tokens, /*all_logits=*/true};
+  return model.Forward(std::span(&input, 1));
+}
+
+TEST(CachePoolTest, AllocatesAllOrNoneAndReusesFreedPages) {
+  const ModelConfig config = *PresetConfig("k3-tiny");
+  auto pool = CachePool::Create(config, {}, kernels::DType::kF32, 4);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  CachePool& p = **pool;
+  // k3-tiny: 3 MLA layers of C + R = 20 f32 values per token.
+  EXPECT_EQ(p.page_bytes(), 3 * kCachePageTokens * 20 * 4);
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(p.Allocate(3, &pages).ok());
+  EXPECT_EQ(p.used_pages(), 3);
+  const absl::Status full = p.Allocate(2, &pages);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("needs 2 more pages of 64 tokens, and 1 of its 4 are free"),
+            std::string::npos)
+      << full;
+  EXPECT_EQ(pages.size(), 3u);  // none taken
+  p.Retain(pages[1]);
+  p.Release(pages[1]);
+  EXPECT_EQ(p.Holders(pages[1]), 1);
+  p.Release(pages[1]);
+  EXPECT_EQ(p.used_pages(), 2);
+  std::vector<int32_t> again;
+  ASSERT_TRUE(p.Allocate(2, &again).ok());
+  EXPECT_EQ(again[0], pages[1]);  // the freed page first
+  EXPECT_EQ(p.used_pages(), 4);
+}
+
+// A fork continues from the parent's exact state: both go on with the same
+// tokens and give the bits of one sequence fed the same pieces, and the fork
+// holds the parent's full pages and a copy of the last one.
+TEST(SequenceStateTest, ForkSharesFullPagesAndCopiesTheLastOne) {
+  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kBF16}) {
+    SCOPED_TRACE(kernels::DTypeName(dtype));
+    auto model = TinyModel(0, dtype);
+    ASSERT_NE(model, nullptr);
+    const int64_t vocab = model->config().vocab_size;
+    const std::vector<int32_t> tokens = testing::RandomTokens(200, 4, vocab);
+    const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 150);
+    const std::vector<int32_t> tail(tokens.begin() + 150, tokens.end());
+    const std::vector<float> pieces = testing::PiecewiseLogits(*model, tokens, {150, 50});
+
+    auto parent = model->NewSequence();
+    ASSERT_TRUE(Feed(*model, parent.get(), head).ok());
+    ASSERT_EQ(parent->pages().size(), 3u);  // 150 tokens: two full pages and 22 tokens
+    const CachePool& pool = model->cache_pool();
+    EXPECT_EQ(pool.used_pages(), 3);
+    auto fork = parent->Fork();
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    SequenceState& child = **fork;
+    EXPECT_EQ(child.length, 150);
+    ASSERT_EQ(child.pages().size(), 3u);
+    EXPECT_EQ(child.pages()[0], parent->pages()[0]);
+    EXPECT_EQ(child.pages()[1], parent->pages()[1]);
+    EXPECT_NE(child.pages()[2], parent->pages()[2]);
+    EXPECT_EQ(pool.Holders(parent->pages()[0]), 2);
+    EXPECT_EQ(pool.used_pages(), 4);
+    EXPECT_EQ(parent->ForkCopyBytes(), parent->KdaBytes() + pool.page_bytes() / 64 * 22);
+
+    // Both continue alike, as one sequence fed 150 tokens and then 50.
+    const std::vector<float> want(pieces.begin() + 150 * vocab, pieces.end());
+    for (SequenceState* s : {&child, parent.get()}) {
+      auto logits = Feed(*model, s, tail);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      EXPECT_EQ(*logits, want);
+    }
+    // Their own pages now hold different tokens' continuations of the same
+    // text; the shared ones were never written.
+    EXPECT_EQ(pool.Holders(parent->pages()[1]), 2);
+    EXPECT_EQ(pool.used_pages(), 6);  // 2 shared + (2 own) x 2
+    parent.reset();
+    EXPECT_EQ(pool.used_pages(), 4);
+    EXPECT_EQ(pool.Holders(child.pages()[0]), 1);
+    fork->reset();
+    EXPECT_EQ(pool.used_pages(), 0);
+  }
+}
+
+// A batch whose pages the pool lacks is refused whole, naming the need; the
+// state is as it was, and it runs once another sequence gives pages back.
+TEST(SequenceStateTest, ABatchThePoolCannotHoldIsRefusedBeforeItRuns) {
+  auto model = TinyModel(4 * kCachePageTokens);
+  ASSERT_NE(model, nullptr);
+  const int64_t vocab = model->config().vocab_size;
+  auto a = model->NewSequence();
+  ASSERT_TRUE(Feed(*model, a.get(), testing::RandomTokens(130, 5, vocab)).ok());  // 3 pages
+  auto b = model->NewSequence();
+  const std::vector<int32_t> prompt = testing::RandomTokens(70, 6, vocab);  // 2 pages
+  const auto refused = Feed(*model, b.get(), prompt);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("needs 2 more MLA cache pages of 64 tokens, and 1 of "
+                                            "4 are free"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(b->length, 0);
+  EXPECT_TRUE(b->pages().empty());
+  EXPECT_EQ(model->cache_pool().used_pages(), 3);
+  a.reset();
+  auto logits = Feed(*model, b.get(), prompt);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(*logits, testing::OneShotLogits(*model, prompt));
+}
+
+}  // namespace
+}  // namespace deltaserve
