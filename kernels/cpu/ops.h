@@ -53,6 +53,13 @@ struct MoeExpertsPtrs {
 
 DELTASERVE_CPU_DECLARE(GatedActivation, void(const float* gu, int64_t rows, int64_t width,
                                              const ActivationParams& params, float* out))
+DELTASERVE_CPU_DECLARE(Add, void(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                 int64_t rows, int64_t cols, float* out, int64_t ldo))
+DELTASERVE_CPU_DECLARE(SigmoidGate,
+                       void(const float* x, int64_t ldx, const float* gate, int64_t ldg,
+                            int64_t rows, int64_t cols, float* out, int64_t ldo))
+DELTASERVE_CPU_DECLARE(Sigmoid, void(const float* x, int64_t ldx, int64_t rows, int64_t cols,
+                                     float* out, int64_t ldo))
 DELTASERVE_CPU_DECLARE(AttnResMix,
                        void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
                             const float* norm_w, const float* proj_w, float eps, float* out))
