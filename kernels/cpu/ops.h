@@ -63,6 +63,12 @@ DELTASERVE_CPU_DECLARE(Sigmoid, void(const float* x, int64_t ldx, int64_t rows, 
 DELTASERVE_CPU_DECLARE(Convert,
                        void(const void* src, DType src_dtype, int64_t src_stride, int64_t rows,
                             int64_t cols, void* dst, DType dst_dtype, int64_t dst_stride))
+DELTASERVE_CPU_DECLARE(GatherRows, void(const void* src, DType src_dtype, int64_t src_stride,
+                                        const int32_t* rows, int64_t n, int64_t cols, void* dst,
+                                        DType dst_dtype, int64_t dst_stride))
+DELTASERVE_CPU_DECLARE(ScatterRows, void(const void* src, DType src_dtype, int64_t src_stride,
+                                         const int32_t* rows, int64_t n, int64_t cols, void* dst,
+                                         DType dst_dtype, int64_t dst_stride))
 DELTASERVE_CPU_DECLARE(AttnResMix,
                        void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
                             const float* norm_w, const float* proj_w, float eps, float* out))
