@@ -87,6 +87,30 @@ BasicTensor<kWritable> BasicTensor<kWritable>::Rows(int64_t begin, int64_t count
   return out;
 }
 
+template <bool kWritable>
+BasicTensor<kWritable> BasicTensor<kWritable>::Columns(int64_t begin, int64_t count) const {
+  DELTASERVE_CHECK(dtype != DType::kMxfp4);
+  DELTASERVE_CHECK(begin >= 0 && count >= 0 && begin + count <= cols);
+  BasicTensor out = *this;
+  out.cols = count;
+  out.stride = count == RowStride() ? stride : RowStride();
+  using Byte = std::conditional_t<kWritable, uint8_t, const uint8_t>;
+  if (data != nullptr) out.data = static_cast<Byte*>(data) + BytesOf(dtype, begin);
+  return out;
+}
+
+template <bool kWritable>
+BasicTensor<kWritable> BasicTensor<kWritable>::Reshaped(int64_t new_rows, int64_t new_cols) const {
+  DELTASERVE_CHECK(stride == 0 || stride == cols || rows <= 1);
+  DELTASERVE_CHECK(new_rows >= 0 && new_cols >= 0 && new_rows * new_cols == rows * cols);
+  DELTASERVE_CHECK(dtype != DType::kMxfp4 || new_cols % kMxfp4Group == 0);
+  BasicTensor out = *this;
+  out.rows = new_rows;
+  out.cols = new_cols;
+  out.stride = 0;
+  return out;
+}
+
 template struct BasicTensor<false>;
 template struct BasicTensor<true>;
 

@@ -69,6 +69,10 @@ struct BasicTensor {
   static BasicTensor I32(Elem<int32_t>* p, int64_t rows, int64_t cols) {
     return Of(p, DType::kI32, rows, cols, 0);
   }
+  // bf16 values as their bit patterns (kernels/bf16.h).
+  static BasicTensor BF16(Elem<uint16_t>* p, int64_t rows, int64_t cols, int64_t stride = 0) {
+    return Of(p, DType::kBF16, rows, cols, stride);
+  }
 
   // The read-only view of the same memory.
   operator BasicTensor<false>() const requires kWritable {
@@ -91,6 +95,14 @@ struct BasicTensor {
   int64_t SpanBytes() const;
   // Rows [begin, begin + count) as a view of the same memory.
   BasicTensor Rows(int64_t begin, int64_t count) const;
+  // Columns [begin, begin + count) of every row as a view of the same memory:
+  // the same rows, data `begin` elements on, stride RowStride() (kept as it
+  // is when the block is whole rows, so a contiguous view stays contiguous).
+  // For f32, bf16, i32 and f64; an mxfp4 row cannot be cut at any column.
+  BasicTensor Columns(int64_t begin, int64_t count) const;
+  // The same contiguous elements as [rows, cols] (rows * cols unchanged; for
+  // mxfp4 cols stays a multiple of 32). The view must be contiguous.
+  BasicTensor Reshaped(int64_t rows, int64_t cols) const;
 
  private:
   static BasicTensor Of(Void* p, DType dtype, int64_t rows, int64_t cols, int64_t stride) {

@@ -10,6 +10,7 @@
 #include "kernels/activation.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/kda.h"
+#include "kernels/logsoftmax.h"
 #include "kernels/moe.h"
 #include "kernels/sampling.h"
 #include "kernels/tensor.h"
@@ -53,10 +54,38 @@ struct MoeExpertsPtrs {
   float* out = nullptr;  // [T, dout]
 };
 
+// LogSoftmaxTopKArgs with the views as pointers; an absent output is null.
+struct LogSoftmaxTopKPtrs {
+  int64_t rows = 0, vocab = 0, top_k = 0;  // top_k: already min(top_k, vocab)
+  const float* logits = nullptr;           // row r at logits + r * logits_stride
+  int64_t logits_stride = 0;
+  const int32_t* targets = nullptr;  // [rows] or null
+  double* log_z = nullptr;           // [rows]
+  float* target_logprobs = nullptr;  // [rows] or null
+  int32_t* top_ids = nullptr;        // [rows, top_k] or null
+  float* top_logprobs = nullptr;     // [rows, top_k] or null
+};
+
 }  // namespace deltaserve::kernels::cpu
 
 DELTASERVE_CPU_DECLARE(GatedActivation, void(const float* gu, int64_t rows, int64_t width,
                                              const ActivationParams& params, float* out))
+DELTASERVE_CPU_DECLARE(Add, void(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                 int64_t rows, int64_t cols, float* out, int64_t ldo))
+DELTASERVE_CPU_DECLARE(SigmoidGate,
+                       void(const float* x, int64_t ldx, const float* gate, int64_t ldg,
+                            int64_t rows, int64_t cols, float* out, int64_t ldo))
+DELTASERVE_CPU_DECLARE(Sigmoid, void(const float* x, int64_t ldx, int64_t rows, int64_t cols,
+                                     float* out, int64_t ldo))
+DELTASERVE_CPU_DECLARE(Convert,
+                       void(const void* src, DType src_dtype, int64_t src_stride, int64_t rows,
+                            int64_t cols, void* dst, DType dst_dtype, int64_t dst_stride))
+DELTASERVE_CPU_DECLARE(GatherRows, void(const void* src, DType src_dtype, int64_t src_stride,
+                                        const int32_t* rows, int64_t n, int64_t cols, void* dst,
+                                        DType dst_dtype, int64_t dst_stride))
+DELTASERVE_CPU_DECLARE(ScatterRows, void(const void* src, DType src_dtype, int64_t src_stride,
+                                         const int32_t* rows, int64_t n, int64_t cols, void* dst,
+                                         DType dst_dtype, int64_t dst_stride))
 DELTASERVE_CPU_DECLARE(AttnResMix,
                        void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
                             const float* norm_w, const float* proj_w, float eps, float* out))
@@ -76,6 +105,9 @@ DELTASERVE_CPU_DECLARE(KdaGateLowerBound,
 DELTASERVE_CPU_DECLARE(KdaGateSoftplus,
                        void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
                             int64_t heads, int64_t head_dim, float* g))
+DELTASERVE_CPU_DECLARE(LogSoftmaxTopK, void(const LogSoftmaxTopKPtrs& args))
+DELTASERVE_CPU_DECLARE(FindNonFinite,
+                       int64_t(const float* x, int64_t rows, int64_t cols, int64_t stride))
 DELTASERVE_CPU_DECLARE(MlaPrefillAttention, void(const MlaPrefillPtrs& args))
 DELTASERVE_CPU_DECLARE(MlaAbsorbedAttention, void(const MlaAbsorbedPtrs& args))
 DELTASERVE_CPU_DECLARE(PagedCacheWrite,

@@ -9,13 +9,14 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/activation_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
 using testing::AllClose;
-using testing::NaNs;
+using testing::DeviceTest;
 using testing::RandomFloats;
 using testing::ToDouble;
 
@@ -35,6 +36,8 @@ ActivationParams Situ(float beta = 4.0f, float lbeta = 25.0f) {
   return p;
 }
 
+class GatedActivationTest : public DeviceTest {};
+
 std::vector<double> Reference(const std::vector<float>& gu, int64_t rows, int64_t width,
                               const ActivationParams& p) {
   std::vector<double> want(rows * width);
@@ -42,7 +45,7 @@ std::vector<double> Reference(const std::vector<float>& gu, int64_t rows, int64_
   return want;
 }
 
-TEST(GatedActivationTest, MatchesReferenceOverShapes) {
+TEST_P(GatedActivationTest, MatchesReferenceOverShapes) {
   uint64_t seed = 1;
   for (const ActivationParams& p : {Silu(), Situ(), Situ(2.0f, 10.0f)}) {
     for (int64_t rows : {1, 2, 5, 33}) {
@@ -51,17 +54,17 @@ TEST(GatedActivationTest, MatchesReferenceOverShapes) {
                                           << p.situ_beta << " rows " << rows << " width " << width);
         // Range wide enough for both tails of tanh and the sigmoid.
         const auto gu = RandomFloats(rows * 2 * width, ++seed, -40.0f, 40.0f);
-        auto out = NaNs(rows * width);
-        GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p,
-                        MutableTensor::F32(out.data(), rows, width));
-        EXPECT_TRUE(AllClose(out, Reference(gu, rows, width, p), kAtol, kRtol));
+        auto out = Output<float>(rows * width);
+        GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p, out.View(rows, width));
+        EXPECT_TRUE(AllClose(out.Values(), Reference(gu, rows, width, p), kAtol, kRtol));
+        EXPECT_TRUE(out.GuardsIntact());
       }
     }
   }
 }
 
 // Around zero: tanh switches from its polynomial to the exp form at 0.25.
-TEST(GatedActivationTest, SmallArguments) {
+TEST_P(GatedActivationTest, SmallArguments) {
   const int64_t width = 4096;
   std::vector<float> gu(2 * width);
   for (int64_t c = 0; c < width; ++c) {
@@ -72,16 +75,16 @@ TEST(GatedActivationTest, SmallArguments) {
     gu[width + c] = (c % 3 ? -1.0f : 1.0f) * std::min(t * 5.0f, 15.0f);
   }
   for (const ActivationParams& p : {Silu(), Situ()}) {
-    auto out = NaNs(width);
-    GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p,
-                    MutableTensor::F32(out.data(), 1, width));
-    EXPECT_TRUE(AllClose(out, Reference(gu, 1, width, p), kAtol, kRtol))
+    auto out = Output<float>(width);
+    GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p, out.View(1, width));
+    EXPECT_TRUE(AllClose(out.Values(), Reference(gu, 1, width, p), kAtol, kRtol))
         << "kind " << static_cast<int>(p.kind);
+    EXPECT_TRUE(out.GuardsIntact());
   }
 }
 
 // Large |g| and |u| must saturate, never give inf or NaN from exp overflow.
-TEST(GatedActivationTest, ExtremeInputsStayFinite) {
+TEST_P(GatedActivationTest, ExtremeInputsStayFinite) {
   const float big = std::numeric_limits<float>::max();
   const std::vector<float> g = {0.0f,    -0.0f, 1e-30f, -1e-30f, 87.0f,  -87.0f, 88.5f,
                                 -88.5f,  88.8f, -88.8f, 89.0f,   -89.0f, 104.0f, -104.0f,
@@ -93,46 +96,53 @@ TEST(GatedActivationTest, ExtremeInputsStayFinite) {
     for (const ActivationParams& p : {Silu(), Situ()}) {
       // SiLU(g)·u overflows float for g·u beyond FLT_MAX; keep those out.
       if (p.kind == Activation::kSilu && std::abs(u) > 1.0f) continue;
-      auto out = NaNs(width);
-      GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p,
-                      MutableTensor::F32(out.data(), 1, width));
+      auto buffer = Output<float>(width);
+      GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p, buffer.View(1, width));
+      const auto out = buffer.Values();
       for (int64_t c = 0; c < width; ++c) {
         EXPECT_TRUE(std::isfinite(out[c])) << "g " << g[c] << " u " << u;
       }
       EXPECT_TRUE(AllClose(out, Reference(gu, 1, width, p), kAtol, kRtol))
           << "kind " << static_cast<int>(p.kind) << " u " << u;
+      EXPECT_TRUE(buffer.GuardsIntact());
     }
   }
 }
 
-TEST(GatedActivationTest, ExactValues) {
+TEST_P(GatedActivationTest, ExactValues) {
   // act(0, u) = 0; SiTU saturates to beta · lbeta for large g and u.
   const std::vector<float> gu = {0.0f, 1000.0f, 7.0f, 1000.0f};
-  auto out = NaNs(2);
-  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Situ(), MutableTensor::F32(out.data(), 1, 2));
-  EXPECT_EQ(out[0], 0.0f);
-  EXPECT_EQ(out[1], 100.0f);
-  out = NaNs(2);
-  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Silu(), MutableTensor::F32(out.data(), 1, 2));
-  EXPECT_EQ(out[0], 0.0f);
-  EXPECT_EQ(out[1], 1000.0f * 1000.0f);
+  auto situ = Output<float>(2);
+  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Situ(), situ.View(1, 2));
+  EXPECT_EQ(situ.Values()[0], 0.0f);
+  EXPECT_EQ(situ.Values()[1], 100.0f);
+  EXPECT_TRUE(situ.GuardsIntact());
+  auto silu = Output<float>(2);
+  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Silu(), silu.View(1, 2));
+  EXPECT_EQ(silu.Values()[0], 0.0f);
+  EXPECT_EQ(silu.Values()[1], 1000.0f * 1000.0f);
+  EXPECT_TRUE(silu.GuardsIntact());
 }
 
-TEST(GatedActivationTest, ThreadedRows) {
+TEST_P(GatedActivationTest, ThreadedRows) {
   const int64_t rows = 300, width = 512;
   const auto gu = RandomFloats(rows * 2 * width, 77, -10.0f, 10.0f);
   for (const ActivationParams& p : {Silu(), Situ()}) {
-    auto out = NaNs(rows * width);
-    GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p,
-                    MutableTensor::F32(out.data(), rows, width));
-    EXPECT_TRUE(AllClose(out, Reference(gu, rows, width, p), kAtol, kRtol));
+    auto out = Output<float>(rows * width);
+    GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p, out.View(rows, width));
+    EXPECT_TRUE(AllClose(out.Values(), Reference(gu, rows, width, p), kAtol, kRtol));
+    EXPECT_TRUE(out.GuardsIntact());
   }
 }
 
-TEST(GatedActivationTest, EmptyIsNoOp) {
-  GatedActivation(Tensor::F32(nullptr, 0, 2 * 16), Silu(), MutableTensor::F32(nullptr, 0, 16));
-  GatedActivation(Tensor::F32(nullptr, 4, 2 * 0), Situ(), MutableTensor::F32(nullptr, 4, 0));
+TEST_P(GatedActivationTest, EmptyIsNoOp) {
+  auto out = Output<float>(0);
+  GatedActivation(Tensor::F32(nullptr, 0, 2 * 16), Silu(), out.View(0, 16));
+  GatedActivation(Tensor::F32(nullptr, 4, 2 * 0), Situ(), out.View(4, 0));
+  EXPECT_TRUE(out.GuardsIntact());
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(GatedActivationTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

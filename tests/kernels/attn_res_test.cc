@@ -8,13 +8,15 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/attn_res_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
 using ::deltaserve::testing::AllClose;
-using ::deltaserve::testing::NaNs;
+using ::deltaserve::testing::DeviceTest;
+using ::deltaserve::testing::GuardedBuffer;
 using ::deltaserve::testing::RandomFloats;
 using ::deltaserve::testing::ReductionTolerance;
 using ::deltaserve::testing::ToDouble;
@@ -22,12 +24,14 @@ using ::deltaserve::testing::ToDouble;
 struct MixResult {
   std::vector<float> got;
   std::vector<double> want;
-  double max_abs = 0.0;  // largest |candidate value|
+  double max_abs = 0.0;                                               // largest |candidate value|
+  ::testing::AssertionResult guards = ::testing::AssertionSuccess();  // of got's buffer
 };
 
 // Candidate i is scaled by scales[i]; proj_w by 1/sqrt(D) so that the scores
 // stay O(1) and the softmax is not one-hot.
-MixResult RunMix(int64_t n, int64_t t, int64_t d, const std::vector<float>& scales, uint64_t seed) {
+MixResult RunMix(Device device, int64_t n, int64_t t, int64_t d, const std::vector<float>& scales,
+                 uint64_t seed) {
   std::vector<std::vector<float>> cands(n);
   std::vector<const float*> ptrs(n);
   std::vector<std::vector<double>> cands_d(n);
@@ -46,11 +50,13 @@ MixResult RunMix(int64_t n, int64_t t, int64_t d, const std::vector<float>& scal
   for (float& x : proj_w) x /= std::sqrt(static_cast<float>(d));
   const float eps = 1e-6f;
 
-  r.got = NaNs(t * d);
+  GuardedBuffer<float> out(device, t * d);
   std::vector<Tensor> views;
   for (const float* p : ptrs) views.push_back(Tensor::F32(p, t, d));
   AttnResMix(views.data(), n, Tensor::F32(norm_w.data(), 1, d), Tensor::F32(proj_w.data(), 1, d),
-             eps, MutableTensor::F32(r.got.data(), t, d));
+             eps, out.View(t, d));
+  r.got = out.Values();
+  r.guards = out.GuardsIntact();
   r.want.assign(t * d, 0.0);
   const std::vector<double> nw = ToDouble(norm_w), pw = ToDouble(proj_w);
   ref::AttnResMix(ptrs_d.data(), n, t, d, nw.data(), pw.data(), eps, r.want.data());
@@ -63,17 +69,20 @@ MixResult RunMix(int64_t n, int64_t t, int64_t d, const std::vector<float>& scal
 // errors scale with the largest candidate.
 double MixTolerance(int64_t d) { return ReductionTolerance(d); }
 
-TEST(AttnResMix, MatchesReferenceOverShapes) {
+class AttnResMixTest : public DeviceTest {};
+
+TEST_P(AttnResMixTest, MatchesReferenceOverShapes) {
   uint64_t seed = 1;
   double worst = 0.0;
   for (int64_t n : {1, 2, 3, 5, 9, 10}) {
     for (int64_t t : {0, 1, 2, 7, 33}) {
       for (int64_t d : {1, 3, 5, 12, 64, 130, 7168}) {
         const std::vector<float> scales(n, 1.0f);
-        const MixResult r = RunMix(n, t, d, scales, seed += 20);
+        const MixResult r = RunMix(device(), n, t, d, scales, seed += 20);
         const double tol = MixTolerance(d);
         ASSERT_TRUE(AllClose(r.got, r.want, tol * r.max_abs, tol))
             << "n=" << n << " T=" << t << " D=" << d;
+        ASSERT_TRUE(r.guards) << "n=" << n << " T=" << t << " D=" << d;
         for (size_t i = 0; i < r.got.size(); ++i)
           worst = std::max(worst, std::abs(r.got[i] - r.want[i]) / r.max_abs);
       }
@@ -84,12 +93,13 @@ TEST(AttnResMix, MatchesReferenceOverShapes) {
 
 // Candidates spanning eight orders of magnitude: the RMS normalisation makes
 // their scores comparable, the mixed values are raw.
-TEST(AttnResMix, CandidatesOfVeryDifferentScales) {
+TEST_P(AttnResMixTest, CandidatesOfVeryDifferentScales) {
   const std::vector<float> scales = {1e-4f, 1.0f, 3e3f, 0.02f, 50.0f, 1e4f, 7e-3f};
   for (int64_t d : {5, 129, 2048}) {
-    const MixResult r = RunMix(static_cast<int64_t>(scales.size()), 17, d, scales, 4242);
+    const MixResult r = RunMix(device(), static_cast<int64_t>(scales.size()), 17, d, scales, 4242);
     const double tol = MixTolerance(d);
     EXPECT_TRUE(AllClose(r.got, r.want, tol * r.max_abs, tol)) << "D=" << d;
+    EXPECT_TRUE(r.guards) << "D=" << d;
     double worst = 0.0;
     for (size_t i = 0; i < r.got.size(); ++i)
       worst = std::max(worst, std::abs(r.got[i] - r.want[i]) / r.max_abs);
@@ -98,31 +108,34 @@ TEST(AttnResMix, CandidatesOfVeryDifferentScales) {
 }
 
 // One candidate (layer 0: the embedding) comes back bit for bit.
-TEST(AttnResMix, SingleCandidateIsExact) {
+TEST_P(AttnResMixTest, SingleCandidateIsExact) {
   for (int64_t d : {1, 7, 64, 7168}) {
     const int64_t t = 5;
     std::vector<float> v = RandomFloats(t * d, 9, -30.0f, 30.0f);
     v[0] = 0.0f;
     const Tensor cand = Tensor::F32(v.data(), t, d);
     const std::vector<float> nw = RandomFloats(d, 10), pw = RandomFloats(d, 11);
-    std::vector<float> out = NaNs(t * d);
+    auto buffer = Output<float>(t * d);
     AttnResMix(&cand, 1, Tensor::F32(nw.data(), 1, d), Tensor::F32(pw.data(), 1, d), 1e-6f,
-               MutableTensor::F32(out.data(), t, d));
+               buffer.View(t, d));
+    const std::vector<float> out = buffer.Values();
     EXPECT_EQ(0, std::memcmp(out.data(), v.data(), v.size() * sizeof(float))) << "D=" << d;
+    EXPECT_TRUE(buffer.GuardsIntact()) << "D=" << d;
   }
   // An all-zero candidate has score 0 and mixes to zeros.
   std::vector<float> zeros(3 * 16, 0.0f);
   const Tensor cand = Tensor::F32(zeros.data(), 3, 16);
   const std::vector<float> w = RandomFloats(16, 12);
-  std::vector<float> out = NaNs(zeros.size());
+  auto buffer = Output<float>(3 * 16);
   AttnResMix(&cand, 1, Tensor::F32(w.data(), 1, 16), Tensor::F32(w.data(), 1, 16), 1e-6f,
-             MutableTensor::F32(out.data(), 3, 16));
-  for (float x : out) EXPECT_EQ(x, 0.0f);
+             buffer.View(3, 16));
+  for (float x : buffer.Values()) EXPECT_EQ(x, 0.0f);
+  EXPECT_TRUE(buffer.GuardsIntact());
 }
 
 // Exact integer-valued inputs with identical scores: equal weights, so the
 // output is the plain mean of the candidates.
-TEST(AttnResMix, EqualScoresAverage) {
+TEST_P(AttnResMixTest, EqualScoresAverage) {
   const int64_t d = 12;
   // Candidate 1 is candidate 0 times 3: same RMS-normalised direction, same
   // score. Candidate 2 is the negation of 0 with q chosen orthogonal: all
@@ -136,11 +149,15 @@ TEST(AttnResMix, EqualScoresAverage) {
   }
   const Tensor cands[] = {Tensor::F32(a.data(), 1, d), Tensor::F32(b.data(), 1, d),
                           Tensor::F32(c.data(), 1, d)};
-  std::vector<float> out = NaNs(d);
+  auto buffer = Output<float>(d);
   AttnResMix(cands, 3, Tensor::F32(nw.data(), 1, d), Tensor::F32(pw.data(), 1, d), 1e-6f,
-             MutableTensor::F32(out.data(), 1, d));
+             buffer.View(1, d));
+  const std::vector<float> out = buffer.Values();
   for (int64_t i = 0; i < d; ++i) EXPECT_FLOAT_EQ(out[i], (a[i] + b[i] + c[i]) / 3.0f);
+  EXPECT_TRUE(buffer.GuardsIntact());
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(AttnResMixTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/reference/kda_gate_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -40,7 +41,9 @@ const double kGateTolerance = testing::ReductionTolerance(1);
   return ::testing::AssertionSuccess();
 }
 
-TEST(KdaGateTest, MatchesReference) {
+class KdaGateTest : public testing::DeviceTest {};
+
+TEST_P(KdaGateTest, MatchesReference) {
   uint64_t seed = 1;
   double worst_lb = 0.0, worst_sp = 0.0;
   for (const GateCase& c : {GateCase{0, 2, 4}, GateCase{1, 1, 1}, GateCase{3, 2, 5},
@@ -65,61 +68,67 @@ TEST(KdaGateTest, MatchesReference) {
     std::vector<double> want(c.t * width);
     kernels::ref::KdaGateLowerBound(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
                                     c.head_dim, -5.0, want.data());
-    std::vector<float> got = testing::NaNs(c.t * width);
+    auto out = Output<float>(c.t * width);
     kernels::KdaGateLowerBound(kernels::Tensor::F32(graw.data(), c.t, c.heads * c.head_dim),
                                kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
                                kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-                               -5.0f,
-                               kernels::MutableTensor::F32(got.data(), c.t, c.heads * c.head_dim));
+                               -5.0f, out.View(c.t, c.heads * c.head_dim));
+    std::vector<float> got = out.Values();
     EXPECT_TRUE(GateClose(got, want, z_lb));
+    EXPECT_TRUE(out.GuardsIntact());
     // In place (g == graw) is allowed.
-    std::vector<float> inplace = graw;
-    kernels::KdaGateLowerBound(
-        kernels::Tensor::F32(inplace.data(), c.t, c.heads * c.head_dim),
-        kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
-        kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim, -5.0f,
-        kernels::MutableTensor::F32(inplace.data(), c.t, c.heads * c.head_dim));
-    EXPECT_EQ(inplace, got);
+    auto inplace = Output<float>(c.t * width);
+    inplace.Fill(graw);
+    kernels::KdaGateLowerBound(inplace.View(c.t, c.heads * c.head_dim),
+                               kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
+                               kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
+                               -5.0f, inplace.View(c.t, c.heads * c.head_dim));
+    EXPECT_EQ(inplace.Values(), got);
+    EXPECT_TRUE(inplace.GuardsIntact());
     if (c.t > 0) worst_lb = std::max(worst_lb, testing::RelL2(got, want));
 
     kernels::ref::KdaGateSoftplus(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads, c.head_dim,
                                   want.data());
-    got = testing::NaNs(c.t * width);
+    auto out_sp = Output<float>(c.t * width);
     kernels::KdaGateSoftplus(kernels::Tensor::F32(graw.data(), c.t, c.heads * c.head_dim),
                              kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
                              kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-                             kernels::MutableTensor::F32(got.data(), c.t, c.heads * c.head_dim));
+                             out_sp.View(c.t, c.heads * c.head_dim));
+    got = out_sp.Values();
     EXPECT_TRUE(GateClose(got, want, z_sp));
-    inplace = graw;
-    kernels::KdaGateSoftplus(
-        kernels::Tensor::F32(inplace.data(), c.t, c.heads * c.head_dim),
-        kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
-        kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-        kernels::MutableTensor::F32(inplace.data(), c.t, c.heads * c.head_dim));
-    EXPECT_EQ(inplace, got);
+    EXPECT_TRUE(out_sp.GuardsIntact());
+    auto inplace_sp = Output<float>(c.t * width);
+    inplace_sp.Fill(graw);
+    kernels::KdaGateSoftplus(inplace_sp.View(c.t, c.heads * c.head_dim),
+                             kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
+                             kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
+                             inplace_sp.View(c.t, c.heads * c.head_dim));
+    EXPECT_EQ(inplace_sp.Values(), got);
+    EXPECT_TRUE(inplace_sp.GuardsIntact());
     if (c.t > 0) worst_sp = std::max(worst_sp, testing::RelL2(got, want));
   }
   std::printf("KdaGateLowerBound max rel L2 %.3g, KdaGateSoftplus max rel L2 %.3g\n", worst_lb,
               worst_sp);
 }
 
-TEST(KdaGateTest, SoftplusIsStableAtExtremes) {
+TEST_P(KdaGateTest, SoftplusIsStableAtExtremes) {
   const std::vector<float> graw = {-80.0f, -30.0f, 0.0f, 19.9f, 20.1f, 80.0f, 1e30f};
   const std::vector<float> dt_bias(graw.size(), 0.0f);
   const std::vector<float> a_log = {0.0f};  // exp(0) = 1: g = -softplus
-  std::vector<float> g = testing::NaNs(graw.size());
+  auto g = Output<float>(static_cast<int64_t>(graw.size()));
   kernels::KdaGateSoftplus(
       kernels::Tensor::F32(graw.data(), 1, 1 * static_cast<int64_t>(graw.size())),
       kernels::Tensor::F32(dt_bias.data(), 1, 1 * static_cast<int64_t>(graw.size())),
       kernels::Tensor::F32(a_log.data(), 1, 1), 1, static_cast<int64_t>(graw.size()),
-      kernels::MutableTensor::F32(g.data(), 1, 1 * static_cast<int64_t>(graw.size())));
+      g.View(1, 1 * static_cast<int64_t>(graw.size())));
   std::vector<double> want;
   for (float z : graw) want.push_back(z > 20.0f ? -double{z} : -std::log1p(std::exp(double{z})));
-  EXPECT_TRUE(testing::AllClose(g, want, 0.0, kGateTolerance));
+  EXPECT_TRUE(testing::AllClose(g.Values(), want, 0.0, kGateTolerance));
+  EXPECT_TRUE(g.GuardsIntact());
 }
 
 // The golden g was computed in float32 from g_raw, dt_bias and A_log.
-TEST(KdaGateTest, SoftplusMatchesGolden) {
+TEST_P(KdaGateTest, SoftplusMatchesGolden) {
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(testing::GoldenPath("kda"))) {
     if (entry.path().extension() != ".safetensors") continue;
@@ -134,11 +143,13 @@ TEST(KdaGateTest, SoftplusMatchesGolden) {
     const std::vector<float> dt_bias = testing::ToFloat(load("dt_bias"));
     const std::vector<float> a_log = testing::ToFloat(load("A_log"));
     const std::vector<double> want = load("g");
-    std::vector<float> g = testing::NaNs(want.size());
+    auto out = Output<float>(static_cast<int64_t>(want.size()));
     kernels::KdaGateSoftplus(kernels::Tensor::F32(graw.data(), tokens, heads * head_dim),
                              kernels::Tensor::F32(dt_bias.data(), 1, heads * head_dim),
                              kernels::Tensor::F32(a_log.data(), 1, heads), heads, head_dim,
-                             kernels::MutableTensor::F32(g.data(), tokens, heads * head_dim));
+                             out.View(tokens, heads * head_dim));
+    EXPECT_TRUE(out.GuardsIntact()) << name;
+    const std::vector<float> g = out.Values();
     // Both sides round to float32 along the way (inputs, exp(A_log), the
     // softplus): a few ulp each, well inside 1e-5.
     EXPECT_TRUE(testing::AllClose(g, want, 0.0, 1e-5)) << name;
@@ -147,6 +158,8 @@ TEST(KdaGateTest, SoftplusMatchesGolden) {
   }
   EXPECT_GE(files, 6);
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaGateTest);
 
 }  // namespace
 }  // namespace deltaserve

@@ -12,13 +12,15 @@
 #include "gtest/gtest.h"
 #include "kernels/reference/moe_ref.h"
 #include "kernels/reference/mxfp4_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
 using testing::AllClose;
-using testing::NaNs;
+using testing::DeviceTest;
+using testing::GuardedBuffer;
 using testing::RandomFloats;
 using testing::ReductionTolerance;
 using testing::ToDouble;
@@ -29,21 +31,28 @@ double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // ---------------------------------------------------------------- MoeRoute
 
+class MoeRouteTest : public DeviceTest {};
+class MoeExpertsTest : public DeviceTest {};
+
 struct Routed {
   std::vector<int32_t> idx;
   std::vector<float> weights;
 };
 
-Routed Route(const std::vector<float>& logits, const std::vector<float>* bias, int64_t t, int64_t e,
-             int64_t k, bool renormalize, float scaling) {
-  Routed r{std::vector<int32_t>(t * k, -1), NaNs(t * k)};
+// On `device`, into guarded outputs whose guards it checks.
+Routed Route(Device device, const std::vector<float>& logits, const std::vector<float>* bias,
+             int64_t t, int64_t e, int64_t k, bool renormalize, float scaling) {
+  GuardedBuffer<int32_t> idx(device, t * k);
+  GuardedBuffer<float> weights(device, t * k);
   MoeRoute(Tensor::F32(logits.data(), t, e),
            bias != nullptr ? Tensor::F32(bias->data(), 1, e) : Tensor{}, k, renormalize, scaling,
-           MutableTensor::I32(r.idx.data(), t, k), MutableTensor::F32(r.weights.data(), t, k));
-  return r;
+           idx.View(t, k), weights.View(t, k));
+  EXPECT_TRUE(idx.GuardsIntact());
+  EXPECT_TRUE(weights.GuardsIntact());
+  return Routed{idx.Values(), weights.Values()};
 }
 
-TEST(MoeRouteTest, MatchesReference) {
+TEST_P(MoeRouteTest, MatchesReference) {
   uint64_t seed = 1;
   for (int64_t t : {1, 3, 40}) {  // 40 tokens route on several threads
     for (int64_t e : {1, 4, 64}) {
@@ -56,7 +65,7 @@ TEST(MoeRouteTest, MatchesReference) {
             const auto logits = RandomFloats(t * e, ++seed, -4.0f, 4.0f);
             const auto bias = RandomFloats(e, ++seed, -0.5f, 0.5f);
             const Routed got =
-                Route(logits, with_bias ? &bias : nullptr, t, e, k, renormalize, 2.5f);
+                Route(device(), logits, with_bias ? &bias : nullptr, t, e, k, renormalize, 2.5f);
             std::vector<int32_t> want_idx(t * k, -1);
             std::vector<double> want_w(t * k);
             const auto bias_d = ToDouble(bias);
@@ -74,38 +83,38 @@ TEST(MoeRouteTest, MatchesReference) {
 
 // The bias decides which experts are picked; the weights still come from the
 // unbiased scores.
-TEST(MoeRouteTest, BiasOnlySelects) {
+TEST_P(MoeRouteTest, BiasOnlySelects) {
   const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -1.0f};
   const std::vector<float> bias = {0.0f, 0.0f, 5.0f, 0.0f};
-  const Routed r = Route(logits, &bias, 1, 4, 2, /*renormalize=*/true, 1.0f);
+  const Routed r = Route(device(), logits, &bias, 1, 4, 2, /*renormalize=*/true, 1.0f);
   EXPECT_EQ(r.idx, (std::vector<int32_t>{2, 0}));
   const double s2 = Sigmoid(0.0), s0 = Sigmoid(2.0);
   EXPECT_NEAR(r.weights[0], s2 / (s2 + s0), 1e-7);
   EXPECT_NEAR(r.weights[1], s0 / (s2 + s0), 1e-7);
   // Without the bias the two highest logits win.
-  const Routed plain = Route(logits, nullptr, 1, 4, 2, true, 1.0f);
+  const Routed plain = Route(device(), logits, nullptr, 1, 4, 2, true, 1.0f);
   EXPECT_EQ(plain.idx, (std::vector<int32_t>{0, 1}));
 }
 
 // sigmoid(0) = 0.5 exactly, so equal logits give exact ties and exact weights.
-TEST(MoeRouteTest, TiesGoToLowerIndex) {
+TEST_P(MoeRouteTest, TiesGoToLowerIndex) {
   const std::vector<float> zeros(6, 0.0f);
-  const Routed r = Route(zeros, nullptr, 1, 6, 3, /*renormalize=*/false, 2.5f);
+  const Routed r = Route(device(), zeros, nullptr, 1, 6, 3, /*renormalize=*/false, 2.5f);
   EXPECT_EQ(r.idx, (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(r.weights, (std::vector<float>{1.25f, 1.25f, 1.25f}));
 
   // Keys 0.5, 1.5, 0.5, 1.5, 0.5, 1.5: the biased ones first, each tie group
   // in index order.
   const std::vector<float> bias = {0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 1.0f};
-  const Routed b = Route(zeros, &bias, 1, 6, 4, /*renormalize=*/true, 2.0f);
+  const Routed b = Route(device(), zeros, &bias, 1, 6, 4, /*renormalize=*/true, 2.0f);
   EXPECT_EQ(b.idx, (std::vector<int32_t>{1, 3, 5, 0}));
   EXPECT_EQ(b.weights, (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f}));
 }
 
-TEST(MoeRouteTest, SaturatedLogitsStayFinite) {
+TEST_P(MoeRouteTest, SaturatedLogitsStayFinite) {
   // sigmoid(-1000) = 0 in any precision; renormalising over the others.
   const std::vector<float> logits = {-1000.0f, 1000.0f, 0.0f};
-  const Routed r = Route(logits, nullptr, 1, 3, 3, true, 1.0f);
+  const Routed r = Route(device(), logits, nullptr, 1, 3, 3, true, 1.0f);
   EXPECT_EQ(r.idx, (std::vector<int32_t>{1, 2, 0}));
   EXPECT_NEAR(r.weights[0], 1.0 / 1.5, 1e-7);
   EXPECT_NEAR(r.weights[1], 0.5 / 1.5, 1e-7);
@@ -145,11 +154,12 @@ struct ExpertSet {
   }
 };
 
-std::vector<float> RunFast(const ExpertSet& set, const std::vector<MoeExpert>& experts,
-                           const std::vector<float>& z, int64_t t, int64_t k,
-                           const std::vector<int32_t>& idx, const std::vector<float>& weights,
-                           const ActivationParams& act) {
-  auto out = NaNs(t * set.dout);
+// On `device`, into a guarded output whose guards it checks.
+std::vector<float> RunFast(Device device, const ExpertSet& set,
+                           const std::vector<MoeExpert>& experts, const std::vector<float>& z,
+                           int64_t t, int64_t k, const std::vector<int32_t>& idx,
+                           const std::vector<float>& weights, const ActivationParams& act) {
+  GuardedBuffer<float> out(device, t * set.dout);
   MoeExpertsArgs a;
   a.t = t;
   a.din = set.din;
@@ -162,9 +172,10 @@ std::vector<float> RunFast(const ExpertSet& set, const std::vector<MoeExpert>& e
   a.idx = Tensor::I32(idx.data(), t, k);
   a.weights = Tensor::F32(weights.data(), t, k);
   a.act = act;
-  a.out = MutableTensor::F32(out.data(), t, set.dout);
+  a.out = out.View(t, set.dout);
   MoeExperts(a);
-  return out;
+  EXPECT_TRUE(out.GuardsIntact());
+  return out.Values();
 }
 
 std::vector<double> RunRef(const ExpertSet& set, const std::vector<float>& z, int64_t t, int64_t k,
@@ -255,21 +266,22 @@ struct Mxfp4Experts {
 // K3's routed experts in MXFP4, consumed directly: few tokens per expert
 // (the skinny kernel) and many (widened panels), against the float64
 // reference on the dequantised weights.
-TEST(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
+TEST_P(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
   for (const Case& c : {Case{1, 8, 2}, Case{5, 4, 2}, Case{200, 4, 2}}) {
     SCOPED_TRACE(::testing::Message() << "t " << c.t);
     ExpertSet set(c.n_experts, 64, 32, 64, 900);
     const Mxfp4Experts mx(&set, 901);
     const auto z = RandomFloats(c.t * set.din, 902);
     const auto logits = RandomFloats(c.t * c.n_experts, 903, -3.0f, 3.0f);
-    const Routed r = Route(logits, nullptr, c.t, c.n_experts, c.top_k, true, 1.0f);
-    const auto got = RunFast(set, mx.Fast(set), z, c.t, c.top_k, r.idx, r.weights, Situ());
+    const Routed r = Route(device(), logits, nullptr, c.t, c.n_experts, c.top_k, true, 1.0f);
+    const auto got =
+        RunFast(device(), set, mx.Fast(set), z, c.t, c.top_k, r.idx, r.weights, Situ());
     const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, Situ());
     EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
   }
 }
 
-TEST(MoeExpertsTest, MatchesPerTokenReference) {
+TEST_P(MoeExpertsTest, MatchesPerTokenReference) {
   // T = 1; more experts than routed pairs; every expert chosen by every
   // token; a single expert.
   const Case cases[] = {{1, 8, 2}, {3, 16, 2}, {17, 4, 4}, {64, 8, 3}, {5, 1, 1}};
@@ -289,8 +301,8 @@ TEST(MoeExpertsTest, MatchesPerTokenReference) {
         const auto logits = RandomFloats(c.t * c.n_experts, ++seed, -3.0f, 3.0f);
         std::vector<float> bias(c.n_experts, 0.0f);
         if (c.n_experts > c.top_k) bias.back() = -10.0f;
-        const Routed r = Route(logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
-        const auto got = RunFast(set, set.Fast(), z, c.t, c.top_k, r.idx, r.weights, act);
+        const Routed r = Route(device(), logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
+        const auto got = RunFast(device(), set, set.Fast(), z, c.t, c.top_k, r.idx, r.weights, act);
         const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, act);
         EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
       }
@@ -300,12 +312,12 @@ TEST(MoeExpertsTest, MatchesPerTokenReference) {
 
 // Expert parallelism: each rank holds the experts e % ranks == rank (the
 // others null); the ranks' partial outputs add up to the whole.
-TEST(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
+TEST_P(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
   const ExpertSet set(8, 24, 12, 20, 700);
   const int64_t t = 9, k = 3;
   const auto z = RandomFloats(t * set.din, 701);
   const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
-  const Routed r = Route(logits, nullptr, t, set.n, k, true, 1.5f);
+  const Routed r = Route(device(), logits, nullptr, t, set.n, k, true, 1.5f);
   const auto want = RunRef(set, z, t, k, r.idx, r.weights, ActivationParams{});
   for (int ranks : {2, 3}) {
     std::vector<float> sum(t * set.dout, 0.0f);
@@ -314,7 +326,8 @@ TEST(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
       for (int64_t e = 0; e < set.n; ++e) {
         if (e % ranks != rank) experts[e] = {};
       }
-      const auto part = RunFast(set, experts, z, t, k, r.idx, r.weights, ActivationParams{});
+      const auto part =
+          RunFast(device(), set, experts, z, t, k, r.idx, r.weights, ActivationParams{});
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
     }
     EXPECT_TRUE(MoeClose(sum, want, set.din, set.inter, k)) << ranks << " ranks";
@@ -322,7 +335,7 @@ TEST(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
 }
 
 // Experts that receive no tokens are never touched: give them no weights.
-TEST(MoeExpertsTest, SkipsExpertsWithoutTokens) {
+TEST_P(MoeExpertsTest, SkipsExpertsWithoutTokens) {
   const ExpertSet set(16, 24, 12, 20, 500);
   const int64_t t = 3, k = 2;
   const std::vector<int32_t> idx = {5, 2, 2, 9, 14, 5};
@@ -332,32 +345,32 @@ TEST(MoeExpertsTest, SkipsExpertsWithoutTokens) {
     if (std::find(idx.begin(), idx.end(), e) == idx.end()) experts[e] = {};
   }
   const auto z = RandomFloats(t * set.din, 502);
-  const auto got = RunFast(set, experts, z, t, k, idx, weights, Situ());
+  const auto got = RunFast(device(), set, experts, z, t, k, idx, weights, Situ());
   EXPECT_TRUE(MoeClose(got, RunRef(set, z, t, k, idx, weights, Situ()), set.din, set.inter, k));
 }
 
 // The same expert twice for one token counts twice.
-TEST(MoeExpertsTest, RepeatedExpertAddsTwice) {
+TEST_P(MoeExpertsTest, RepeatedExpertAddsTwice) {
   const ExpertSet set(4, 16, 8, 12, 600);
   const int64_t t = 2, k = 2;
   const std::vector<int32_t> idx = {3, 3, 0, 1};
   const std::vector<float> weights = {0.25f, 0.75f, 0.5f, 0.5f};
   const auto z = RandomFloats(t * set.din, 601);
-  const auto got = RunFast(set, set.Fast(), z, t, k, idx, weights, ActivationParams{});
+  const auto got = RunFast(device(), set, set.Fast(), z, t, k, idx, weights, ActivationParams{});
   EXPECT_TRUE(
       MoeClose(got, RunRef(set, z, t, k, idx, weights, ActivationParams{}), set.din, set.inter, k));
 }
 
 // Each token's sum over its experts runs in a fixed order: repeating the call
 // and permuting the slots of a token give bitwise the same output.
-TEST(MoeExpertsTest, DeterministicAcrossSlotOrder) {
+TEST_P(MoeExpertsTest, DeterministicAcrossSlotOrder) {
   const ExpertSet set(8, 32, 16, 24, 700);
   const int64_t t = 20, k = 3;
   const auto z = RandomFloats(t * set.din, 701);
   const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
-  const Routed r = Route(logits, nullptr, t, set.n, k, true, 1.0f);
-  const auto first = RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
-  const auto again = RunFast(set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
+  const Routed r = Route(device(), logits, nullptr, t, set.n, k, true, 1.0f);
+  const auto first = RunFast(device(), set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
+  const auto again = RunFast(device(), set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
   EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)));
 
   Routed rev = r;
@@ -365,15 +378,18 @@ TEST(MoeExpertsTest, DeterministicAcrossSlotOrder) {
     std::reverse(rev.idx.begin() + i * k, rev.idx.begin() + (i + 1) * k);
     std::reverse(rev.weights.begin() + i * k, rev.weights.begin() + (i + 1) * k);
   }
-  const auto permuted = RunFast(set, set.Fast(), z, t, k, rev.idx, rev.weights, Situ());
+  const auto permuted = RunFast(device(), set, set.Fast(), z, t, k, rev.idx, rev.weights, Situ());
   EXPECT_EQ(0, std::memcmp(first.data(), permuted.data(), first.size() * sizeof(float)));
 }
 
-TEST(MoeExpertsTest, NoTokensIsNoOp) {
+TEST_P(MoeExpertsTest, NoTokensIsNoOp) {
   const ExpertSet set(2, 4, 4, 4, 800);
-  const auto out = RunFast(set, set.Fast(), {}, 0, 1, {}, {}, ActivationParams{});
+  const auto out = RunFast(device(), set, set.Fast(), {}, 0, 1, {}, {}, ActivationParams{});
   EXPECT_TRUE(out.empty());
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeRouteTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeExpertsTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

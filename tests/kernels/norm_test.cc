@@ -7,13 +7,14 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/norm_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
 using testing::AllClose;
-using testing::NaNs;
+using testing::DeviceTest;
 using testing::RandomFloats;
 using testing::ReductionTolerance;
 using testing::ToDouble;
@@ -22,9 +23,13 @@ constexpr int64_t kRows[] = {1, 3, 17, 64};
 // 4100 rows x 17 and 300 x 4096 below cross the OpenMP threshold.
 constexpr int64_t kDims[] = {1, 3, 7, 8, 17, 64, 129, 4096};
 
+class RmsNormTest : public DeviceTest {};
+class L2NormTest : public DeviceTest {};
+class NormDeathTest : public DeviceTest {};
+
 // The sum of squares is a reduction over dim; the scaled write adds a few
 // roundings, covered by ReductionTolerance's safety factor.
-TEST(RmsNormTest, MatchesReference) {
+TEST_P(RmsNormTest, MatchesReference) {
   uint64_t seed = 1;
   for (int64_t rows : kRows) {
     for (int64_t dim : kDims) {
@@ -33,58 +38,61 @@ TEST(RmsNormTest, MatchesReference) {
         const auto x = RandomFloats(rows * dim, ++seed, -2.0f, 2.0f);
         const auto w = RandomFloats(dim, ++seed, 0.5f, 1.5f);
         const float eps = 1e-6f;
-        auto y = NaNs(rows * dim);
+        auto y = Output<float>(rows * dim);
         RmsNorm(Tensor::F32(x.data(), rows, dim),
-                Tensor::F32(gain ? w.data() : nullptr, gain ? 1 : 0, dim), eps,
-                MutableTensor::F32(y.data(), rows, dim));
+                Tensor::F32(gain ? w.data() : nullptr, gain ? 1 : 0, dim), eps, y.View(rows, dim));
         std::vector<double> want(rows * dim);
         const auto wd = ToDouble(w);
         ref::RmsNorm(ToDouble(x).data(), gain ? wd.data() : nullptr, rows, dim, eps, want.data());
         const double tol = ReductionTolerance(dim);
-        EXPECT_TRUE(AllClose(y, want, tol, tol));
+        EXPECT_TRUE(AllClose(y.Values(), want, tol, tol));
+        EXPECT_TRUE(y.GuardsIntact());
       }
     }
   }
 }
 
-TEST(RmsNormTest, InPlaceAndThreaded) {
+TEST_P(RmsNormTest, InPlaceAndThreaded) {
   for (auto [rows, dim] : {std::pair<int64_t, int64_t>{4100, 17}, {300, 4096}}) {
     SCOPED_TRACE(::testing::Message() << "rows " << rows << " dim " << dim);
-    auto x = RandomFloats(rows * dim, 7 + rows);
+    auto x = Output<float>(rows * dim);  // in place: guarded as an output
+    x.Fill(RandomFloats(rows * dim, 7 + rows));
     const auto w = RandomFloats(dim, 8 + dim, 0.5f, 1.5f);
     std::vector<double> want(rows * dim);
-    ref::RmsNorm(ToDouble(x).data(), ToDouble(w).data(), rows, dim, 1e-5f, want.data());
-    RmsNorm(Tensor::F32(x.data(), rows, dim), Tensor::F32(w.data(), 1, dim), 1e-5f,
-            MutableTensor::F32(x.data(), rows, dim));
+    ref::RmsNorm(ToDouble(x.Values()).data(), ToDouble(w).data(), rows, dim, 1e-5f, want.data());
+    RmsNorm(x.View(rows, dim), Tensor::F32(w.data(), 1, dim), 1e-5f, x.View(rows, dim));
     const double tol = ReductionTolerance(dim);
-    EXPECT_TRUE(AllClose(x, want, tol, tol));
+    EXPECT_TRUE(AllClose(x.Values(), want, tol, tol));
+    EXPECT_TRUE(x.GuardsIntact());
   }
 }
 
 // Squares of 1e20 overflow float32; the accumulation must not.
-TEST(RmsNormTest, HugeAndTinyRows) {
+TEST_P(RmsNormTest, HugeAndTinyRows) {
   const int64_t dim = 256;
   for (float scale : {1e20f, 1e-20f}) {
     auto x = RandomFloats(dim, 3);
     for (float& v : x) v *= scale;
-    auto y = NaNs(dim);
-    RmsNorm(Tensor::F32(x.data(), 1, dim), Tensor{}, 0.0f, MutableTensor::F32(y.data(), 1, dim));
+    auto y = Output<float>(dim);
+    RmsNorm(Tensor::F32(x.data(), 1, dim), Tensor{}, 0.0f, y.View(1, dim));
     std::vector<double> want(dim);
     ref::RmsNorm(ToDouble(x).data(), nullptr, 1, dim, 0.0, want.data());
     const double tol = ReductionTolerance(dim);
-    EXPECT_TRUE(AllClose(y, want, tol, tol)) << "scale " << scale;
+    EXPECT_TRUE(AllClose(y.Values(), want, tol, tol)) << "scale " << scale;
+    EXPECT_TRUE(y.GuardsIntact());
   }
 }
 
 // An all-zero row normalises to zeros (eps keeps it finite).
-TEST(RmsNormTest, ZeroRowIsZero) {
+TEST_P(RmsNormTest, ZeroRowIsZero) {
   const std::vector<float> x(5, 0.0f);
-  auto y = NaNs(5);
-  RmsNorm(Tensor::F32(x.data(), 1, 5), Tensor{}, 1e-6f, MutableTensor::F32(y.data(), 1, 5));
-  for (float v : y) EXPECT_EQ(v, 0.0f);
+  auto y = Output<float>(5);
+  RmsNorm(Tensor::F32(x.data(), 1, 5), Tensor{}, 1e-6f, y.View(1, 5));
+  for (float v : y.Values()) EXPECT_EQ(v, 0.0f);
+  EXPECT_TRUE(y.GuardsIntact());
 }
 
-TEST(L2NormTest, MatchesReference) {
+TEST_P(L2NormTest, MatchesReference) {
   uint64_t seed = 100;
   for (int64_t rows : kRows) {
     for (int64_t dim : kDims) {
@@ -92,39 +100,42 @@ TEST(L2NormTest, MatchesReference) {
         SCOPED_TRACE(::testing::Message()
                      << "rows " << rows << " dim " << dim << " scale " << scale);
         const auto x = RandomFloats(rows * dim, ++seed);
-        auto y = NaNs(rows * dim);
-        L2Norm(Tensor::F32(x.data(), rows, dim), 1e-6f, scale,
-               MutableTensor::F32(y.data(), rows, dim));
+        auto y = Output<float>(rows * dim);
+        L2Norm(Tensor::F32(x.data(), rows, dim), 1e-6f, scale, y.View(rows, dim));
         std::vector<double> want(rows * dim);
         ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), scale, want.data());
         // Outputs are O(scale / sqrt(dim)): the absolute part scales too.
         const double tol = ReductionTolerance(dim);
-        EXPECT_TRUE(AllClose(y, want, tol * scale, tol));
+        EXPECT_TRUE(AllClose(y.Values(), want, tol * scale, tol));
+        EXPECT_TRUE(y.GuardsIntact());
       }
     }
   }
 }
 
-TEST(L2NormTest, InPlaceAndThreaded) {
+TEST_P(L2NormTest, InPlaceAndThreaded) {
   const int64_t rows = 2000, dim = 128;  // KDA: one row per head and token
-  auto x = RandomFloats(rows * dim, 11);
+  auto x = Output<float>(rows * dim);    // in place: guarded as an output
+  x.Fill(RandomFloats(rows * dim, 11));
   std::vector<double> want(rows * dim);
   const double scale = 1.0 / std::sqrt(128.0);
-  ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), static_cast<float>(scale),
-              want.data());
-  L2Norm(Tensor::F32(x.data(), rows, dim), 1e-6f, static_cast<float>(scale),
-         MutableTensor::F32(x.data(), rows, dim));
+  ref::L2Norm(ToDouble(x.Values()).data(), rows, dim, static_cast<double>(1e-6f),
+              static_cast<float>(scale), want.data());
+  L2Norm(x.View(rows, dim), 1e-6f, static_cast<float>(scale), x.View(rows, dim));
   const double tol = ReductionTolerance(dim);
-  EXPECT_TRUE(AllClose(x, want, tol, tol));
+  EXPECT_TRUE(AllClose(x.Values(), want, tol, tol));
+  EXPECT_TRUE(x.GuardsIntact());
 }
 
 // The entry point checks the whole contract before any variant runs: each
 // wrong argument aborts with a message naming it and what is wrong.
-TEST(NormDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
+TEST_P(NormDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
   std::vector<float> x = RandomFloats(3 * 8, 1), w = RandomFloats(8, 2), y(3 * 8);
   const Tensor xv = Tensor::F32(x.data(), 3, 8), wv = Tensor::F32(w.data(), 1, 8);
-  const MutableTensor yv = MutableTensor::F32(y.data(), 3, 8);
+  auto guarded = Output<float>(3 * 8);
+  const MutableTensor yv = guarded.View(3, 8);
   RmsNorm(xv, wv, 1e-6f, yv);  // the valid call, for contrast
+  EXPECT_TRUE(guarded.GuardsIntact());
   EXPECT_DEATH(RmsNorm(xv, Tensor::F32(w.data(), 1, 7), 1e-6f, yv),
                "w: shape \\[1, 7\\], expected \\[1, 8\\]");
   EXPECT_DEATH(RmsNorm(Tensor::F32(x.data(), 2, 8), wv, 1e-6f, yv), "x: shape \\[2, 8\\]");
@@ -142,6 +153,10 @@ TEST(NormDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
       RmsNorm(Tensor::F32(big.data(), 3, 8), wv, 1e-6f, MutableTensor::F32(big.data() + 8, 3, 8)),
       "Overlaps");
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(RmsNormTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(L2NormTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(NormDeathTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

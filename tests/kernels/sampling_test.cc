@@ -10,11 +10,14 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/sampling_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
+using testing::DeviceTest;
+using testing::GuardedBuffer;
 using testing::RandomFloats;
 using testing::ToDouble;
 
@@ -30,12 +33,19 @@ SamplingParams Params(float temperature, int64_t top_k = 0, float top_p = 1.0f) 
   return p;
 }
 
-std::vector<double> Dist(const std::vector<float>& logits, const SamplingParams& p) {
-  std::vector<double> probs(logits.size(), NAN);
-  SamplingDistribution(Tensor::F32(logits.data(), 1, static_cast<int64_t>(logits.size())), p,
-                       MutableTensor::F64(probs.data(), 1, static_cast<int64_t>(logits.size())));
-  return probs;
+// On `device`, into a guarded output whose guards it checks.
+std::vector<double> Dist(Device device, const std::vector<float>& logits, const SamplingParams& p) {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  GuardedBuffer<double> probs(device, vocab);
+  SamplingDistribution(Tensor::F32(logits.data(), 1, vocab), p, probs.View(1, vocab));
+  EXPECT_TRUE(probs.GuardsIntact());
+  return probs.Values();
 }
+
+// RngTest is the host generator alone; the op tests run once per device.
+class SamplingTest : public DeviceTest {};
+class SamplingDistributionTest : public DeviceTest {};
+class SampleTest : public DeviceTest {};
 
 std::vector<double> RefDist(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<double> probs(logits.size(), NAN);
@@ -111,27 +121,27 @@ TEST(RngTest, SameSeedSameSequence) {
 
 // ------------------------------------------------------------- greedy
 
-TEST(SamplingTest, GreedyIsArgmaxLowestIdAndLeavesRngAlone) {
+TEST_P(SamplingTest, GreedyIsArgmaxLowestIdAndLeavesRngAlone) {
   const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
   Rng rng(5), twin(5);
   EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 5), Params(0.0f), rng), 1);
   EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 5), Params(0.0f, 3, 0.5f), rng), 1);
   EXPECT_EQ(rng.Next(), twin.Next());
-  EXPECT_EQ(Dist(logits, Params(0.0f)), OneHot(5, 1));
+  EXPECT_EQ(Dist(device(), logits, Params(0.0f)), OneHot(5, 1));
   EXPECT_EQ(ref::Sample(ToDouble(logits).data(), 5, Params(0.0f), rng), 1);
   EXPECT_EQ(rng.Next(), twin.Next());
 }
 
-TEST(SamplingTest, SingleToken) {
+TEST_P(SamplingTest, SingleToken) {
   const std::vector<float> logits = {-7.0f};
   Rng rng(1);
-  EXPECT_EQ(Dist(logits, Params(1.0f, 0, 0.5f)), OneHot(1, 0));
+  EXPECT_EQ(Dist(device(), logits, Params(1.0f, 0, 0.5f)), OneHot(1, 0));
   EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 1), Params(1.0f), rng), 0);
 }
 
 // --------------------------------------------------------- distribution
 
-TEST(SamplingDistributionTest, MatchesReference) {
+TEST_P(SamplingDistributionTest, MatchesReference) {
   uint64_t seed = 1;
   for (int64_t vocab : {2, 5, 1000, 50000}) {
     for (float temperature : {0.3f, 1.0f, 2.5f}) {
@@ -141,7 +151,7 @@ TEST(SamplingDistributionTest, MatchesReference) {
                                             << " top_k " << top_k << " top_p " << top_p);
           const auto logits = RandomFloats(vocab, ++seed, -5.0f, 5.0f);
           const SamplingParams p = Params(temperature, top_k, top_p);
-          const auto got = Dist(logits, p);
+          const auto got = Dist(device(), logits, p);
           EXPECT_TRUE(SameDistribution(got, RefDist(logits, p)));
           double sum = 0.0;
           for (double v : got) sum += v;
@@ -153,14 +163,14 @@ TEST(SamplingDistributionTest, MatchesReference) {
 }
 
 // A real vocabulary: also a rough guard on the cost (no full sorts).
-TEST(SamplingDistributionTest, LargeVocabulary) {
+TEST_P(SamplingDistributionTest, LargeVocabulary) {
   const int64_t vocab = 163840;
   const auto logits = RandomFloats(vocab, 2024, -12.0f, 12.0f);
   for (const SamplingParams& p :
        {Params(1.0f), Params(0.7f, 0, 0.9f), Params(1.0f, 40, 0.95f), Params(1.3f, 1000, 1.0f)}) {
     SCOPED_TRACE(::testing::Message() << "top_k " << p.top_k << " top_p " << p.top_p);
     const auto start = std::chrono::steady_clock::now();
-    const auto got = Dist(logits, p);
+    const auto got = Dist(device(), logits, p);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     EXPECT_TRUE(SameDistribution(got, RefDist(logits, p)));
@@ -168,7 +178,7 @@ TEST(SamplingDistributionTest, LargeVocabulary) {
   }
 }
 
-TEST(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
+TEST_P(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
   uint64_t seed = 300;
   for (int64_t vocab : {1, 7, 1000}) {
     auto logits = RandomFloats(vocab, ++seed);
@@ -178,9 +188,9 @@ TEST(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
       if (logits[i] > logits[argmax]) argmax = i;
     }
     const auto greedy = OneHot(vocab, argmax);
-    EXPECT_EQ(Dist(logits, Params(0.0f)), greedy);
-    EXPECT_EQ(Dist(logits, Params(0.8f, 1)), greedy) << vocab;
-    EXPECT_EQ(Dist(logits, Params(0.8f, 0, 1e-6f)), greedy) << vocab;
+    EXPECT_EQ(Dist(device(), logits, Params(0.0f)), greedy);
+    EXPECT_EQ(Dist(device(), logits, Params(0.8f, 1)), greedy) << vocab;
+    EXPECT_EQ(Dist(device(), logits, Params(0.8f, 0, 1e-6f)), greedy) << vocab;
     Rng rng(seed);
     for (int draw = 0; draw < 20; ++draw) {
       EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, vocab), Params(1.0f, 1), rng), argmax);
@@ -190,34 +200,37 @@ TEST(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
 }
 
 // Ties at the top_k boundary keep the lower ids; exact probabilities.
-TEST(SamplingDistributionTest, TopKTiesKeepLowerIds) {
+TEST_P(SamplingDistributionTest, TopKTiesKeepLowerIds) {
   const std::vector<float> logits = {1.0f, 2.0f, 2.0f, 2.0f, 0.0f};
-  EXPECT_EQ(Dist(logits, Params(1.0f, 2)), (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
+  EXPECT_EQ(Dist(device(), logits, Params(1.0f, 2)),
+            (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
   EXPECT_EQ(RefDist(logits, Params(1.0f, 2)), (std::vector<double>{0.0, 0.5, 0.5, 0.0, 0.0}));
   // top_p over equal probabilities: 0.3 of {1/3, 1/3, 1/3} keeps the lowest id.
-  EXPECT_EQ(Dist(logits, Params(1.0f, 3, 0.3f)), OneHot(5, 1));
+  EXPECT_EQ(Dist(device(), logits, Params(1.0f, 3, 0.3f)), OneHot(5, 1));
 }
 
 // Probabilities 0.5, 0.3, 0.2: top_p picks the smallest prefix reaching it.
-TEST(SamplingDistributionTest, TopPPrefix) {
+TEST_P(SamplingDistributionTest, TopPPrefix) {
   const std::vector<float> logits = {std::log(0.3f), std::log(0.5f), std::log(0.2f)};
   auto near = [](const std::vector<double>& got, const std::vector<double>& want) {
     return SameDistribution(got, want);
   };
   // The prefix rounds differently only within ~1e-7 of 0.5 / 0.8: stay away.
-  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.45f)), {0.0, 1.0, 0.0}));
+  EXPECT_TRUE(near(Dist(device(), logits, Params(1.0f, 0, 0.45f)), {0.0, 1.0, 0.0}));
   const double p3 = std::exp(static_cast<double>(std::log(0.3f)));
   const double p5 = std::exp(static_cast<double>(std::log(0.5f)));
-  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.7f)), {p3 / (p3 + p5), p5 / (p3 + p5), 0.0}));
-  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 0, 0.9f)), Dist(logits, Params(1.0f))));
+  EXPECT_TRUE(
+      near(Dist(device(), logits, Params(1.0f, 0, 0.7f)), {p3 / (p3 + p5), p5 / (p3 + p5), 0.0}));
+  EXPECT_TRUE(
+      near(Dist(device(), logits, Params(1.0f, 0, 0.9f)), Dist(device(), logits, Params(1.0f))));
   // top_p applies to the top_k-renormalised distribution: with top_k = 2 the
   // kept probabilities are 0.375 / 0.625, so 0.6 keeps one token.
-  EXPECT_TRUE(near(Dist(logits, Params(1.0f, 2, 0.6f)), {0.0, 1.0, 0.0}));
+  EXPECT_TRUE(near(Dist(device(), logits, Params(1.0f, 2, 0.6f)), {0.0, 1.0, 0.0}));
 }
 
 // ------------------------------------------------------------- draws
 
-TEST(SampleTest, MatchesReferenceDrawForDraw) {
+TEST_P(SampleTest, MatchesReferenceDrawForDraw) {
   const auto logits = RandomFloats(1000, 77, -3.0f, 3.0f);
   const auto logits_d = ToDouble(logits);
   for (const SamplingParams& p :
@@ -232,7 +245,7 @@ TEST(SampleTest, MatchesReferenceDrawForDraw) {
   }
 }
 
-TEST(SampleTest, SameSeedSameTokens) {
+TEST_P(SampleTest, SameSeedSameTokens) {
   const auto logits = RandomFloats(5000, 5, -4.0f, 4.0f);
   const SamplingParams p = Params(0.9f, 64, 0.9f);
   Rng a(31337), b(31337);
@@ -244,12 +257,12 @@ TEST(SampleTest, SameSeedSameTokens) {
 
 // 20000 draws over five tokens: every count within 4.5 standard errors of
 // N·p (deterministic for this seed; a wrong CDF walk is off by hundreds).
-TEST(SampleTest, EmpiricalFrequencies) {
+TEST_P(SampleTest, EmpiricalFrequencies) {
   const std::vector<float> logits = {0.0f, 1.0f, -1.0f, 0.5f, 2.0f};
   for (const SamplingParams& p : {Params(1.0f), Params(0.7f, 3), Params(1.0f, 0, 0.8f)}) {
     SCOPED_TRACE(::testing::Message() << "temperature " << p.temperature << " top_k " << p.top_k
                                       << " top_p " << p.top_p);
-    const auto probs = Dist(logits, p);
+    const auto probs = Dist(device(), logits, p);
     const int n = 20000;
     std::vector<int> count(5, 0);
     Rng rng(8675309);
@@ -272,7 +285,7 @@ TEST(SampleTest, EmpiricalFrequencies) {
 // Sizes span the top-p histogram's one-bucket and many-bucket cases, and the
 // rows mix every kind of value, so a comparison that is not a strict order
 // (NaN) would reach std::sort and nth_element. Run at every CPU level.
-TEST(SamplingTest, NonFiniteLogitsFollowTheReference) {
+TEST_P(SamplingTest, NonFiniteLogitsFollowTheReference) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   constexpr float kInf = std::numeric_limits<float>::infinity();
   std::vector<std::vector<float>> rows;
@@ -311,7 +324,7 @@ TEST(SamplingTest, NonFiniteLogitsFollowTheReference) {
     for (size_t s = 0; s < settings.size(); ++s) {
       SCOPED_TRACE(::testing::Message()
                    << "row " << r << " (vocab " << vocab << "), setting " << s);
-      const std::vector<double> got = Dist(logits, settings[s]);
+      const std::vector<double> got = Dist(device(), logits, settings[s]);
       EXPECT_TRUE(SameDistribution(got, RefDist(logits, settings[s])));
       double sum = 0.0;
       for (double p : got) sum += p;
@@ -327,6 +340,10 @@ TEST(SamplingTest, NonFiniteLogitsFollowTheReference) {
     }
   }
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(SamplingTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(SamplingDistributionTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(SampleTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

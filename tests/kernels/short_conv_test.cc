@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/reference/short_conv_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -21,7 +22,9 @@ std::string Name(const ConvCase& c) {
          " width=" + std::to_string(c.width) + (c.silu ? " silu" : "");
 }
 
-TEST(ShortConvTest, MatchesReference) {
+class ShortConvTest : public testing::DeviceTest {};
+
+TEST_P(ShortConvTest, MatchesReference) {
   double worst = 0.0;
   uint64_t seed = 1;
   for (int64_t t : {0, 1, 2, 3, 5, 17, 64, 200}) {
@@ -32,21 +35,24 @@ TEST(ShortConvTest, MatchesReference) {
           SCOPED_TRACE(Name(c));
           const std::vector<float> x = testing::RandomFloats(t * channels, ++seed, -3, 3);
           const std::vector<float> w = testing::RandomFloats(channels * width, ++seed);
-          std::vector<float> state = testing::RandomFloats((width - 1) * channels, ++seed, -3, 3);
-          std::vector<double> want_state = testing::ToDouble(state);
+          auto state = Output<float>((width - 1) * channels);  // read and written
+          state.Fill(testing::RandomFloats((width - 1) * channels, ++seed, -3, 3));
+          std::vector<double> want_state = testing::ToDouble(state.Values());
           std::vector<double> want_y(t * channels);
           kernels::ref::ShortConv(testing::ToDouble(x).data(), testing::ToDouble(w).data(), t,
                                   channels, width, silu, want_state.data(), want_y.data());
-          std::vector<float> y = testing::NaNs(t * channels);
+          auto out = Output<float>(t * channels);
           kernels::ShortConv(kernels::Tensor::F32(x.data(), t, channels),
                              kernels::Tensor::F32(w.data(), channels, width), silu,
-                             kernels::MutableTensor::F32(state.data(), width - 1, channels),
-                             kernels::MutableTensor::F32(y.data(), t, channels));
+                             state.View(width - 1, channels), out.View(t, channels));
+          const std::vector<float> y = out.Values();
           // A sum of `width` products, then SiLU's exp and division.
           const double tol = testing::ReductionTolerance(width);
           EXPECT_TRUE(testing::AllClose(y, want_y, tol, tol));
           // The state is copied inputs: exact.
-          EXPECT_EQ(testing::ToDouble(state), want_state);
+          EXPECT_EQ(testing::ToDouble(state.Values()), want_state);
+          EXPECT_TRUE(out.GuardsIntact());
+          EXPECT_TRUE(state.GuardsIntact());
           if (t > 0) worst = std::max(worst, testing::RelL2(y, want_y));
         }
       }
@@ -57,7 +63,7 @@ TEST(ShortConvTest, MatchesReference) {
 
 // Prefill in one call, prefill in pieces and decode token by token must give
 // bitwise the same outputs and final state.
-TEST(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
+TEST_P(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
   for (const ConvCase& c :
        {ConvCase{70, 130, 4, true}, ConvCase{40, 3000, 4, true}, ConvCase{9, 7, 4, false},
         ConvCase{12, 33, 2, true}, ConvCase{5, 16, 1, false}}) {
@@ -66,48 +72,56 @@ TEST(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
     const std::vector<float> w = testing::RandomFloats(c.channels * c.width, 12);
     const std::vector<float> state0 = testing::RandomFloats((c.width - 1) * c.channels, 13, -3, 3);
 
-    std::vector<float> state_one = state0;
-    std::vector<float> y_one = testing::NaNs(c.t * c.channels);
+    auto state_one = Output<float>((c.width - 1) * c.channels);
+    state_one.Fill(state0);
+    auto y_one = Output<float>(c.t * c.channels);
     kernels::ShortConv(kernels::Tensor::F32(x.data(), c.t, c.channels),
                        kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
-                       kernels::MutableTensor::F32(state_one.data(), c.width - 1, c.channels),
-                       kernels::MutableTensor::F32(y_one.data(), c.t, c.channels));
+                       state_one.View(c.width - 1, c.channels), y_one.View(c.t, c.channels));
+    EXPECT_TRUE(state_one.GuardsIntact());
+    EXPECT_TRUE(y_one.GuardsIntact());
 
     const std::vector<std::vector<int64_t>> cut_sets = {
         {1}, {2, 1, 3}, {c.t / 2}, std::vector<int64_t>(c.t, 1), {0, 3, 0, 4}};
     for (const auto& cuts : cut_sets) {
-      std::vector<float> state = state0;
-      std::vector<float> y = testing::NaNs(c.t * c.channels);
+      auto state = Output<float>((c.width - 1) * c.channels);
+      state.Fill(state0);
+      auto y = Output<float>(c.t * c.channels);
       int64_t t0 = 0;
       for (size_t p = 0; t0 < c.t; ++p) {
         const int64_t len = p < cuts.size() ? std::min(cuts[p], c.t - t0) : c.t - t0;
-        kernels::ShortConv(
-            kernels::Tensor::F32(x.data() + t0 * c.channels, len, c.channels),
-            kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
-            kernels::MutableTensor::F32(state.data(), c.width - 1, c.channels),
-            kernels::MutableTensor::F32(y.data() + t0 * c.channels, len, c.channels));
+        kernels::ShortConv(kernels::Tensor::F32(x.data() + t0 * c.channels, len, c.channels),
+                           kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
+                           state.View(c.width - 1, c.channels),
+                           y.View(c.t, c.channels).Rows(t0, len));
         t0 += len;
       }
-      EXPECT_EQ(y, y_one) << "pieces: " << cuts.size();
-      EXPECT_EQ(state, state_one) << "pieces: " << cuts.size();
+      EXPECT_EQ(y.Values(), y_one.Values()) << "pieces: " << cuts.size();
+      EXPECT_EQ(state.Values(), state_one.Values()) << "pieces: " << cuts.size();
+      EXPECT_TRUE(y.GuardsIntact());
+      EXPECT_TRUE(state.GuardsIntact());
     }
   }
 }
 
 // With fewer tokens than the history, the new state keeps part of the old.
-TEST(ShortConvTest, ShortInputShiftsState) {
+TEST_P(ShortConvTest, ShortInputShiftsState) {
   const int64_t channels = 2, width = 4;
-  std::vector<float> state = {1, 10, 2, 20, 3, 30};  // [3, 2], oldest first
+  auto state = Output<float>(6);
+  state.Fill({1, 10, 2, 20, 3, 30});  // [3, 2], oldest first
   const std::vector<float> x = {4, 40};
   const std::vector<float> w = {0, 0, 0, 1, 1, 1, 1, 1};  // [2, 4]: x[t]; the sum
-  std::vector<float> y = testing::NaNs(2);
+  auto y = Output<float>(2);
   kernels::ShortConv(kernels::Tensor::F32(x.data(), 1, channels),
                      kernels::Tensor::F32(w.data(), channels, width), false,
-                     kernels::MutableTensor::F32(state.data(), width - 1, channels),
-                     kernels::MutableTensor::F32(y.data(), 1, channels));
-  EXPECT_EQ(y, (std::vector<float>{4, 10 + 20 + 30 + 40}));
-  EXPECT_EQ(state, (std::vector<float>{2, 20, 3, 30, 4, 40}));
+                     state.View(width - 1, channels), y.View(1, channels));
+  EXPECT_EQ(y.Values(), (std::vector<float>{4, 10 + 20 + 30 + 40}));
+  EXPECT_EQ(state.Values(), (std::vector<float>{2, 20, 3, 30, 4, 40}));
+  EXPECT_TRUE(y.GuardsIntact());
+  EXPECT_TRUE(state.GuardsIntact());
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(ShortConvTest);
 
 }  // namespace
 }  // namespace deltaserve

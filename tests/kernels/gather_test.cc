@@ -1,0 +1,201 @@
+// kernels/gather.h against the float64 reference: every dtype pair, strided
+// rows, repeated and empty index lists, and the check of each index.
+#include "kernels/gather.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/bf16.h"
+#include "kernels/reference/gather_ref.h"
+#include "tests/kernels/device_test_util.h"
+#include "tests/test_util.h"
+
+namespace deltaserve::kernels {
+namespace {
+
+using testing::DeviceTest;
+using testing::RandomFloats;
+using testing::RandomTokens;
+using testing::WithoutStride;
+using testing::WithStride;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A [rows, cols] operand of either dtype at row stride `stride`, holding
+// `values` (exactly, for bf16: the test picks bf16 values for it).
+struct Operand {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  Tensor view;
+};
+Operand MakeOperand(DType dtype, const std::vector<float>& values, int64_t rows, int64_t cols,
+                    int64_t stride) {
+  Operand o;
+  o.f32 = WithStride(values, rows, cols, stride, kNaN);
+  const int64_t s = stride == cols ? 0 : stride;
+  if (dtype == DType::kBF16) {
+    for (float v : o.f32) o.bf16.push_back(FloatToBf16(v));
+    o.view = Tensor::BF16(o.bf16.data(), rows, cols, s);
+  } else {
+    o.view = Tensor::F32(o.f32.data(), rows, cols, s);
+  }
+  return o;
+}
+
+std::vector<float> Bf16Values(std::vector<float> x) {
+  for (float& v : x) v = Bf16ToFloat(FloatToBf16(v));
+  return x;
+}
+
+// Values equal to the reference's: copies and one correctly rounded step,
+// so no tolerance. NaN where the reference has NaN (untouched rows).
+::testing::AssertionResult SameValues(const std::vector<float>& got,
+                                      const std::vector<double>& want) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
+    if (!both_nan && static_cast<double>(got[i]) != want[i]) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << got[i] << " vs " << want[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class GatherTest : public DeviceTest {
+ protected:
+  // Runs `write(dst_view)` on a guarded destination of `dtype`, optionally
+  // filled with `initial` (dense [rows, cols]) first; returns its values.
+  template <typename Write>
+  std::vector<float> Into(DType dtype, int64_t rows, int64_t cols, int64_t stride,
+                          const std::vector<float>* initial, Write write) {
+    const int64_t s = stride == cols ? 0 : stride;
+    std::vector<float> all;
+    if (dtype == DType::kF32) {
+      auto dst = Output<float>(rows * stride);
+      if (initial != nullptr) dst.Fill(WithStride(*initial, rows, cols, stride, kNaN));
+      write(dst.View(rows, cols, s));
+      EXPECT_TRUE(dst.GuardsIntact());
+      all = dst.Values();
+    } else {
+      auto dst = Output<uint16_t>(rows * stride);
+      if (initial != nullptr) {
+        std::vector<uint16_t> bits;
+        for (float v : WithStride(*initial, rows, cols, stride, kNaN))
+          bits.push_back(FloatToBf16(v));
+        dst.Fill(bits);
+      }
+      write(dst.View(rows, cols, s));
+      EXPECT_TRUE(dst.GuardsIntact());
+      for (uint16_t b : dst.Values()) all.push_back(Bf16ToFloat(b));
+    }
+    // The gaps of a strided destination stay unwritten.
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = cols; c < stride; ++c) EXPECT_TRUE(std::isnan(all[r * stride + c]));
+    }
+    return WithoutStride(all, rows, cols, stride);
+  }
+};
+
+TEST_P(GatherTest, GatherMatchesReference) {
+  uint64_t seed = 1;
+  for (DType from : {DType::kF32, DType::kBF16}) {
+    for (DType to : {DType::kF32, DType::kBF16}) {
+      for (int64_t n : {0, 1, 3, 40}) {
+        for (int64_t cols : {0, 1, 7, 64, 300}) {
+          for (int64_t pad : {0, 3}) {
+            SCOPED_TRACE(::testing::Message() << DTypeName(from) << " -> " << DTypeName(to) << " n "
+                                              << n << " cols " << cols << " pad " << pad);
+            const int64_t src_rows = 17;
+            auto values = RandomFloats(src_rows * cols, ++seed, -100.0f, 100.0f);
+            if (from == DType::kBF16) values = Bf16Values(values);
+            const Operand src = MakeOperand(from, values, src_rows, cols, cols + 2 * pad);
+            // Random rows, so repeats too.
+            const auto index = RandomTokens(n, ++seed, src_rows);
+            std::vector<double> want(n * cols);
+            const std::vector<double> wide(values.begin(), values.end());
+            ref::GatherRows(wide.data(), index.data(), n, cols, to == DType::kBF16, want.data());
+            const auto got = Into(to, n, cols, cols + pad, nullptr, [&](const MutableTensor& dst) {
+              GatherRows(src.view, Tensor::I32(index.data(), 1, n), dst);
+            });
+            EXPECT_TRUE(SameValues(got, want));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Distinct rows written, the others left as they were.
+TEST_P(GatherTest, ScatterMatchesReference) {
+  uint64_t seed = 100;
+  for (DType from : {DType::kF32, DType::kBF16}) {
+    for (DType to : {DType::kF32, DType::kBF16}) {
+      for (int64_t n : {0, 1, 5, 17}) {
+        for (int64_t cols : {0, 1, 9, 64, 300}) {
+          for (int64_t pad : {0, 2}) {
+            SCOPED_TRACE(::testing::Message() << DTypeName(from) << " -> " << DTypeName(to) << " n "
+                                              << n << " cols " << cols << " pad " << pad);
+            const int64_t dst_rows = 17;
+            auto values = RandomFloats(n * cols, ++seed, -100.0f, 100.0f);
+            if (from == DType::kBF16) values = Bf16Values(values);
+            const Operand src = MakeOperand(from, values, n, cols, cols + pad);
+            // A permutation's first n: distinct, in no order.
+            std::vector<int32_t> index(dst_rows);
+            for (int32_t i = 0; i < dst_rows; ++i) index[i] = (i * 7 + 3) % dst_rows;
+            index.resize(n);
+            // The destination starts with values of its own dtype.
+            auto initial = RandomFloats(dst_rows * cols, ++seed, -1.0f, 1.0f);
+            if (to == DType::kBF16) initial = Bf16Values(initial);
+            std::vector<double> want(initial.begin(), initial.end());
+            const std::vector<double> wide(values.begin(), values.end());
+            ref::ScatterRows(wide.data(), index.data(), n, cols, to == DType::kBF16, want.data());
+            const auto got =
+                Into(to, dst_rows, cols, cols + 2 * pad, &initial, [&](const MutableTensor& dst) {
+                  ScatterRows(src.view, Tensor::I32(index.data(), 1, n), dst);
+                });
+            EXPECT_TRUE(SameValues(got, want));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Scattered rows read back by the same indices: a cache round trip.
+TEST_P(GatherTest, RoundTripThroughPages) {
+  const int64_t n = 300, cols = 576, pages = 512;
+  const auto values = Bf16Values(RandomFloats(n * cols, 7));
+  std::vector<int32_t> index(n);
+  for (int32_t i = 0; i < n; ++i) index[i] = (i * 37 + 11) % pages;
+  auto cache = Output<uint16_t>(pages * cols);
+  ScatterRows(Tensor::F32(values.data(), n, cols), Tensor::I32(index.data(), 1, n),
+              cache.View(pages, cols));
+  EXPECT_TRUE(cache.GuardsIntact());
+  const auto bits = cache.Values();
+  auto back = Output<float>(n * cols);
+  GatherRows(Tensor::BF16(bits.data(), pages, cols), Tensor::I32(index.data(), 1, n),
+             back.View(n, cols));
+  EXPECT_EQ(back.Values(), values);
+  EXPECT_TRUE(back.GuardsIntact());
+}
+
+TEST_P(GatherTest, RefusesBadIndices) {
+  std::vector<float> src(4 * 8, 1.0f), dst(4 * 8);
+  std::vector<int32_t> index = {0, 4};
+  EXPECT_DEATH(GatherRows(Tensor::F32(src.data(), 4, 8), Tensor::I32(index.data(), 1, 2),
+                          MutableTensor::F32(dst.data(), 2, 8)),
+               "GatherRows: rows\\[1\\] = 4 is outside \\[0, 4\\)");
+  index = {-1, 0};
+  EXPECT_DEATH(ScatterRows(Tensor::F32(src.data(), 2, 8), Tensor::I32(index.data(), 1, 2),
+                           MutableTensor::F32(dst.data(), 4, 8)),
+               "ScatterRows: rows\\[0\\] = -1 is outside \\[0, 4\\)");
+}
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(GatherTest);
+
+}  // namespace
+}  // namespace deltaserve::kernels
