@@ -9,13 +9,14 @@ namespace deltaserve::kernels {
 
 void RmsNorm(const Tensor& x, const Tensor& w, float eps, const MutableTensor& y) {
   const int64_t rows = y.rows, dim = y.cols;
-  DELTASERVE_CHECK_VIEW(y, DType::kF32, rows, dim);
-  DELTASERVE_CHECK_VIEW(x, DType::kF32, rows, dim);
+  DELTASERVE_CHECK_STRIDED_VIEW(y, DType::kF32, rows, dim);
+  DELTASERVE_CHECK_STRIDED_VIEW(x, DType::kF32, rows, dim);
   if (!w.empty() || w.data != nullptr) DELTASERVE_CHECK_VIEW(w, DType::kF32, 1, dim);
-  DELTASERVE_CHECK(x.data == y.data || !Overlaps(x, y));
+  DELTASERVE_CHECK((x.data == y.data && x.RowStride() == y.RowStride()) || !Overlaps(x, y));
   DELTASERVE_CHECK(!Overlaps(w, y));
   DELTASERVE_CPU_DISPATCH(RmsNorm)
-  (x.As<float>(), w.empty() ? nullptr : w.As<float>(), rows, dim, eps, y.As<float>());
+  (x.As<float>(), x.RowStride(), w.empty() ? nullptr : w.As<float>(), rows, dim, eps, y.As<float>(),
+   y.RowStride());
 }
 
 void L2Norm(const Tensor& x, float eps, float scale, const MutableTensor& y) {

@@ -99,6 +99,16 @@ double ReductionTolerance(int64_t n, double factor) {
   return factor * u * std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)));
 }
 
+std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
+  const double max = *std::max_element(logits, logits + vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
+  const double log_z = max + std::log(sum);
+  std::vector<double> out(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) out[i] = logits[i] - log_z;
+  return out;
+}
+
 std::string GoldenPath(const std::string& relative) {
   return std::string(DELTASERVE_SOURCE_DIR) + "/../shared/golden/" + relative;
 }

@@ -42,6 +42,10 @@ double RelL2(const std::vector<double>& a, const std::vector<double>& b);
 // factor for the few sequential operations around it.
 double ReductionTolerance(int64_t n, double factor = 8.0);
 
+// The log softmax of one row of logits, in double (what scores are checked
+// against): logits - (max + log Σ exp(logits - max)).
+std::vector<double> LogSoftmax(const float* logits, int64_t vocab);
+
 // `../shared/golden/<relative>`: tests run from the repository root.
 std::string GoldenPath(const std::string& relative);
 

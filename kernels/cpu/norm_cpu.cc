@@ -43,15 +43,16 @@ void ScaleRow(const float* x, const float* w, int64_t dim, float s, float* y) {
 
 }  // namespace
 
-void RmsNorm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y) {
+void RmsNorm(const float* x, int64_t ldx, const float* w, int64_t rows, int64_t dim, float eps,
+             float* y, int64_t ldy) {
   if (rows == 0 || dim == 0) return;
   const bool parallel = rows > 1 && rows * dim >= kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
+    const float* xr = x + r * ldx;
     const double mean = SumSquares(xr, dim) / static_cast<double>(dim);
     const float s = static_cast<float>(1.0 / std::sqrt(mean + eps));
-    ScaleRow(xr, w, dim, s, y + r * dim);
+    ScaleRow(xr, w, dim, s, y + r * ldy);
   }
 }
 

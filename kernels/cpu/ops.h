@@ -123,8 +123,8 @@ DELTASERVE_CPU_DECLARE(MoeRoute, void(const float* logits, const float* bias, in
                                       int64_t experts, int64_t top_k, bool renormalize,
                                       float scaling, int32_t* idx, float* weights))
 DELTASERVE_CPU_DECLARE(MoeExperts, void(const MoeExpertsPtrs& args))
-DELTASERVE_CPU_DECLARE(RmsNorm, void(const float* x, const float* w, int64_t rows, int64_t dim,
-                                     float eps, float* y))
+DELTASERVE_CPU_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* w, int64_t rows,
+                                     int64_t dim, float eps, float* y, int64_t ldy))
 DELTASERVE_CPU_DECLARE(L2Norm, void(const float* x, int64_t rows, int64_t dim, float eps,
                                     float scale, float* y))
 DELTASERVE_CPU_DECLARE(SamplingDistribution, void(const float* logits, int64_t vocab,

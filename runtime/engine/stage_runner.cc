@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "kernels/convert.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/message_tags.h"
 
@@ -36,16 +37,18 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
     act = model_.Embed(batch.tokens);
     stats_.compute_s += Since(t0);
   } else {
+    // The packet: bank entries, then the prefix, each [rows, D].
     const int64_t bank = model_.BankSizeBefore(model_.shard().layer_begin);
-    std::vector<float> packet((bank + 1) * rows * D);
+    const kernels::Buffer packet(kernels::Device::kCpu, kernels::DType::kF32, (bank + 1) * rows, D);
     DELTASERVE_RETURN_IF_ERROR(world_.Recv(
-        packet.data(), packet.size() * sizeof(float),
+        packet.view().data, packet.bytes(),
         layout_.Rank(coord_.replica, coord_.stage - 1, coord_.tp_rank), message_tags::kActivation));
     act.rows = rows;
-    for (int64_t b = 0; b < bank; ++b) {
-      act.bank.emplace_back(packet.begin() + b * rows * D, packet.begin() + (b + 1) * rows * D);
+    for (int64_t b = 0; b <= bank; ++b) {
+      kernels::Buffer part(packet.device(), kernels::DType::kF32, rows, D);
+      kernels::Convert(packet.view().Rows(b * rows, rows), part);
+      (b < bank ? act.bank.emplace_back() : act.prefix) = std::move(part);
     }
-    act.prefix.assign(packet.begin() + bank * rows * D, packet.end());
   }
   const auto t0 = Clock::now();
   DELTASERVE_RETURN_IF_ERROR(model_.RunLayers(batch.rows, &act));
@@ -57,12 +60,15 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   }
   stats_.compute_s += Since(t0);
   InFlight send;
-  send.packet.reserve((act.bank.size() + 1) * rows * D);
-  for (const auto& b : act.bank) send.packet.insert(send.packet.end(), b.begin(), b.end());
-  send.packet.insert(send.packet.end(), act.prefix.begin(), act.prefix.end());
-  const size_t bytes = send.packet.size() * sizeof(float);
+  const int64_t entries = static_cast<int64_t>(act.bank.size()) + 1;
+  send.packet = kernels::Buffer(act.prefix.device(), kernels::DType::kF32, entries * rows, D);
+  for (int64_t b = 0; b < entries; ++b) {
+    const kernels::Tensor part = b + 1 < entries ? kernels::Tensor(act.bank[b]) : act.prefix;
+    kernels::Convert(part, send.packet.view().Rows(b * rows, rows));
+  }
+  const size_t bytes = send.packet.bytes();
   DELTASERVE_ASSIGN_OR_RETURN(
-      send.request, world_.Isend(send.packet.data(), bytes,
+      send.request, world_.Isend(send.packet.view().data, bytes,
                                  layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank),
                                  message_tags::kActivation));
   stats_.bytes_sent += static_cast<int64_t>(bytes);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/workspace.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/world_layout.h"
 #include "runtime/model/model.h"
@@ -67,7 +68,7 @@ class StageRunner {
   Communicator& world_;
   RankCoord coord_;
   struct InFlight {
-    std::vector<float> packet;
+    kernels::Buffer packet;  // bank entries then prefix, [entries * rows, D]
     std::unique_ptr<SendRequest> request;
   };
   std::deque<InFlight> in_flight_;

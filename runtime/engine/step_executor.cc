@@ -2,47 +2,40 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/logsoftmax.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
 
-double LogSumExp(const float* logits, int64_t vocab) {
-  const double max = *std::max_element(logits, logits + vocab);
-  double sum = 0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
-  return max + std::log(sum);
-}
-
-std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
-  const double log_z = LogSumExp(logits, vocab);
-  std::vector<double> out(vocab);
-  for (int64_t i = 0; i < vocab; ++i) out[i] = logits[i] - log_z;
-  return out;
-}
-
 namespace {
 
-// Appends the n most likely ids of one row (highest first, lower id on ties)
-// and their log-probs (logit - log_z) to `r`. `order` is scratch, reused
-// across rows so that scoring a piece allocates one vocabulary's worth.
-void AppendTop(const float* logits, int64_t vocab, double log_z, int64_t n,
-               std::vector<int32_t>& order, SequenceResult& r) {
-  n = std::min(n, vocab);
-  if (n <= 0) return;
-  order.resize(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (int64_t i = 0; i < n; ++i) {
-    r.top_ids.push_back(order[i]);
-    r.top_logprobs.push_back(static_cast<float>(logits[order[i]] - log_z));
+// The log-prob statistics of logit rows: appends the top `top_k`
+// alternatives of each row to `r` and returns the log-prob of each row's
+// target (none without `targets`).
+std::vector<float> LogProbs(const kernels::Tensor& logits, const std::vector<int32_t>* targets,
+                            int64_t top_k, SequenceResult& r) {
+  using namespace kernels;
+  const int64_t rows = logits.rows, k = std::min(top_k, logits.cols);
+  std::vector<double> log_z(static_cast<size_t>(rows));
+  std::vector<float> target_lp(targets != nullptr ? rows : 0);
+  const size_t before = r.top_ids.size();
+  r.top_ids.resize(before + rows * k);
+  r.top_logprobs.resize(before + rows * k);
+  LogSoftmaxTopKArgs args;
+  args.logits = logits;
+  if (targets != nullptr) {
+    args.targets = Tensor::I32(targets->data(), rows, 1);
+    args.target_logprobs = MutableTensor::F32(target_lp.data(), rows, 1);
   }
+  args.top_k = k;
+  args.log_z = MutableTensor::F64(log_z.data(), rows, 1);
+  args.top_ids = MutableTensor::I32(r.top_ids.data() + before, rows, k);
+  args.top_logprobs = MutableTensor::F32(r.top_logprobs.data() + before, rows, k);
+  LogSoftmaxTopK(args);
+  return target_lp;
 }
 
 }  // namespace
@@ -164,54 +157,42 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   stats.peak_logits_bytes = std::max<int64_t>(
       stats.peak_logits_bytes, static_cast<int64_t>(logits.capacity() * sizeof(float)));
   const int64_t vocab = model.config().vocab_size;
-  std::vector<int32_t> order;  // AppendTop's scratch
-  const float* row = logits.data();
+  int64_t row = 0;  // the first logits row of the work item
   for (const SequenceWork& w : step.work) {
     Sequence& seq = sequences_.at(w.sequence_id);
     const bool all_rows = w.output == WorkOutput::kScore || w.output == WorkOutput::kLogits;
     const int64_t rows = all_rows ? static_cast<int64_t>(w.tokens.size()) : 1;
-    if (w.output == WorkOutput::kNone) {
-      row += rows * vocab;
-      continue;
-    }
+    const int64_t first = row;
+    const kernels::Tensor mine = kernels::Tensor::F32(logits.data() + first * vocab, rows, vocab);
+    row += rows;
+    if (w.output == WorkOutput::kNone) continue;
     SequenceResult r;
     r.sequence_id = w.sequence_id;
     // Non-finite logits (a corrupt checkpoint, an overflow) end the sequence
     // with the position named, before anything samples or scores them.
-    if (const float* bad =
-            std::find_if_not(row, row + rows * vocab, [](float x) { return std::isfinite(x); });
-        bad != row + rows * vocab) {
-      const int64_t position = seq.state->length - rows + (bad - row) / vocab;
+    if (const int64_t bad = kernels::FindNonFinite(mine); bad >= 0) {
+      const int64_t position = seq.state->length - rows + bad / vocab;
       r.error = absl::StrCat("sequence ", w.sequence_id,
                              ": the model's logits are not finite at token position ", position,
-                             " (", *bad, " for token id ", (bad - row) % vocab, ")");
+                             " (", logits[first * vocab + bad], " for token id ", bad % vocab, ")");
     } else if (w.output == WorkOutput::kSample) {
       // The draw depends on the seed and the position only, so a sequence
-      // re-run from its tokens so far samples the same (docs/security.md, "Failure, drain and lost
-      // workers").
+      // re-run from its tokens so far samples the same (docs/security.md,
+      // "Failure, drain and lost workers").
       kernels::Rng rng = kernels::Rng::ForPosition(seq.seed, seq.state->length);
-      r.token = kernels::Sample(kernels::Tensor::F32(row, 1, vocab), seq.sampling, rng);
+      r.token = kernels::Sample(mine, seq.sampling, rng);
       if (w.logprobs || w.top_logprobs > 0) {
-        const double log_z = LogSumExp(row, vocab);
-        r.logprob = static_cast<float>(row[r.token] - log_z);
-        AppendTop(row, vocab, log_z, w.top_logprobs, order, r);
+        const std::vector<int32_t> sampled = {r.token};
+        r.logprob = LogProbs(mine, &sampled, w.top_logprobs, r)[0];
       }
     } else if (w.output == WorkOutput::kLogits) {
-      r.logits.assign(row, row + rows * vocab);
+      r.logits.assign(logits.begin() + first * vocab, logits.begin() + row * vocab);
     } else {
       // kScore: per row the target's log-prob and, when asked, the top
       // alternatives ([rows, top_logprobs] in top_ids / top_logprobs); only
       // these leave the step, never the rows themselves.
-      for (int64_t t = 0; t < rows; ++t) {
-        const float* logits = row + t * vocab;
-        const double log_z = LogSumExp(logits, vocab);
-        const int32_t target = w.targets[t];
-        r.target_logprobs.push_back(
-            target < 0 || target >= vocab ? 0.0f : static_cast<float>(logits[target] - log_z));
-        AppendTop(logits, vocab, log_z, w.top_logprobs, order, r);
-      }
+      r.target_logprobs = LogProbs(mine, &w.targets, w.top_logprobs, r);
     }
-    row += rows * vocab;
     results.push_back(std::move(r));
   }
   return results;

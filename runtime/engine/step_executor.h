@@ -49,8 +49,4 @@ class StepExecutor {
   std::map<uint64_t, Sequence> sequences_;
 };
 
-// log(sum(exp(logits))) of one row, and its log softmax, in double.
-double LogSumExp(const float* logits, int64_t vocab);
-std::vector<double> LogSoftmax(const float* logits, int64_t vocab);
-
 }  // namespace deltaserve

@@ -5,10 +5,12 @@
 #include <vector>
 
 #include "kernels/activation.h"
+#include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
-#include "kernels/scratch.h"
+#include "kernels/workspace.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/layers.h"
 
@@ -25,101 +27,92 @@ kernels::ActivationParams ActivationOf(const ModelConfig& config) {
 
 // out (+)= down(act(gate_up x)).
 // The width is this rank's share: down's columns.
-void GatedMlp(const Weight& gate_up, const Weight& down, int64_t rows,
-              const kernels::ActivationParams& act, const float* x, float* out, bool accumulate) {
-  const int64_t width = down.cols();
-  kernels::ScratchFloats gu(rows * 2 * width), h(rows * width);
-  kernels::Linear(kernels::Tensor::F32(x, rows, gate_up.cols()), gate_up,
-                  kernels::MutableTensor::F32(gu.data(), rows, 2 * width));
-  kernels::GatedActivation(kernels::Tensor::F32(gu.data(), rows, 2 * width), act,
-                           kernels::MutableTensor::F32(h.data(), rows, width));
-  kernels::Linear(kernels::Tensor::F32(h.data(), rows, width), down,
-                  kernels::MutableTensor::F32(out, rows, down.rows()), accumulate);
+void GatedMlp(const Weight& gate_up, const Weight& down, const kernels::ActivationParams& act,
+              const kernels::Tensor& x, const kernels::MutableTensor& out, bool accumulate) {
+  using namespace kernels;
+  const int64_t rows = x.rows, width = down.cols();
+  const Temp gu(x.device, kernels::DType::kF32, rows, 2 * width),
+      h(x.device, kernels::DType::kF32, rows, width);
+  Linear(x, gate_up, gu);
+  GatedActivation(gu, act, h);
+  Linear(h, down, out, accumulate);
 }
 
 }  // namespace
 
-absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count) {
+absl::Status TpAllReduce(Communicator* tp, const kernels::MutableTensor& data) {
   if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
-  return tp->AllReduceSum(data, static_cast<size_t>(count));
+  DELTASERVE_CHECK_VIEW(data, kernels::DType::kF32, data.rows, data.cols);
+  return tp->AllReduceSum(data.As<float>(), static_cast<size_t>(data.rows * data.cols));
 }
 
-absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
-                        const float* x, float* out, Communicator* tp) {
-  const int64_t D = config.hidden_size;
-  const kernels::ActivationParams act = ActivationOf(config);
+absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const kernels::Tensor& x,
+                        const kernels::MutableTensor& out, Communicator* tp) {
+  using namespace kernels;
+  const Device dev = x.device;
+  const int64_t rows = x.rows;
+  const ActivationParams act = ActivationOf(config);
   if (!w.moe) {
-    GatedMlp(w.gate_up, w.down, rows, act, x, out, /*accumulate=*/false);
-    return TpAllReduce(tp, out, rows * D);
+    GatedMlp(w.gate_up, w.down, act, x, out, /*accumulate=*/false);
+    return TpAllReduce(tp, out);
   }
   // Routing is replicated: every rank computes the same selection.
   const int64_t E = config.num_experts, k = config.num_experts_per_token;
-  kernels::ScratchFloats logits(rows * E), weights(rows * k);
-  kernels::Scratch<int32_t> idx(rows * k);
-  kernels::Linear(kernels::Tensor::F32(x, rows, D), w.router,
-                  kernels::MutableTensor::F32(logits.data(), rows, E));
-  kernels::MoeRoute(kernels::Tensor::F32(logits.data(), rows, E),
-                    kernels::Tensor::F32(w.router_bias.data(), w.router_bias.empty() ? 0 : 1, E), k,
-                    config.moe_renormalize, config.routed_scaling_factor,
-                    kernels::MutableTensor::I32(idx.data(), rows, k),
-                    kernels::MutableTensor::F32(weights.data(), rows, k));
+  const Temp logits(dev, kernels::DType::kF32, rows, E),
+      weights(dev, kernels::DType::kF32, rows, k);
+  const Temp idx(dev, kernels::DType::kI32, rows, k);
+  Linear(x, w.router, logits);
+  MoeRoute(logits, VectorView(w.router_bias), k, config.moe_renormalize,
+           config.routed_scaling_factor, idx, weights);
 
   const bool latent = !w.latent_down.empty();
-  const int64_t din = latent ? config.routed_expert_hidden_size : D;
-  kernels::ScratchFloats z(latent ? rows * din : 0);
-  if (latent) {
-    kernels::Linear(kernels::Tensor::F32(x, rows, D), w.latent_down,
-                    kernels::MutableTensor::F32(z.data(), rows, din));
-  }
+  const int64_t din = latent ? config.routed_expert_hidden_size : config.hidden_size;
+  const Temp z(dev, kernels::DType::kF32, latent ? rows : 0, din);
+  if (latent) Linear(x, w.latent_down, z);
   // Experts held by other TP ranks stay empty: their selections add nothing.
-  std::vector<kernels::MoeExpert> experts(E);
+  std::vector<MoeExpert> experts(E);
   for (int64_t e = 0; e < E; ++e) {
     if (w.expert_w13[e].empty()) continue;
     experts[e].w13 = w.expert_w13[e];
     experts[e].w2 = w.expert_w2[e];
   }
-  kernels::ScratchFloats routed(latent ? rows * din : 0);
-  kernels::MoeExpertsArgs args;
+  const Temp routed(dev, kernels::DType::kF32, latent ? rows : 0, din);
+  MoeExpertsArgs args;
   args.t = rows;
   args.din = din;
   args.inter = config.moe_intermediate_size;
   args.dout = din;
   args.top_k = k;
   args.n_experts = E;
-  args.z = kernels::Tensor::F32(latent ? z.data() : x, rows, din);
+  args.z = latent ? Tensor(z) : x;
   args.experts = experts.data();
-  args.idx = kernels::Tensor::I32(idx.data(), rows, k);
-  args.weights = kernels::Tensor::F32(weights.data(), rows, k);
+  args.idx = idx;
+  args.weights = weights;
   args.act = act;
-  args.out = kernels::MutableTensor::F32(latent ? routed.data() : out, rows, din);
-  kernels::MoeExperts(args);
+  args.out = latent ? routed.view() : out;
+  MoeExperts(args);
   const bool has_shared = !w.shared_down.empty();
   if (!latent) {
     // Routed and shared partial sums reduce together.
-    if (has_shared) {
-      GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);
-    }
-    return TpAllReduce(tp, out, rows * D);
+    if (has_shared) GatedMlp(w.shared_gate_up, w.shared_down, act, x, out, /*accumulate=*/true);
+    return TpAllReduce(tp, out);
   }
   // K3 latent MoE: the routed sum is reduced in the latent space, before its
   // RMSNorm (MODEL.md); the up-projection is then the same on every rank.
-  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed.data(), rows * din));
+  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed));
   if (!w.latent_norm.empty()) {
-    kernels::RmsNorm(kernels::Tensor::F32(routed.data(), rows, din),
-                     kernels::Tensor::F32(w.latent_norm.data(), 1, din), config.rms_norm_eps,
-                     kernels::MutableTensor::F32(routed.data(), rows, din));
+    RmsNorm(routed, VectorView(w.latent_norm), config.rms_norm_eps, routed);
   }
-  kernels::Linear(kernels::Tensor::F32(routed.data(), rows, din), w.latent_up,
-                  kernels::MutableTensor::F32(out, rows, D));
+  Linear(routed, w.latent_up, out);
   if (!has_shared) return absl::OkStatus();
   if (tp == nullptr || tp->size() == 1) {
-    GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);
+    GatedMlp(w.shared_gate_up, w.shared_down, act, x, out, /*accumulate=*/true);
     return absl::OkStatus();
   }
-  kernels::ScratchFloats shared(rows * D);
-  GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, shared.data(), /*accumulate=*/false);
-  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared.data(), rows * D));
-  for (int64_t i = 0; i < rows * D; ++i) out[i] += shared[i];
+  const Temp shared(dev, kernels::DType::kF32, rows, config.hidden_size);
+  GatedMlp(w.shared_gate_up, w.shared_down, act, x, shared, /*accumulate=*/false);
+  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared));
+  Add(out, shared, out);
   return absl::OkStatus();
 }
 

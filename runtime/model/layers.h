@@ -5,11 +5,12 @@
 // per sequence against that sequence's state.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/tensor.h"
+#include "kernels/workspace.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/model/config.h"
 #include "runtime/model/sequence_state.h"
@@ -33,28 +34,28 @@ struct BatchRows {
 // Between pipeline stages this is the packet, bank entries then prefix.
 struct Activations {
   int64_t rows = 0;
-  std::vector<std::vector<float>> bank;  // each [rows, D]
-  std::vector<float> prefix;             // [rows, D]
+  std::vector<kernels::Buffer> bank;  // each f32 [rows, D]
+  kernels::Buffer prefix;             // f32 [rows, D]
 };
 
-// x: the normalised layer input [rows, D]; out: the mixer output [rows, D].
-// Each advances the per-layer state of every sequence by its rows. `config`
-// is the rank's LocalConfig (its share of the heads); with a tensor-parallel
-// group `tp` (null: one rank) the partial outputs are summed across it, so
-// every rank ends with the whole result. Errors come from the communicator.
+// x: the normalised layer input f32 [rows, D]; out: the mixer output f32
+// [rows, D], contiguous. Each advances the per-layer state of every sequence
+// by its rows. `config` is the rank's LocalConfig (its share of the heads);
+// with a tensor-parallel group `tp` (null: one rank) the partial outputs are
+// summed across it, so every rank ends with the whole result. Errors come
+// from the communicator.
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
+                        const BatchRows& batch, const kernels::Tensor& x,
+                        const kernels::MutableTensor& out, Communicator* tp);
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
+                        const BatchRows& batch, const kernels::Tensor& x,
+                        const kernels::MutableTensor& out, Communicator* tp);
 
-// Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
-absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
-                        const float* x, float* out, Communicator* tp);
+// Dense or MoE FFN on all rows: out [rows, D] = ffn(x [rows, D]).
+absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const kernels::Tensor& x,
+                        const kernels::MutableTensor& out, Communicator* tp);
 
-// The logistic function, for the layers' gates.
-inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-// Sums data[count] across `tp` in place; nothing without a group.
-absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count);
+// Sums the contiguous f32 `data` across `tp` in place; nothing without a group.
+absl::Status TpAllReduce(Communicator* tp, const kernels::MutableTensor& data);
 
 }  // namespace deltaserve

@@ -3,13 +3,14 @@
 // decode token, or a short chunk after a long prefix, uses the absorbed form,
 // attending over the cached latents directly (whichever costs less).
 #include <cmath>
-#include <cstring>
 
+#include "kernels/convert.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/mla_attention.h"
 #include "kernels/norm.h"
 #include "kernels/paged_cache.h"
-#include "kernels/scratch.h"
+#include "kernels/workspace.h"
 #include "runtime/model/layers.h"
 
 namespace deltaserve {
@@ -26,62 +27,63 @@ struct MlaDims {
   int64_t CacheWidth() const { return C + R; }
 };
 
-// o [t, n, Vd] for t >= 2 new tokens: kv_b over the whole cache, then causal
-// attention of the new queries.
-void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t, const float* q,
-                   const float* cache, float scale, float* o) {
-  const int64_t S = prefix + t;
-  kernels::ScratchFloats kv(S * m.n * (m.P + m.Vd));
-  kernels::Linear(kernels::Tensor::F32(cache, S, m.C, m.CacheWidth()), w.kv_b,
-                  kernels::MutableTensor::F32(kv.data(), S, m.n * (m.P + m.Vd)));
-  kernels::MlaPrefillArgs args;
-  args.t = t;
+// o [t, n, Vd] for t >= 2 new tokens: kv_b over the whole cache `rows`
+// [S, C + R], then causal attention of the new queries q [t, n, P + R].
+void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, const kernels::Tensor& q,
+                   const kernels::Tensor& rows, float scale, const kernels::MutableTensor& o) {
+  using namespace kernels;
+  const int64_t S = rows.rows;
+  const Temp kv(rows.device, kernels::DType::kF32, S, m.n * (m.P + m.Vd));
+  Linear(rows.Columns(0, m.C), w.kv_b, kv);
+  MlaPrefillArgs args;
+  args.t = q.rows;
   args.prefix = prefix;
   args.heads = m.n;
   args.nope_dim = m.P;
   args.rope_dim = m.R;
   args.v_dim = m.Vd;
-  args.q = kernels::Tensor::F32(q, t, m.n * m.QkDim());
-  args.kv = kernels::Tensor::F32(kv.data(), S, m.n * (m.P + m.Vd));
-  args.k_rope = kernels::Tensor::F32(cache + m.C, S, m.R, m.CacheWidth());
+  args.q = q;
+  args.kv = kv;
+  args.k_rope = rows.Columns(m.C, m.R);
   args.scale = scale;
-  args.o = kernels::MutableTensor::F32(o, t, m.n * m.Vd);
-  kernels::MlaPrefillAttention(args);
+  args.o = o;
+  MlaPrefillAttention(args);
 }
 
 // The absorbed form: q_latent_h = W_UK_hᵀ q_nope_h, attention over the cached
-// [c | kr], o_h = W_UV_h o_latent_h.
-void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, int64_t t,
-                    const float* q, const kernels::PagedCache& cache, float scale, float* o) {
-  kernels::ScratchFloats q_latent(t * m.n * m.C), q_rope(t * m.n * m.R);
-  kernels::ScratchFloats o_latent(t * m.n * m.C);
+// [c | kr] in place, o_h = W_UV_h o_latent_h. q [t, n, P + R], o [t, n, Vd].
+void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, const kernels::Tensor& q,
+                    const kernels::PagedCache& cache, float scale,
+                    const kernels::MutableTensor& o) {
+  using namespace kernels;
+  const int64_t t = q.rows;
+  const Device dev = q.device;
+  const Temp q_latent(dev, kernels::DType::kF32, t, m.n * m.C),
+      q_rope(dev, kernels::DType::kF32, t, m.n * m.R);
+  const Temp o_latent(dev, kernels::DType::kF32, t, m.n * m.C);
   for (int64_t h = 0; h < m.n; ++h) {
-    kernels::Linear(kernels::Tensor::F32(q + h * m.QkDim(), t, m.P, m.n * m.QkDim()),
-                    w.w_uk_t.tensor().Rows(h * m.C, m.C),
-                    kernels::MutableTensor::F32(q_latent.data() + h * m.C, t, m.C, m.n * m.C));
+    Linear(q.Columns(h * m.QkDim(), m.P), w.w_uk_t.tensor().Rows(h * m.C, m.C),
+           q_latent.view().Columns(h * m.C, m.C));
   }
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t h = 0; h < m.n; ++h)
-      std::memcpy(q_rope.data() + (i * m.n + h) * m.R, q + (i * m.n + h) * m.QkDim() + m.P,
-                  m.R * sizeof(float));
-  kernels::MlaAbsorbedArgs args;
+  // q_rope [t * n, R]: the last R values of each head's query.
+  Convert(q.Reshaped(t * m.n, m.QkDim()).Columns(m.P, m.R), q_rope.view().Reshaped(t * m.n, m.R));
+  MlaAbsorbedArgs args;
   args.t = t;
   args.prefix = prefix;
   args.heads = m.n;
   args.latent_dim = m.C;
   args.rope_dim = m.R;
-  args.q_latent = kernels::Tensor::F32(q_latent.data(), t, m.n * m.C);
-  args.q_rope = kernels::Tensor::F32(q_rope.data(), t, m.n * m.R);
+  args.q_latent = q_latent;
+  args.q_rope = q_rope;
   args.cache = cache.pool;
   args.page_table = cache.page_table;
   args.page_tokens = cache.page_tokens;
   args.scale = scale;
-  args.o_latent = kernels::MutableTensor::F32(o_latent.data(), t, m.n * m.C);
-  kernels::MlaAbsorbedAttention(args);
+  args.o_latent = o_latent;
+  MlaAbsorbedAttention(args);
   for (int64_t h = 0; h < m.n; ++h) {
-    const kernels::Tensor w_uv = w.kv_b.tensor().Rows(h * (m.P + m.Vd) + m.P, m.Vd);  // [Vd, C]
-    kernels::Linear(kernels::Tensor::F32(o_latent.data() + h * m.C, t, m.C, m.n * m.C), w_uv,
-                    kernels::MutableTensor::F32(o + h * m.Vd, t, m.Vd, m.n * m.Vd));
+    const Tensor w_uv = w.kv_b.tensor().Rows(h * (m.P + m.Vd) + m.P, m.Vd);  // [Vd, C]
+    Linear(o_latent.view().Columns(h * m.C, m.C), w_uv, o.Columns(h * m.Vd, m.Vd));
   }
 }
 
@@ -101,35 +103,31 @@ bool AbsorbedIsCheaper(const MlaDims& m, int64_t prefix, int64_t t) {
 }  // namespace
 
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp) {
+                        const BatchRows& batch, const kernels::Tensor& x,
+                        const kernels::MutableTensor& out, Communicator* tp) {
   using namespace kernels;
   const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim,
                   config.v_head_dim, config.kv_lora_rank};
-  const int64_t rows = batch.rows(), D = config.hidden_size;
+  const Device dev = x.device;
+  const int64_t rows = batch.rows();
 
   // Queries [rows, n, P + R].
-  ScratchFloats q(rows * m.n * m.QkDim());
+  const Temp q(dev, kernels::DType::kF32, rows, m.n * m.QkDim());
   if (config.q_lora_rank > 0) {
-    const int64_t ql = config.q_lora_rank;
-    ScratchFloats qa(rows * ql);
-    Linear(Tensor::F32(x, rows, D), w.q_a, MutableTensor::F32(qa.data(), rows, ql));
-    RmsNorm(Tensor::F32(qa.data(), rows, ql), Tensor::F32(w.q_a_norm.data(), 1, ql), kLatentNormEps,
-            MutableTensor::F32(qa.data(), rows, ql));
-    Linear(Tensor::F32(qa.data(), rows, ql), w.q_b,
-           MutableTensor::F32(q.data(), rows, m.n * m.QkDim()));
+    const Temp qa(dev, kernels::DType::kF32, rows, config.q_lora_rank);
+    Linear(x, w.q_a, qa);
+    RmsNorm(qa, VectorView(w.q_a_norm), kLatentNormEps, qa);
+    Linear(qa, w.q_b, q);
   } else {
-    Linear(Tensor::F32(x, rows, D), w.q_proj, MutableTensor::F32(q.data(), rows, m.n * m.QkDim()));
+    Linear(x, w.q_proj, q);
   }
   // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
-  ScratchFloats ckr(rows * m.CacheWidth());
-  Linear(Tensor::F32(x, rows, D), w.kv_a, MutableTensor::F32(ckr.data(), rows, m.CacheWidth()));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = ckr.data() + r * m.CacheWidth();
-    RmsNorm(Tensor::F32(row, 1, m.C), Tensor::F32(w.kv_a_norm.data(), 1, m.C), kLatentNormEps,
-            MutableTensor::F32(row, 1, m.C));
-  }
+  const Temp ckr(dev, kernels::DType::kF32, rows, m.CacheWidth());
+  Linear(x, w.kv_a, ckr);
+  RmsNorm(ckr.view().Columns(0, m.C), VectorView(w.kv_a_norm), kLatentNormEps,
+          ckr.view().Columns(0, m.C));
 
-  ScratchFloats o(rows * m.n * m.Vd);
+  const Temp o(dev, kernels::DType::kF32, rows, m.n * m.Vd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.QkDim()));
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
@@ -137,32 +135,30 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
     SequenceState& state = *batch.states[b];
     const MutablePagedCache cache = state.MlaCache(layer);
     const int64_t prefix = state.length;  // the tokens cached before this chunk
-    const float* qb = q.data() + r0 * m.n * m.QkDim();
-    float* ob = o.data() + r0 * m.n * m.Vd;
+    const Tensor qb = q.view().Rows(r0, t);
+    const MutableTensor ob = o.view().Rows(r0, t);
     // The new rows go in as stored (bf16: rounded to nearest even) before
     // they are read back, so this chunk's own queries see the rounded keys
     // too and chunking does not change what a token attends to.
-    PagedCacheWrite(Tensor::F32(ckr.data() + r0 * m.CacheWidth(), t, m.CacheWidth()), prefix,
-                    cache);
+    PagedCacheWrite(ckr.view().Rows(r0, t), prefix, cache);
     if (AbsorbedIsCheaper(m, prefix, t)) {
-      AttendAbsorbed(w, m, prefix, t, qb, cache, scale, ob);
+      AttendAbsorbed(w, m, prefix, qb, cache, scale, ob);
     } else {
       // Keys and values are materialised from every cached row, gathered
       // from the pages (and widened from bf16) into one [S, C + R] block.
-      const int64_t S = prefix + t;
-      ScratchFloats rows_s(S * m.CacheWidth());
-      PagedCacheRead(cache, 0, MutableTensor::F32(rows_s.data(), S, m.CacheWidth()));
-      AttendPrefill(w, m, prefix, t, qb, rows_s.data(), scale, ob);
+      const Temp cached(dev, kernels::DType::kF32, prefix + t, m.CacheWidth());
+      PagedCacheRead(cache, 0, cached);
+      AttendPrefill(w, m, prefix, qb, cached, scale, ob);
     }
   }
 
   if (config.mla_output_gate) {
-    ScratchFloats gate(rows * m.n * m.Vd);
-    Linear(Tensor::F32(x, rows, D), w.g_proj, MutableTensor::F32(gate.data(), rows, m.n * m.Vd));
-    for (int64_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
+    const Temp gate(dev, kernels::DType::kF32, rows, m.n * m.Vd);
+    Linear(x, w.g_proj, gate);
+    SigmoidGate(o, gate, o);
   }
-  Linear(Tensor::F32(o.data(), rows, m.n * m.Vd), w.o_proj, MutableTensor::F32(out, rows, D));
-  return TpAllReduce(tp, out, rows * D);
+  Linear(o, w.o_proj, out);
+  return TpAllReduce(tp, out);
 }
 
 }  // namespace deltaserve

@@ -6,9 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/embedding.h"
+#include "kernels/gather.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
-#include "kernels/scratch.h"
+#include "kernels/workspace.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 #include "runtime/model/safetensors.h"
@@ -151,12 +152,11 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
 }
 
 Activations Model::Embed(const std::vector<int32_t>& tokens) const {
-  const int64_t D = config_.hidden_size;
   Activations act;
   act.rows = static_cast<int64_t>(tokens.size());
-  act.prefix.resize(act.rows * D);
-  kernels::Embedding(weights_.embed, kernels::Tensor::I32(tokens.data(), 1, act.rows),
-                     kernels::MutableTensor::F32(act.prefix.data(), act.rows, D));
+  act.prefix =
+      kernels::Buffer(kernels::Device::kCpu, kernels::DType::kF32, act.rows, config_.hidden_size);
+  kernels::Embedding(weights_.embed, kernels::Tensor::I32(tokens.data(), 1, act.rows), act.prefix);
   return act;
 }
 
@@ -169,24 +169,20 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
     SequenceState& state = *batch.states[b];
     DELTASERVE_RETURN_IF_ERROR(state.ReservePages(state.length + batch.Count(b)));
   }
-  kernels::ScratchFloats normed(rows * D);
+  const kernels::Temp normed(act->prefix.device(), kernels::DType::kF32, rows, D);
   // The sub-layers with their pre-norms; the architecture decides what they
   // read and how their outputs join the residual.
-  auto mixer = [&](int64_t i, const float* h, float* out) {
+  auto mixer = [&](int64_t i, const kernels::Tensor& h, const kernels::MutableTensor& out) {
     const LayerWeights& layer = weights_.layers[i];
-    kernels::RmsNorm(kernels::Tensor::F32(h, rows, D),
-                     kernels::Tensor::F32(layer.input_norm.data(), 1, D), eps,
-                     kernels::MutableTensor::F32(normed.data(), rows, D));
+    kernels::RmsNorm(h, VectorView(layer.input_norm), eps, normed);
     return layer.kind == LayerKind::kKda
-               ? KdaForward(local_, layer.kda, i, batch, normed.data(), out, tp_)
-               : MlaForward(local_, layer.mla, i, batch, normed.data(), out, tp_);
+               ? KdaForward(local_, layer.kda, i, batch, normed, out, tp_)
+               : MlaForward(local_, layer.mla, i, batch, normed, out, tp_);
   };
-  auto ffn = [&](int64_t i, const float* h, float* out) {
+  auto ffn = [&](int64_t i, const kernels::Tensor& h, const kernels::MutableTensor& out) {
     const LayerWeights& layer = weights_.layers[i];
-    kernels::RmsNorm(kernels::Tensor::F32(h, rows, D),
-                     kernels::Tensor::F32(layer.post_attention_norm.data(), 1, D), eps,
-                     kernels::MutableTensor::F32(normed.data(), rows, D));
-    return FfnForward(local_, layer.ffn, rows, normed.data(), out, tp_);
+    kernels::RmsNorm(h, VectorView(layer.post_attention_norm), eps, normed);
+    return FfnForward(local_, layer.ffn, normed, out, tp_);
   };
   DELTASERVE_RETURN_IF_ERROR(arch_->RunResidualStack(config_, weights_, shard_.layer_begin,
                                                      shard_.layer_end, SubLayers{mixer, ffn}, act));
@@ -196,18 +192,15 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
 
 std::vector<float> Model::Logits(const Activations& act, const std::vector<int64_t>& rows) const {
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
-  const std::vector<float> hidden = arch_->FinalHidden(config_, weights_, act);
+  const kernels::Buffer hidden = arch_->FinalHidden(config_, weights_, act);
   const int64_t n = static_cast<int64_t>(rows.size());
-  kernels::ScratchFloats selected(n * D);
-  for (int64_t i = 0; i < n; ++i) {
-    std::copy_n(hidden.data() + rows[i] * D, D, selected.data() + i * D);
-  }
-  kernels::RmsNorm(kernels::Tensor::F32(selected.data(), n, D),
-                   kernels::Tensor::F32(weights_.norm.data(), 1, D), config_.rms_norm_eps,
-                   kernels::MutableTensor::F32(selected.data(), n, D));
+  const std::vector<int32_t> ids(rows.begin(), rows.end());
+  const kernels::Temp selected(hidden.device(), kernels::DType::kF32, n, D);
+  kernels::GatherRows(hidden, kernels::Tensor::I32(ids.data(), 1, n), selected);
+  kernels::RmsNorm(selected, VectorView(weights_.norm), config_.rms_norm_eps, selected);
+  // The rows that leave the device: [n, V] in host memory.
   std::vector<float> logits(n * V);
-  kernels::Linear(kernels::Tensor::F32(selected.data(), n, D), weights_.lm_head,
-                  kernels::MutableTensor::F32(logits.data(), n, V));
+  kernels::Linear(selected, weights_.lm_head, kernels::MutableTensor::F32(logits.data(), n, V));
   return logits;
 }
 

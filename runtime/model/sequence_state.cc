@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "kernels/convert.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -13,8 +14,9 @@ SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard,
   const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
   for (int64_t i = shard.layer_begin; i < end; ++i) {
     if (config.layer_kinds[i] != LayerKind::kKda) continue;
-    kda[i].conv.assign(static_cast<size_t>((config.kda.conv_kernel_size - 1) * 3 * H * d), 0.0f);
-    kda[i].state.assign(static_cast<size_t>(H * d * d), 0.0f);
+    kda[i].conv = kernels::Buffer::Zeros(kernels::Device::kCpu, kernels::DType::kF32,
+                                         config.kda.conv_kernel_size - 1, 3 * H * d);
+    kda[i].state = kernels::Buffer::Zeros(kernels::Device::kCpu, kernels::DType::kF32, H, d * d);
   }
 }
 
@@ -25,7 +27,15 @@ SequenceState::~SequenceState() {
 absl::StatusOr<std::unique_ptr<SequenceState>> SequenceState::Fork() const {
   auto child = std::unique_ptr<SequenceState>(new SequenceState(pool_));
   child->length = length;
-  child->kda = kda;
+  child->kda.resize(kda.size());
+  for (size_t i = 0; i < kda.size(); ++i) {
+    for (auto [from, to] : {std::pair{&kda[i].conv, &child->kda[i].conv},
+                            std::pair{&kda[i].state, &child->kda[i].state}}) {
+      if (from->empty()) continue;
+      *to = kernels::Buffer(from->device(), from->dtype(), from->rows(), from->cols());
+      kernels::Convert(*from, *to);
+    }
+  }
   if (pages_.empty()) return child;
   const int64_t full = length / kCachePageTokens;
   const int64_t partial = length % kCachePageTokens;
@@ -82,7 +92,7 @@ kernels::DType SequenceState::cache_dtype() const {
 
 int64_t SequenceState::KdaBytes() const {
   int64_t bytes = 0;
-  for (const KdaLayerState& s : kda) bytes += (s.conv.size() + s.state.size()) * sizeof(float);
+  for (const KdaLayerState& s : kda) bytes += s.conv.bytes() + s.state.bytes();
   return bytes;
 }
 

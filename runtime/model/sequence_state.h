@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/paged_cache.h"
 #include "kernels/tensor.h"
+#include "kernels/workspace.h"
 #include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/model/shard.h"
@@ -22,8 +23,8 @@
 namespace deltaserve {
 
 struct KdaLayerState {
-  std::vector<float> conv;   // [W - 1, 3 * H * d]: last pre-convolution q/k/v inputs
-  std::vector<float> state;  // [H, d_k, d_v]
+  kernels::Buffer conv;   // f32 [W - 1, 3 * H * d]: last pre-convolution q/k/v inputs
+  kernels::Buffer state;  // f32 [H, d_k * d_v]
 };
 
 class SequenceState {
@@ -50,6 +51,9 @@ class SequenceState {
   // Takes those pages from the pool: all, or none and ResourceExhausted.
   absl::Status ReservePages(int64_t tokens);
 
+  // Layer `layer`'s KDA state and conv tail as the kernels take them.
+  kernels::MutableTensor KdaState(int64_t layer) const { return kda[layer].state; }
+  kernels::MutableTensor KdaConv(int64_t layer) const { return kda[layer].conv; }
   // Layer `layer`'s cache as the paged kernels take it.
   kernels::MutablePagedCache MlaCache(int64_t layer) const;
   kernels::DType cache_dtype() const;

@@ -12,6 +12,16 @@
 
 namespace deltaserve {
 
+kernels::Tensor VectorView(const Floats& v) {
+  if (v.empty()) return {};
+  return kernels::Tensor::F32(v.data(), 1, static_cast<int64_t>(v.size()));
+}
+
+kernels::Tensor VectorView(const Floats& v, int64_t rows, int64_t cols) {
+  DELTASERVE_CHECK(rows * cols == static_cast<int64_t>(v.size()));
+  return kernels::Tensor::F32(v.data(), rows, cols);
+}
+
 Weight Weight::Allocate(kernels::DType dtype, int64_t rows, int64_t cols) {
   kernels::Tensor t{nullptr, nullptr, dtype, kernels::Device::kCpu, rows, cols};
   const int64_t data_bytes = rows * t.RowBytes(), scale_bytes = rows * t.ScaleRowBytes();

@@ -26,6 +26,11 @@ namespace deltaserve {
 
 using Floats = std::vector<float>;
 
+// A float32 vector weight as the ops take it: [1, n], or [rows, cols] of its
+// values in order (convolution taps); an empty vector gives an empty view.
+kernels::Tensor VectorView(const Floats& v);
+kernels::Tensor VectorView(const Floats& v, int64_t rows, int64_t cols);
+
 // A weight matrix in its stored dtype: a kernels::Tensor and whatever keeps
 // its bytes alive (the mapped checkpoint, or this weight's own copy).
 class Weight {

@@ -67,6 +67,32 @@ TEST_P(RmsNormTest, InPlaceAndThreaded) {
   }
 }
 
+// A column block of wider rows (MLA's latent c inside [c | kr]), in place:
+// each row is normalised as it would be alone, to the bit, and the other
+// columns are untouched.
+TEST_P(RmsNormTest, StridedColumnBlockInPlace) {
+  for (int64_t rows : {1, 5, 200}) {
+    const int64_t dim = 16, width = 20;
+    auto x = Output<float>(rows * width);
+    const std::vector<float> given = RandomFloats(rows * width, 40 + rows);
+    x.Fill(given);
+    const auto w = RandomFloats(dim, 41, 0.5f, 1.5f);
+    const MutableTensor block = x.View(rows, width).Columns(0, dim);
+    RmsNorm(block, Tensor::F32(w.data(), 1, dim), 1e-6f, block);
+    const std::vector<float> got = x.Values();
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> alone(given.begin() + r * width, given.begin() + r * width + dim);
+      RmsNorm(Tensor::F32(alone.data(), 1, dim), Tensor::F32(w.data(), 1, dim), 1e-6f,
+              MutableTensor::F32(alone.data(), 1, dim));
+      for (int64_t c = 0; c < width; ++c) {
+        const float want = c < dim ? alone[c] : given[r * width + c];
+        ASSERT_EQ(got[r * width + c], want) << "row " << r << " column " << c;
+      }
+    }
+    EXPECT_TRUE(x.GuardsIntact());
+  }
+}
+
 // Squares of 1e20 overflow float32; the accumulation must not.
 TEST_P(RmsNormTest, HugeAndTinyRows) {
   const int64_t dim = 256;

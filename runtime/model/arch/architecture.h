@@ -30,7 +30,8 @@ namespace deltaserve {
 // them: each reads the residual value h [rows, D] it is given, applies its
 // pre-norm (input_layernorm / post_attention_layernorm) and writes its output
 // to out [rows, D].
-using SubLayer = absl::FunctionRef<absl::Status(int64_t layer, const float* h, float* out)>;
+using SubLayer = absl::FunctionRef<absl::Status(int64_t layer, const kernels::Tensor& h,
+                                                const kernels::MutableTensor& out)>;
 struct SubLayers {
   SubLayer mixer;  // KDA or MLA
   SubLayer ffn;    // dense or MoE
@@ -67,8 +68,8 @@ class ModelArchitecture {
                                         int64_t begin, int64_t end, const SubLayers& sub,
                                         Activations* act) const = 0;
   // The hidden state [rows, D] the final norm and LM head read.
-  virtual std::vector<float> FinalHidden(const ModelConfig& config, const ModelWeights& w,
-                                         const Activations& act) const = 0;
+  virtual kernels::Buffer FinalHidden(const ModelConfig& config, const ModelWeights& w,
+                                      const Activations& act) const = 0;
 };
 
 const ModelArchitecture& ArchitectureOf(Architecture arch);

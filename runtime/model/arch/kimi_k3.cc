@@ -8,30 +8,23 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "kernels/attn_res.h"
-#include "kernels/scratch.h"
+#include "kernels/elementwise.h"
+#include "kernels/workspace.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
 namespace {
 
-using Floats = std::vector<float>;
-
 // The attention-residual mix over bank + [prefix] into out [rows, D].
-void Mix(const Activations& act, const ResMixWeights& w, int64_t dim, float eps, float* out) {
-  std::vector<kernels::Tensor> candidates;
-  for (const Floats& b : act.bank)
-    candidates.push_back(kernels::Tensor::F32(b.data(), act.rows, dim));
-  candidates.push_back(kernels::Tensor::F32(act.prefix.data(), act.rows, dim));
+void Mix(const Activations& act, const ResMixWeights& w, float eps,
+         const kernels::MutableTensor& out) {
+  std::vector<kernels::Tensor> candidates(act.bank.begin(), act.bank.end());
+  candidates.push_back(act.prefix);
   kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
-                      kernels::Tensor::F32(w.norm.data(), 1, dim),
-                      kernels::Tensor::F32(w.proj.data(), 1, dim), eps,
-                      kernels::MutableTensor::F32(out, act.rows, dim));
-}
-
-void Add(Floats& acc, const float* x) {
-  for (size_t i = 0; i < acc.size(); ++i) acc[i] += x[i];
+                      VectorView(w.norm), VectorView(w.proj), eps, out);
 }
 
 // One mix's parameters, replicated on every TP rank: `<name>_norm.weight`
@@ -83,30 +76,34 @@ class KimiK3 final : public ModelArchitecture {
   absl::Status RunResidualStack(const ModelConfig& c, const ModelWeights& w, int64_t begin,
                                 int64_t end, const SubLayers& sub,
                                 Activations* act) const override {
+    using namespace kernels;
+    const Device dev = act->prefix.device();
     const int64_t D = c.hidden_size;
     const float eps = c.rms_norm_eps;
-    kernels::ScratchFloats delta(act->rows * D), mixed(act->rows * D);
+    Buffer delta(dev, kernels::DType::kF32, act->rows, D);
+    const Temp mixed(dev, kernels::DType::kF32, act->rows, D);
     for (int64_t i = begin; i < end; ++i) {
       const LayerWeights& layer = w.layers[i];
-      Mix(*act, layer.attn_res, D, eps, mixed.data());
-      DELTASERVE_RETURN_IF_ERROR(sub.mixer(i, mixed.data(), delta.data()));
+      Mix(*act, layer.attn_res, eps, mixed);
+      DELTASERVE_RETURN_IF_ERROR(sub.mixer(i, mixed, delta));
       if (i % c.attn_res_block_size == 0) {
-        act->bank.push_back(std::move(act->prefix));  // bank before restarting the sum
-        act->prefix.assign(delta.begin(), delta.end());
+        // Bank the finished sum; the mixer output starts the next one.
+        act->bank.push_back(std::move(act->prefix));
+        act->prefix = std::exchange(delta, Buffer(dev, kernels::DType::kF32, act->rows, D));
       } else {
-        Add(act->prefix, delta.data());
+        Add(act->prefix, delta, act->prefix);
       }
-      Mix(*act, layer.mlp_res, D, eps, mixed.data());
-      DELTASERVE_RETURN_IF_ERROR(sub.ffn(i, mixed.data(), delta.data()));
-      Add(act->prefix, delta.data());
+      Mix(*act, layer.mlp_res, eps, mixed);
+      DELTASERVE_RETURN_IF_ERROR(sub.ffn(i, mixed, delta));
+      Add(act->prefix, delta, act->prefix);
     }
     return absl::OkStatus();
   }
 
-  std::vector<float> FinalHidden(const ModelConfig& c, const ModelWeights& w,
-                                 const Activations& act) const override {
-    std::vector<float> out(act.rows * c.hidden_size);
-    Mix(act, w.output_res, c.hidden_size, c.rms_norm_eps, out.data());
+  kernels::Buffer FinalHidden(const ModelConfig& c, const ModelWeights& w,
+                              const Activations& act) const override {
+    kernels::Buffer out(act.prefix.device(), kernels::DType::kF32, act.rows, c.hidden_size);
+    Mix(act, w.output_res, c.rms_norm_eps, out);
     return out;
   }
 };

@@ -4,7 +4,9 @@
 
 #include <cstddef>
 
-#include "kernels/scratch.h"
+#include "kernels/convert.h"
+#include "kernels/elementwise.h"
+#include "kernels/workspace.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -32,20 +34,23 @@ class KimiLinear final : public ModelArchitecture {
   absl::Status RunResidualStack(const ModelConfig& config, const ModelWeights&, int64_t begin,
                                 int64_t end, const SubLayers& sub,
                                 Activations* act) const override {
-    std::vector<float>& h = act->prefix;  // the residual stream [rows, D]
-    kernels::ScratchFloats delta(act->rows * config.hidden_size);
+    using namespace kernels;
+    const MutableTensor h = act->prefix;  // the residual stream [rows, D]
+    const Temp delta(h.device, kernels::DType::kF32, act->rows, config.hidden_size);
     for (int64_t i = begin; i < end; ++i) {
-      DELTASERVE_RETURN_IF_ERROR(sub.mixer(i, h.data(), delta.data()));
-      for (size_t j = 0; j < h.size(); ++j) h[j] += delta[j];
-      DELTASERVE_RETURN_IF_ERROR(sub.ffn(i, h.data(), delta.data()));
-      for (size_t j = 0; j < h.size(); ++j) h[j] += delta[j];
+      DELTASERVE_RETURN_IF_ERROR(sub.mixer(i, h, delta));
+      Add(h, delta, h);
+      DELTASERVE_RETURN_IF_ERROR(sub.ffn(i, h, delta));
+      Add(h, delta, h);
     }
     return absl::OkStatus();
   }
 
-  std::vector<float> FinalHidden(const ModelConfig&, const ModelWeights&,
-                                 const Activations& act) const override {
-    return act.prefix;
+  kernels::Buffer FinalHidden(const ModelConfig&, const ModelWeights&,
+                              const Activations& act) const override {
+    kernels::Buffer out(act.prefix.device(), act.prefix.dtype(), act.rows, act.prefix.cols());
+    kernels::Convert(act.prefix, out);
+    return out;
   }
 };
 

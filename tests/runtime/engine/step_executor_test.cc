@@ -137,7 +137,7 @@ TEST_P(StepExecutorTest, ScoreGivesLogSoftmaxOfTheNextToken) {
   }
   ASSERT_EQ(scored.size(), tokens.size());
   for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-    const double expected = LogSoftmax(logits->data() + i * V, V)[tokens[i + 1]];
+    const double expected = testing::LogSoftmax(logits->data() + i * V, V)[tokens[i + 1]];
     EXPECT_NEAR(scored[i], expected, 1e-4 * (1 + std::abs(expected))) << "token " << i;
   }
   EXPECT_EQ(scored.back(), 0.0f);
@@ -176,7 +176,7 @@ TEST_P(StepExecutorTest, ScoreTopKPerRowAndTheLogitsBufferIsOneStep) {
     largest_step_rows = std::max<int64_t>(largest_step_rows, end - begin);
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const std::vector<double> lp = LogSoftmax(all.data() + i * V, V);
+    const std::vector<double> lp = testing::LogSoftmax(all.data() + i * V, V);
     std::vector<int32_t> order(V);
     for (int32_t v = 0; v < V; ++v) order[v] = v;
     std::stable_sort(order.begin(), order.end(),

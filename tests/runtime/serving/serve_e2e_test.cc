@@ -111,7 +111,7 @@ TEST_P(ServeTest, ScoreGivesTheModelsLogProbs) {
   const int64_t V = (*model)->config().vocab_size;
   double total = 0;
   for (int i = 0; i < 299; ++i) {
-    const double expected = LogSoftmax(logits->data() + i * V, V)[tokens[i + 1]];
+    const double expected = testing::LogSoftmax(logits->data() + i * V, V)[tokens[i + 1]];
     EXPECT_NEAR(response.logprobs(i), expected, 1e-4 * (1 + std::abs(expected))) << i;
     total += expected;
   }

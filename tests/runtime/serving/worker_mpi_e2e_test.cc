@@ -110,7 +110,7 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
     std::vector<double> expected;
     std::vector<float> got(scored.logprobs().begin(), scored.logprobs().end());
     for (int i = 0; i < 899; ++i) {
-      expected.push_back(LogSoftmax(logits->data() + i * V, V)[document[i + 1]]);
+      expected.push_back(testing::LogSoftmax(logits->data() + i * V, V)[document[i + 1]]);
     }
     // Pieces and stages reorder float32 sums; k3-tiny amplifies that most
     // (docs/numerics.md): the bound of the invariance tests.

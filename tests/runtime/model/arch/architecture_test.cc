@@ -50,42 +50,63 @@ ModelWeights UniformMixWeights(const ModelConfig& c) {
   return w;
 }
 
+// A [rows, cols] buffer of `value`.
+kernels::Buffer Filled(int64_t rows, int64_t cols, float value) {
+  kernels::Buffer b(kernels::Device::kCpu, kernels::DType::kF32, rows, cols);
+  std::fill_n(b.view().As<float>(), rows * cols, value);
+  return b;
+}
+
+std::vector<float> Values(const kernels::Tensor& t) {
+  return std::vector<float>(t.As<float>(), t.As<float>() + t.rows * t.cols);
+}
+
 Activations Start(const ModelConfig& c, int64_t rows, float value) {
   Activations act;
   act.rows = rows;
-  act.prefix.assign(rows * c.hidden_size, value);
+  act.prefix = Filled(rows, c.hidden_size, value);
   return act;
 }
 
-absl::Status Fill(float value, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = value;
+absl::Status Fill(float value, const kernels::MutableTensor& out) {
+  std::fill_n(out.As<float>(), out.rows * out.cols, value);
   return absl::OkStatus();
 }
 
 TEST(ArchitectureTest, KimiLinearAddsEachSubLayer) {
   const ModelConfig c = Preset("kimi-linear-tiny");
   const int64_t rows = 3, n = rows * c.hidden_size;
-  auto mixer = [&](int64_t, const float*, float* out) { return Fill(1.0f, out, n); };
-  auto ffn = [&](int64_t, const float*, float* out) { return Fill(2.0f, out, n); };
+  auto mixer = [&](int64_t, const kernels::Tensor&, const kernels::MutableTensor& out) {
+    return Fill(1.0f, out);
+  };
+  auto ffn = [&](int64_t, const kernels::Tensor&, const kernels::MutableTensor& out) {
+    return Fill(2.0f, out);
+  };
   Activations act = Start(c, rows, 0.5f);
   const ModelArchitecture& arch = ArchitectureOf(c);
   ASSERT_TRUE(arch.RunResidualStack(c, ModelWeights{}, 2, 6, SubLayers{mixer, ffn}, &act).ok());
   EXPECT_TRUE(act.bank.empty());
-  EXPECT_EQ(act.prefix, std::vector<float>(n, 0.5f + 4 * 3.0f));
-  EXPECT_EQ(arch.FinalHidden(c, ModelWeights{}, act), act.prefix);
+  EXPECT_EQ(Values(act.prefix), std::vector<float>(n, 0.5f + 4 * 3.0f));
+  EXPECT_EQ(Values(arch.FinalHidden(c, ModelWeights{}, act)), Values(act.prefix));
 }
 
 TEST(ArchitectureTest, K3BanksEachFinishedBlock) {
   const ModelConfig c = Preset("k3-tiny");  // 9 layers, blocks of 4
   const ModelWeights w = UniformMixWeights(c);
   const int64_t rows = 2, n = rows * c.hidden_size;
-  auto mixer = [&](int64_t, const float*, float* out) { return Fill(1.0f, out, n); };
-  auto ffn = [&](int64_t, const float*, float* out) { return Fill(2.0f, out, n); };
+  auto mixer = [&](int64_t, const kernels::Tensor&, const kernels::MutableTensor& out) {
+    return Fill(1.0f, out);
+  };
+  auto ffn = [&](int64_t, const kernels::Tensor&, const kernels::MutableTensor& out) {
+    return Fill(2.0f, out);
+  };
   const ModelArchitecture& arch = ArchitectureOf(c);
   for (int64_t begin : {0, 1, 4, 5}) {
     for (int64_t end = begin + 1; end <= c.num_layers; ++end) {
       Activations act = Start(c, rows, 0.5f);
-      act.bank.assign(arch.BankSizeBefore(c, begin), std::vector<float>(n, 7.0f));
+      for (int64_t b = 0; b < arch.BankSizeBefore(c, begin); ++b) {
+        act.bank.push_back(Filled(rows, c.hidden_size, 7.0f));
+      }
       ASSERT_TRUE(arch.RunResidualStack(c, w, begin, end, SubLayers{mixer, ffn}, &act).ok());
       EXPECT_EQ(static_cast<int64_t>(act.bank.size()), arch.BankSizeBefore(c, end))
           << begin << ".." << end;
@@ -94,7 +115,7 @@ TEST(ArchitectureTest, K3BanksEachFinishedBlock) {
       const int64_t block_start = (end - 1) / 4 * 4;
       const float since = 3.0f * static_cast<float>(end - std::max(begin, block_start));
       const float expected = begin > block_start ? 0.5f + since : since;
-      EXPECT_EQ(act.prefix, std::vector<float>(n, expected)) << begin << ".." << end;
+      EXPECT_EQ(Values(act.prefix), std::vector<float>(n, expected)) << begin << ".." << end;
     }
   }
 }

@@ -1,0 +1,162 @@
+#include "kernels/workspace.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "kernels/check.h"
+
+#if DELTASERVE_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+namespace deltaserve::kernels {
+namespace {
+
+constexpr size_t kAlign = 64;
+// Freed blocks kept for reuse at most; beyond it they go back to the system.
+constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+
+// The size class of a request: a multiple of 64 bytes up to 4 KiB, then
+// four classes per power of two (at most 25% over the request), so blocks
+// of a step's rows serve the next step's slightly different rows.
+size_t SizeClass(size_t bytes) {
+  if (bytes <= 4096) return (bytes + kAlign - 1) / kAlign * kAlign;
+  int shift = 63 - __builtin_clzll(bytes);  // 2^shift <= bytes
+  const size_t quarter = size_t{1} << (shift - 2);
+  return (bytes + quarter - 1) / quarter * quarter;
+}
+
+// A cached block is unusable to AddressSanitizer until it is handed out
+// again, so a use after Free is reported as for the heap.
+void MarkCached(void* data, size_t bytes, bool cached) {
+#if DELTASERVE_ASAN
+  if (cached) {
+    ASAN_POISON_MEMORY_REGION(data, bytes);
+  } else {
+    ASAN_UNPOISON_MEMORY_REGION(data, bytes);
+  }
+#else
+  static_cast<void>(data);
+  static_cast<void>(bytes);
+  static_cast<void>(cached);
+#endif
+}
+
+MutableTensor ViewOf(void* data, Device device, DType dtype, int64_t rows, int64_t cols) {
+  MutableTensor view;
+  view.data = data;
+  view.device = device;
+  view.dtype = dtype;
+  view.rows = rows;
+  view.cols = cols;
+  return view;
+}
+
+size_t BytesOf(DType dtype, int64_t rows, int64_t cols) {
+  DELTASERVE_CHECK(dtype != DType::kMxfp4);  // codes and scales: weights only
+  DELTASERVE_CHECK(rows >= 0 && cols >= 0);
+  return static_cast<size_t>(rows) * ViewOf(nullptr, Device::kCpu, dtype, 1, cols).RowBytes();
+}
+
+}  // namespace
+
+Workspace& Workspace::Of(Device device) {
+  DELTASERVE_CHECK(device == Device::kCpu);  // the only backend built
+  static Workspace* const cpu = new Workspace(Device::kCpu);
+  return *cpu;
+}
+
+void* Workspace::Allocate(size_t bytes) {
+  DELTASERVE_CHECK(bytes > 0);
+  const size_t size = SizeClass(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.in_use_bytes += size;
+    if (auto it = cached_.find(size); it != cached_.end()) {
+      void* data = it->second;
+      cached_.erase(it);
+      stats_.cached_bytes -= size;
+      ++stats_.reuses;
+      MarkCached(data, size, false);
+      return data;
+    }
+    ++stats_.allocations;
+  }
+  void* data = std::aligned_alloc(kAlign, size);
+  DELTASERVE_CHECK(data != nullptr);
+  return data;
+}
+
+void Workspace::Free(void* data, size_t bytes) {
+  if (data == nullptr) return;
+  const size_t size = SizeClass(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.in_use_bytes -= size;
+    if (stats_.cached_bytes + size <= kMaxCachedBytes) {
+      MarkCached(data, size, true);
+      cached_.emplace(size, data);
+      stats_.cached_bytes += size;
+      return;
+    }
+  }
+  std::free(data);
+}
+
+Workspace::Stats Workspace::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Workspace::ReportError(const char* op, std::string message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = DeviceError{op, std::move(message)};
+}
+
+DeviceError Workspace::Synchronize() {
+  // The CPU's ops complete before they return: nothing is in flight.
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(error_, DeviceError{});
+}
+
+Buffer::Buffer(Device device, DType dtype, int64_t rows, int64_t cols)
+    : bytes_(BytesOf(dtype, rows, cols)) {
+  void* data = bytes_ > 0 ? Workspace::Of(device).Allocate(bytes_) : nullptr;
+  view_ = ViewOf(data, device, dtype, rows, cols);
+}
+
+Buffer Buffer::Zeros(Device device, DType dtype, int64_t rows, int64_t cols) {
+  Buffer b(device, dtype, rows, cols);
+  if (b.bytes_ > 0) std::memset(b.view_.data, 0, b.bytes_);  // the host's memory: Of() checked
+  return b;
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : view_(std::exchange(other.view_, MutableTensor{})), bytes_(std::exchange(other.bytes_, 0)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    view_ = std::exchange(other.view_, MutableTensor{});
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { Release(); }
+
+void Buffer::Release() {
+  if (view_.data != nullptr) Workspace::Of(view_.device).Free(view_.data, bytes_);
+  view_ = MutableTensor{};
+  bytes_ = 0;
+}
+
+Temp::Temp(Device device, DType dtype, int64_t rows, int64_t cols) {
+  DELTASERVE_CHECK(device == Device::kCpu);  // the scratch stack is host memory
+  const size_t bytes = BytesOf(dtype, rows, cols);
+  bytes_ = ScratchBytes(bytes);
+  view_ = ViewOf(bytes > 0 ? bytes_.data() : nullptr, device, dtype, rows, cols);
+}
+
+}  // namespace deltaserve::kernels

@@ -1,0 +1,130 @@
+// Memory and ordering of one device: where the forward pass's arrays come
+// from. A Buffer (owning, tagged with its device and dtype: activations,
+// anything that outlives a layer) takes its bytes from the device's
+// workspace, which keeps freed blocks for reuse (a caching allocator, as
+// device allocators must be: cudaMalloc synchronises the device). A Temp (a
+// layer's projections, gates, attention outputs) comes from the calling
+// thread's scratch stack (kernels/scratch.h), taken and dropped last in first
+// out. Both hand out Tensor / MutableTensor views; layers pass views, never
+// the memory itself.
+//
+// Ops are issued in order on the workspace's stream; on the CPU that is the
+// host, and every op has finished when it returns. Synchronize is the point
+// at the end of a step where the work issued so far is waited for and an
+// error an asynchronous kernel reported (ReportError) comes back, naming the
+// op, so that the runtime turns it into a Status and fails the step cleanly.
+// A CUDA workspace adds the stream, the cuBLASLt handle and device memory
+// behind the same calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "kernels/scratch.h"
+#include "kernels/tensor.h"
+
+namespace deltaserve::kernels {
+
+// What Synchronize returns: empty `op` when nothing failed.
+struct DeviceError {
+  std::string op;       // the op whose kernel failed
+  std::string message;  // what the device said
+  bool ok() const { return op.empty(); }
+};
+
+class Workspace {
+ public:
+  // The workspace of `device` (one per process and device). Only the CPU's
+  // exists in this build; asking for another is a broken invariant (the
+  // views' checks refuse other devices first).
+  static Workspace& Of(Device device);
+
+  Device device() const { return device_; }
+
+  // `bytes` (> 0) of uninitialised memory, 64-byte aligned: a cached block
+  // of the same size class when there is one.
+  void* Allocate(size_t bytes);
+  // Gives back what Allocate returned for the same `bytes`; kept for reuse
+  // while the cache holds less than its bound, else freed.
+  void Free(void* data, size_t bytes);
+
+  struct Stats {
+    size_t in_use_bytes = 0;  // allocated and not freed (size classes)
+    size_t cached_bytes = 0;  // freed and kept for reuse
+    int64_t allocations = 0;  // fresh blocks from the system
+    int64_t reuses = 0;       // requests served from the cache
+  };
+  Stats stats() const;
+
+  // Records that `op`'s kernel failed asynchronously; the first report since
+  // the last Synchronize is the one returned.
+  void ReportError(const char* op, std::string message);
+  // Waits for the ops issued so far (on the CPU they are done) and returns,
+  // then clears, the first error reported since the last call.
+  DeviceError Synchronize();
+
+ private:
+  explicit Workspace(Device device) : device_(device) {}
+  ~Workspace() = delete;  // lives as long as the process
+
+  const Device device_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> cached_;  // by size class
+  Stats stats_;
+  DeviceError error_;
+};
+
+// An owning [rows, cols] array of one dtype on one device, from that
+// device's workspace; uninitialised. Movable, not copyable (copies are ops:
+// kernels/convert.h).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device device, DType dtype, int64_t rows, int64_t cols);
+  // The same, every byte zero (a recurrent state's start).
+  static Buffer Zeros(Device device, DType dtype, int64_t rows, int64_t cols);
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  MutableTensor view() const { return view_; }
+  operator MutableTensor() const { return view_; }  // NOLINT: a view of it
+  operator Tensor() const { return view_; }         // NOLINT: a view of it
+  bool empty() const { return view_.empty(); }
+  int64_t rows() const { return view_.rows; }
+  int64_t cols() const { return view_.cols; }
+  DType dtype() const { return view_.dtype; }
+  Device device() const { return view_.device; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Release();
+
+  MutableTensor view_;
+  size_t bytes_ = 0;
+};
+
+// A temporary [rows, cols] array from the calling thread's scratch stack on
+// `device`'s workspace, for the span of a layer; uninitialised. Drop
+// temporaries in the reverse order of taking them where possible (the stack
+// keeps the space of one dropped early until those above it go).
+class Temp {
+ public:
+  Temp() = default;
+  Temp(Device device, DType dtype, int64_t rows, int64_t cols);
+
+  MutableTensor view() const { return view_; }
+  operator MutableTensor() const { return view_; }  // NOLINT: a view of it
+  operator Tensor() const { return view_; }         // NOLINT: a view of it
+
+ private:
+  ScratchBytes bytes_;
+  MutableTensor view_;
+};
+
+}  // namespace deltaserve::kernels
