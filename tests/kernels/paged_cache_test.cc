@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
+#include "kernels/reference/convert_ref.h"
 #include "kernels/reference/paged_cache_ref.h"
 #include "tests/test_util.h"
 
