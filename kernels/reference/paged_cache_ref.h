@@ -1,5 +1,6 @@
 // Float64 reference for kernels/paged_cache.h: where a token lives in the
-// pool (what a bf16 pool stores for a value is convert_ref.h's RoundToBf16).
+// pool. What a bf16 pool stores for a value is ref::RoundToBf16, in
+// kernels/reference/convert_ref.h.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,10 @@
 // kernels/gemm.h for float32, bf16 and MXFP4 weights (the skinny kernel and
 // oneDNN's sgemm on widened panels) and SmallGemm of kernels/cpu/gemm_cpu.h
 // against the float64 reference, at the CPU level this run selects (ctest
-// runs each kernel test once per level: DELTASERVE_CPU_ISA).
+// runs each kernel test once per level: DELTASERVE_CPU_ISA). Linear runs on
+// every device of AvailableDevices() into guarded outputs; WidenRows and
+// SmallGemm are the CPU backend's own helpers on host pointers, so they run
+// on the CPU only, into guarded host buffers.
 #include "kernels/gemm.h"
 
 #include <algorithm>
@@ -17,12 +20,16 @@
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/reference/gemm_ref.h"
 #include "kernels/reference/mxfp4_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
 using testing::AllClose;
+using testing::DeviceTest;
+using testing::DeviceTestWithParam;
+using testing::GuardedBuffer;
 using testing::NaNs;
 using testing::RandomFloats;
 using testing::ReductionTolerance;
@@ -104,20 +111,25 @@ std::vector<int64_t> Widths(DType dtype) {
   return {std::begin(kSizes), std::end(kSizes)};
 }
 
-class LinearTest : public ::testing::TestWithParam<DType> {};
+// Per device and weight dtype.
+class LinearTest : public DeviceTestWithParam<DType> {};
+// Per weight dtype, on the CPU only.
+class LinearCpuTest : public ::testing::TestWithParam<DType> {};
+class LinearBf16ComputeTest : public DeviceTest {};
 
 TEST_P(LinearTest, MatchesReference) {
   uint64_t seed = 1;
   for (int64_t m : kSizes) {
     for (int64_t n : kSizes) {
-      for (int64_t k : Widths(GetParam())) {
+      for (int64_t k : Widths(Param())) {
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
-        const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
-        auto y = NaNs(m * n);  // k == 0 must still write zeros
-        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
-               MutableTensor::F32(y.data(), m, w.tensor.rows));
-        EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
+        const TestWeight w = MakeWeight(Param(), n, k, ++seed);
+        auto y = Output<float>(m * n);  // k == 0 must still write zeros
+        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows));
+        EXPECT_TRUE(
+            AllClose(y.Values(), Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
+        EXPECT_TRUE(y.GuardsIntact());
       }
     }
   }
@@ -127,27 +139,32 @@ TEST_P(LinearTest, MatchesReference) {
 TEST_P(LinearTest, LargeMatchesReference) {
   const int64_t m = 40, n = 3300, k = 352;
   const auto x = RandomFloats(m * k, 77);
-  const TestWeight w = MakeWeight(GetParam(), n, k, 78);
-  auto y = NaNs(m * n);
-  Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
-         MutableTensor::F32(y.data(), m, w.tensor.rows));
-  EXPECT_TRUE(AllClose(y, Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
+  const TestWeight w = MakeWeight(Param(), n, k, 78);
+  auto y = Output<float>(m * n);
+  Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows));
+  EXPECT_TRUE(
+      AllClose(y.Values(), Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
+  EXPECT_TRUE(y.GuardsIntact());
 }
 
 TEST_P(LinearTest, Accumulates) {
   uint64_t seed = 1000;
   for (int64_t m : {1, 2, 3, 7, 16, 17, 64}) {
     for (int64_t n : {1, 3, 129}) {
-      for (int64_t k : Widths(GetParam())) {
+      for (int64_t k : Widths(Param())) {
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
-        const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
-        auto y = RandomFloats(m * n, ++seed);
+        const TestWeight w = MakeWeight(Param(), n, k, ++seed);
+        const auto y0 = RandomFloats(m * n, ++seed);
+        auto y = Output<float>(m * n);  // accumulated into: guarded as an output
+        y.Fill(y0);
         auto want = Reference(x, w.values, m, n, k);
-        for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
-        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
-               MutableTensor::F32(y.data(), m, w.tensor.rows), /*accumulate=*/true);
-        EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
+        for (int64_t i = 0; i < m * n; ++i) want[i] += y0[i];
+        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows),
+               /*accumulate=*/true);
+        EXPECT_TRUE(
+            AllClose(y.Values(), want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
+        EXPECT_TRUE(y.GuardsIntact());
       }
     }
   }
@@ -162,19 +179,24 @@ TEST_P(LinearTest, Accumulates) {
 TEST_P(LinearTest, ARowOfADecodeBatchEqualsThatRowAlone) {
   uint64_t seed = 1500;
   const std::vector<int64_t> widths =
-      GetParam() == DType::kMxfp4 ? std::vector<int64_t>{32, 160} : std::vector<int64_t>{45, 1024};
+      Param() == DType::kMxfp4 ? std::vector<int64_t>{32, 160} : std::vector<int64_t>{45, 1024};
   for (int64_t k : widths) {
     const int64_t n = 67;
-    const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
+    const TestWeight w = MakeWeight(Param(), n, k, ++seed);
     const auto x = RandomFloats(16 * k, ++seed);
     std::vector<float> alone(16 * n);
     for (int64_t i = 0; i < 16; ++i) {
-      Linear(Tensor::F32(x.data() + i * k, 1, k), w.tensor,
-             MutableTensor::F32(alone.data() + i * n, 1, n));
+      auto row = Output<float>(n);
+      Linear(Tensor::F32(x.data() + i * k, 1, k), w.tensor, row.View(1, n));
+      ASSERT_TRUE(row.GuardsIntact()) << "k " << k << " row " << i;
+      const std::vector<float> values = row.Values();
+      std::copy(values.begin(), values.end(), alone.begin() + i * n);
     }
     for (int64_t m = 2; m <= 16; ++m) {
-      std::vector<float> batch(m * n);
-      Linear(Tensor::F32(x.data(), m, k), w.tensor, MutableTensor::F32(batch.data(), m, n));
+      auto out = Output<float>(m * n);
+      Linear(Tensor::F32(x.data(), m, k), w.tensor, out.View(m, n));
+      ASSERT_TRUE(out.GuardsIntact()) << "k " << k << " m " << m;
+      const std::vector<float> batch = out.Values();
       for (int64_t e = 0; e < m * n; ++e) {
         ASSERT_EQ(batch[e], alone[e])
             << "k " << k << " m " << m << " row " << e / n << " col " << e % n;
@@ -184,33 +206,37 @@ TEST_P(LinearTest, ARowOfADecodeBatchEqualsThatRowAlone) {
 }
 
 // Column blocks of wider rows: reads x with row stride ldx, writes y with row
-// stride ldy, and leaves the other columns of y alone.
+// stride ldy, and leaves the other columns of y alone (and the guards around
+// all of y's rows).
 TEST_P(LinearTest, StridedKeepsOtherColumns) {
   uint64_t seed = 2000;
   constexpr float kSentinel = 12345.0f;
   for (int64_t m : kSizes) {
     for (int64_t n : kSizes) {
-      for (int64_t k : Widths(GetParam())) {
+      for (int64_t k : Widths(Param())) {
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(::testing::Message()
                        << "m " << m << " n " << n << " k " << k << " accumulate " << accumulate);
           const int64_t ldx = k + 3, ldy = n + 5,
                         col = 2;                          // y block at column 2
           const auto xw = RandomFloats(m * ldx, ++seed);  // [m, ldx]
-          const TestWeight w = MakeWeight(GetParam(), n, k, ++seed);
+          const TestWeight w = MakeWeight(Param(), n, k, ++seed);
           std::vector<float> x(m * k);  // the dense [m, k] view of xw
           for (int64_t i = 0; i < m; ++i)
             for (int64_t c = 0; c < k; ++c) x[i * k + c] = xw[i * ldx + c];
-          // At least one row, so that yw.data() + col is never null + col.
-          std::vector<float> yw(std::max<int64_t>(m, 1) * ldy, kSentinel);
+          std::vector<float> yw0(m * ldy, kSentinel);
           const auto y0 = RandomFloats(m * n, ++seed);
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t j = 0; j < n; ++j) {
-              yw[i * ldy + col + j] = accumulate ? y0[i * n + j] : NAN;
+              yw0[i * ldy + col + j] = accumulate ? y0[i * n + j] : NAN;
             }
           }
+          auto out = Output<float>(m * ldy);  // [m, ldy]; y is columns [col, col + n)
+          out.Fill(yw0);
           Linear(Tensor::F32(xw.data(), m, w.tensor.cols, ldx), w.tensor,
-                 MutableTensor::F32(yw.data() + col, m, w.tensor.rows, ldy), accumulate);
+                 out.View(m, ldy).Columns(col, w.tensor.rows), accumulate);
+          ASSERT_TRUE(out.GuardsIntact());
+          const std::vector<float> yw = out.Values();
           auto want = Reference(x, w.values, m, n, k);
           std::vector<float> y(m * n);
           for (int64_t i = 0; i < m; ++i) {
@@ -231,20 +257,21 @@ TEST_P(LinearTest, StridedKeepsOtherColumns) {
 }
 
 // Rows of a weight in any dtype widened to float32 are exact.
-TEST_P(LinearTest, WidenRowsIsExact) {
+TEST_P(LinearCpuTest, WidenRowsIsExact) {
   const int64_t n = 7, k = GetParam() == DType::kMxfp4 ? 96 : 45;
   const TestWeight w = MakeWeight(GetParam(), n, k, 99);
-  auto out = NaNs(3 * k);
+  GuardedBuffer<float> out(Device::kCpu, 3 * k);
   DELTASERVE_CPU_DISPATCH(WidenRows)(w.tensor, 2, 5, out.data());
   const std::vector<double> want(w.values.begin() + 2 * k, w.values.begin() + 5 * k);
-  EXPECT_TRUE(AllClose(out, want, 0.0, 0.0));
+  EXPECT_TRUE(AllClose(out.Values(), want, 0.0, 0.0));
+  EXPECT_TRUE(out.GuardsIntact());
 }
 
 // The opt-in bf16 compute on bf16 weights: above the skinny sizes, x is
 // rounded to bf16 and the products summed in float32, so the float64
 // reference on the rounded x bounds it as tightly as the float32 path. On a
 // CPU without a bf16 matmul the same call computes in float32.
-TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
+TEST_P(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
   const bool bf16 = Bf16ComputeAvailable();
   std::printf("bf16 matmul on this CPU: %s\n", bf16 ? "yes" : "no (float32 instead)");
   uint64_t seed = 5000;
@@ -266,14 +293,18 @@ TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
               std::memcpy(&v, &bits, 4);
             }
           }
-          auto y = accumulate ? RandomFloats(m * n, ++seed) : NaNs(m * n);
+          const auto y0 = accumulate ? RandomFloats(m * n, ++seed) : NaNs(m * n);
+          auto y = Output<float>(m * n);
+          y.Fill(y0);
           auto want = Reference(xr, w.values, m, n, k);
           if (accumulate) {
-            for (int64_t i = 0; i < m * n; ++i) want[i] += y[i];
+            for (int64_t i = 0; i < m * n; ++i) want[i] += y0[i];
           }
-          Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor,
-                 MutableTensor::F32(y.data(), m, w.tensor.rows), accumulate);
-          EXPECT_TRUE(AllClose(y, want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
+          Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows),
+                 accumulate);
+          EXPECT_TRUE(
+              AllClose(y.Values(), want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
+          EXPECT_TRUE(y.GuardsIntact());
         }
       }
     }
@@ -284,7 +315,7 @@ TEST(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
 // exactly, ties to even and NaN included: through an identity weight each
 // output is one rounded activation times 1, exact in float32. Without a bf16
 // matmul the same call computes in float32 and gives x back unrounded.
-TEST(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
+TEST_P(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
   const bool bf16 = Bf16ComputeAvailable();
   const int64_t m = 40, k = 64;  // above the skinny sizes
   std::vector<uint16_t> eye(k * k, 0);
@@ -302,8 +333,10 @@ TEST(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
     std::memcpy(&x[i], &bits, sizeof(float));
   }
   x[5] = std::nanf("");  // row 0 becomes NaN throughout (NaN · 0 = NaN)
-  std::vector<float> y(m * k);
-  Linear(Tensor::F32(x.data(), m, k), w, MutableTensor::F32(y.data(), m, k));
+  auto out = Output<float>(m * k);
+  Linear(Tensor::F32(x.data(), m, k), w, out.View(m, k));
+  EXPECT_TRUE(out.GuardsIntact());
+  const std::vector<float> y = out.Values();
   for (int64_t j = 0; j < k; ++j) EXPECT_TRUE(std::isnan(y[j])) << j;
   for (int64_t i = k; i < m * k; ++i) {
     const float want = bf16 ? Bf16ToFloat(FloatToBf16(x[i])) : x[i];
@@ -311,11 +344,15 @@ TEST(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypes, LinearTest,
+// LinearTest's names end in the weight dtype and the device (/f32_cpu).
+DELTASERVE_INSTANTIATE_DEVICE_TEST_WITH_PARAM(
+    LinearTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4), DTypeName);
+INSTANTIATE_TEST_SUITE_P(, LinearCpuTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
+DELTASERVE_INSTANTIATE_DEVICE_TEST(LinearBf16ComputeTest);
 
 // SmallGemm: c = (accumulate ? c : 0) + alpha · a · b with a in either layout
 // (a_rs, a_cs), b and c at row strides wider than n (the extra columns of c
@@ -355,12 +392,17 @@ TEST(SmallGemmTest, MatchesReference) {
               for (int64_t p = 0; p < k; ++p)
                 for (int64_t j = 0; j < n; ++j) bt[j * k + p] = b[p * ldb + j];
               const auto c0 = RandomFloats(m * n, ++seed);
-              std::vector<float> c(m * ldc, kSentinel);
+              std::vector<float> c_in(m * ldc, kSentinel);
               for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = accumulate ? c0[i * n + j] : NAN;
+                for (int64_t j = 0; j < n; ++j)
+                  c_in[i * ldc + j] = accumulate ? c0[i * n + j] : NAN;
+              GuardedBuffer<float> guarded_c(Device::kCpu, m * ldc);
+              guarded_c.Fill(c_in);
               DELTASERVE_CPU_DISPATCH(SmallGemm)
-              (m, n, k, alpha, a.data(), a_rs, a_cs, b.data(), ldb, c.data(), ldc, accumulate,
-               lower);
+              (m, n, k, alpha, a.data(), a_rs, a_cs, b.data(), ldb, guarded_c.data(), ldc,
+               accumulate, lower);
+              ASSERT_TRUE(guarded_c.GuardsIntact());
+              const std::vector<float> c = guarded_c.Values();
               auto want = Reference(dense_a, bt, m, n, k);
               std::vector<float> got(m * n);
               for (int64_t i = 0; i < m; ++i) {
@@ -387,12 +429,15 @@ TEST(SmallGemmTest, MatchesReference) {
 // c's rows after b's, and the product reads only b's.
 TEST(SmallGemmTest, OutputRowsAfterInputRowsOfOneArray) {
   constexpr int64_t kRows = 24, kDone = 16, kCols = 40;
-  const auto l = RandomFloats((kRows - kDone) * kDone, 4000);  // [8, 16]
-  std::vector<float> v = RandomFloats(kRows * kCols, 4001);    // [24, 40]
-  const std::vector<float> v0 = v;
+  const auto l = RandomFloats((kRows - kDone) * kDone, 4000);       // [8, 16]
+  const std::vector<float> v0 = RandomFloats(kRows * kCols, 4001);  // [24, 40]
+  GuardedBuffer<float> guarded_v(Device::kCpu, kRows * kCols);
+  guarded_v.Fill(v0);
   DELTASERVE_CPU_DISPATCH(SmallGemm)
-  (kRows - kDone, kCols, kDone, -1.0f, l.data(), kDone, 1, v.data(), kCols,
-   v.data() + kDone * kCols, kCols, /*accumulate=*/true, /*lower_a=*/false);
+  (kRows - kDone, kCols, kDone, -1.0f, l.data(), kDone, 1, guarded_v.data(), kCols,
+   guarded_v.data() + kDone * kCols, kCols, /*accumulate=*/true, /*lower_a=*/false);
+  EXPECT_TRUE(guarded_v.GuardsIntact());
+  const std::vector<float> v = guarded_v.Values();
   const std::vector<float> done(v0.begin(), v0.begin() + kDone * kCols);
   std::vector<float> done_t(kCols * kDone);  // [40, 16]
   for (int64_t p = 0; p < kDone; ++p)

@@ -1,3 +1,6 @@
+// kernels/kda.h against the float64 recurrence and the golden files, on every
+// device of AvailableDevices(); o and the state (read and written in place)
+// are guarded buffers whose guards are checked after each call.
 #include "kernels/kda.h"
 
 #include <algorithm>
@@ -9,12 +12,16 @@
 #include <vector>
 
 #include "kernels/reference/kda_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
 namespace {
 
+using kernels::Device;
 using kernels::KdaShape;
+using kernels::MutableTensor;
+using testing::GuardedBuffer;
 
 // Random rows of length dim, each L2-normalised (q and k arrive normalised).
 std::vector<float> NormalizedRows(int64_t rows, int64_t dim, uint64_t seed) {
@@ -95,17 +102,16 @@ std::string FormName(const Form& f) {
   return f.chunked ? "KdaChunk(" + std::to_string(f.chunk_size) + ")" : "KdaRecurrent";
 }
 
+// state is [v_heads, k_dim * v_dim], o [t, v_heads * v_dim].
 void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k, const float* v,
-             const float* g, const float* beta, float scale, float* state, float* o) {
-  using kernels::MutableTensor;
+             const float* g, const float* beta, float scale, const MutableTensor& sv,
+             const MutableTensor& ov) {
   using kernels::Tensor;
   const Tensor qv = Tensor::F32(q, s.t, s.heads * s.k_dim),
                kv = Tensor::F32(k, s.t, s.heads * s.k_dim);
   const Tensor vv = Tensor::F32(v, s.t, s.v_heads * s.v_dim),
                gv = Tensor::F32(g, s.t, s.v_heads * s.k_dim);
   const Tensor bv = Tensor::F32(beta, s.t, s.v_heads);
-  const MutableTensor sv = MutableTensor::F32(state, s.v_heads, s.k_dim * s.v_dim);
-  const MutableTensor ov = MutableTensor::F32(o, s.t, s.v_heads * s.v_dim);
   if (form.chunked) {
     kernels::KdaChunk(s, qv, kv, vv, gv, bv, scale, sv, ov, form.chunk_size);
   } else {
@@ -114,10 +120,11 @@ void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k
 }
 
 // Runs the fast form over the tokens cut into pieces of the given lengths
-// (the last piece takes what is left), carrying the state across.
+// (the last piece takes what is left), carrying the state across; each
+// piece writes its rows of o [t, v_heads * v_dim].
 void RunPieces(const Form& form, const KdaShape& s, const std::vector<int64_t>& cuts,
                const float* q, const float* k, const float* v, const float* g, const float* beta,
-               float scale, float* state, float* o) {
+               float scale, const MutableTensor& state, const MutableTensor& o) {
   int64_t t0 = 0;
   for (size_t p = 0; t0 < s.t; ++p) {
     const int64_t len = p < cuts.size() ? std::min(cuts[p], s.t - t0) : s.t - t0;
@@ -125,7 +132,7 @@ void RunPieces(const Form& form, const KdaShape& s, const std::vector<int64_t>& 
     piece.t = len;
     RunFast(form, piece, q + t0 * s.heads * s.k_dim, k + t0 * s.heads * s.k_dim,
             v + t0 * s.v_heads * s.v_dim, g + t0 * s.v_heads * s.k_dim, beta + t0 * s.v_heads,
-            scale, state, o + t0 * s.v_heads * s.v_dim);
+            scale, state, o.Rows(t0, len));
     t0 += len;
   }
 }
@@ -166,7 +173,7 @@ const std::vector<KdaShape>& SweepShapes() {
   return shapes;
 }
 
-void SweepAgainstReference(const Form& form, Decay decay, uint64_t seed_base) {
+void SweepAgainstReference(Device device, const Form& form, Decay decay, uint64_t seed_base) {
   double worst = 0.0, worst_ratio = 0.0;
   uint64_t seed = seed_base;
   for (const KdaShape& s : SweepShapes()) {
@@ -176,13 +183,16 @@ void SweepAgainstReference(const Form& form, Decay decay, uint64_t seed_base) {
     const Inputs in = MakeInputs(s, decay, seed += 16);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.k_dim));
     const RefResult want = RunReference(in, scale);
-    std::vector<float> state = in.state;
-    std::vector<float> o = testing::NaNs(want.o.size());
+    GuardedBuffer<float> state(device, static_cast<int64_t>(in.state.size()));
+    state.Fill(in.state);
+    GuardedBuffer<float> o(device, static_cast<int64_t>(want.o.size()));
     RunFast(form, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), scale,
-            state.data(), o.data());
+            state.View(s.v_heads, s.k_dim * s.v_dim), o.View(s.t, s.v_heads * s.v_dim));
+    EXPECT_TRUE(state.GuardsIntact());
+    EXPECT_TRUE(o.GuardsIntact());
     const double tol = KdaTolerance(s);
-    const double err_o = testing::RelL2(o, want.o);
-    const double err_s = testing::RelL2(state, want.state);
+    const double err_o = testing::RelL2(o.Values(), want.o);
+    const double err_s = testing::RelL2(state.Values(), want.state);
     EXPECT_LE(err_o, tol);
     EXPECT_LE(err_s, tol);
     worst = std::max({worst, err_o, err_s});
@@ -192,36 +202,49 @@ void SweepAgainstReference(const Form& form, Decay decay, uint64_t seed_base) {
               FormName(form).c_str(), worst, worst_ratio);
 }
 
-TEST(KdaRecurrentTest, MatchesReference) {
-  SweepAgainstReference({false, 0}, Decay::kRealistic, 100);
+class KdaRecurrentTest : public testing::DeviceTest {};
+class KdaChunkTest : public testing::DeviceTest {};
+class KdaGoldenTest : public testing::DeviceTest {};
+
+TEST_P(KdaRecurrentTest, MatchesReference) {
+  SweepAgainstReference(device(), {false, 0}, Decay::kRealistic, 100);
 }
 
-TEST(KdaRecurrentTest, MatchesReferenceStrongDecay) {
-  SweepAgainstReference({false, 0}, Decay::kStrong, 200);
-  SweepAgainstReference({false, 0}, Decay::kMixed, 300);
+TEST_P(KdaRecurrentTest, MatchesReferenceStrongDecay) {
+  SweepAgainstReference(device(), {false, 0}, Decay::kStrong, 200);
+  SweepAgainstReference(device(), {false, 0}, Decay::kMixed, 300);
 }
 
-TEST(KdaChunkTest, MatchesReference) { SweepAgainstReference({true, 64}, Decay::kRealistic, 400); }
-
-TEST(KdaChunkTest, MatchesReferenceStrongDecay) {
-  SweepAgainstReference({true, 64}, Decay::kStrong, 500);
-  SweepAgainstReference({true, 64}, Decay::kMixed, 600);
+TEST_P(KdaChunkTest, MatchesReference) {
+  SweepAgainstReference(device(), {true, 64}, Decay::kRealistic, 400);
 }
 
-TEST(KdaChunkTest, OtherChunkSizesMatchReference) {
+TEST_P(KdaChunkTest, MatchesReferenceStrongDecay) {
+  SweepAgainstReference(device(), {true, 64}, Decay::kStrong, 500);
+  SweepAgainstReference(device(), {true, 64}, Decay::kMixed, 600);
+}
+
+TEST_P(KdaChunkTest, OtherChunkSizesMatchReference) {
   for (int64_t chunk : {1, 5, 16, 100}) {
-    SweepAgainstReference({true, chunk}, Decay::kRealistic, 700 + chunk);
+    SweepAgainstReference(device(), {true, chunk}, Decay::kRealistic, 700 + chunk);
   }
-  SweepAgainstReference({true, 16}, Decay::kMixed, 800);
+  SweepAgainstReference(device(), {true, 16}, Decay::kMixed, 800);
 }
 
-TEST(KdaChunkTest, ZeroTokensIsANoOp) {
+// No tokens: the inputs are null, o is empty (any write lands in its
+// guards) and the state is left as it was.
+TEST_P(KdaChunkTest, ZeroTokensIsANoOp) {
   const KdaShape s{0, 2, 4, 8, 8};
-  std::vector<float> state = testing::RandomFloats(4 * 8 * 8, 1);
-  const std::vector<float> before = state;
+  auto state = Output<float>(4 * 8 * 8);
+  state.Fill(testing::RandomFloats(4 * 8 * 8, 1));
+  const std::vector<float> before = state.Values();
   for (const Form& form : {Form{false, 0}, Form{true, 64}}) {
-    RunFast(form, s, nullptr, nullptr, nullptr, nullptr, nullptr, 0.5f, state.data(), nullptr);
-    EXPECT_EQ(state, before) << FormName(form);
+    auto o = Output<float>(0);
+    RunFast(form, s, nullptr, nullptr, nullptr, nullptr, nullptr, 0.5f, state.View(4, 8 * 8),
+            o.View(0, 4 * 8));
+    EXPECT_EQ(state.Values(), before) << FormName(form);
+    EXPECT_TRUE(state.GuardsIntact()) << FormName(form);
+    EXPECT_TRUE(o.GuardsIntact()) << FormName(form);
   }
 }
 
@@ -290,19 +313,28 @@ const std::vector<Golden>& Goldens() {
 
 constexpr double kGoldenTolerance = 1e-5;
 
-// Runs every batch element through `form` cut at `cuts` and compares o and
-// the final state with the golden values; returns the larger error.
-double CheckGolden(const Golden& gold, const Form& form, const std::vector<int64_t>& cuts) {
+// Runs every batch element through `form` cut at `cuts` on `device`, each
+// into its own guarded o and state, and compares o and the final state with
+// the golden values; returns the larger error.
+double CheckGolden(Device device, const Golden& gold, const Form& form,
+                   const std::vector<int64_t>& cuts) {
   const KdaShape& s = gold.shape;
   const int64_t qk = s.t * s.heads * s.k_dim, vv = s.t * s.v_heads * s.v_dim;
   const int64_t gg = s.t * s.v_heads * s.k_dim, bb = s.t * s.v_heads;
   const int64_t ss = s.v_heads * s.k_dim * s.v_dim;
-  std::vector<float> o = testing::NaNs(gold.o.size());
-  std::vector<float> state = gold.initial_state;
+  std::vector<float> o, state;  // all batch elements
   for (int64_t b = 0; b < gold.batch; ++b) {
+    GuardedBuffer<float> ob(device, vv), sb(device, ss);
+    sb.Fill(std::vector<float>(gold.initial_state.begin() + b * ss,
+                               gold.initial_state.begin() + (b + 1) * ss));
     RunPieces(form, s, cuts, gold.q.data() + b * qk, gold.k.data() + b * qk, gold.v.data() + b * vv,
-              gold.g.data() + b * gg, gold.beta.data() + b * bb, gold.scale, state.data() + b * ss,
-              o.data() + b * vv);
+              gold.g.data() + b * gg, gold.beta.data() + b * bb, gold.scale,
+              sb.View(s.v_heads, s.k_dim * s.v_dim), ob.View(s.t, s.v_heads * s.v_dim));
+    EXPECT_TRUE(ob.GuardsIntact()) << gold.name << " " << FormName(form) << " batch " << b;
+    EXPECT_TRUE(sb.GuardsIntact()) << gold.name << " " << FormName(form) << " batch " << b;
+    const std::vector<float> ov = ob.Values(), sv = sb.Values();
+    o.insert(o.end(), ov.begin(), ov.end());
+    state.insert(state.end(), sv.begin(), sv.end());
   }
   const double err_o = testing::RelL2(o, gold.o);
   const double err_s = testing::RelL2(state, gold.final_state);
@@ -315,7 +347,7 @@ double CheckGolden(const Golden& gold, const Form& form, const std::vector<int64
   return std::max(err_o, err_s);
 }
 
-TEST(KdaGoldenTest, FilesArePresent) {
+TEST_P(KdaGoldenTest, FilesArePresent) {
   EXPECT_GE(Goldens().size(), 6u);
   bool has_gva = false, has_strong = false;
   for (const Golden& gold : Goldens()) {
@@ -326,33 +358,34 @@ TEST(KdaGoldenTest, FilesArePresent) {
   EXPECT_TRUE(has_strong);
 }
 
-TEST(KdaGoldenTest, Recurrent) {
+TEST_P(KdaGoldenTest, Recurrent) {
   for (const Golden& gold : Goldens()) {
-    const double err = CheckGolden(gold, {false, 0}, {});
+    const double err = CheckGolden(device(), gold, {false, 0}, {});
     std::printf("golden %-22s KdaRecurrent rel L2 %.3g\n", gold.name.c_str(), err);
     // Token by token in pieces gives the same as one call.
-    CheckGolden(gold, {false, 0}, {1, 7, 57});
+    CheckGolden(device(), gold, {false, 0}, {1, 7, 57});
   }
 }
 
-TEST(KdaGoldenTest, ChunkOneShot) {
+TEST_P(KdaGoldenTest, ChunkOneShot) {
   for (const Golden& gold : Goldens()) {
-    const double err = CheckGolden(gold, {true, 64}, {});
+    const double err = CheckGolden(device(), gold, {true, 64}, {});
     std::printf("golden %-22s KdaChunk one-shot rel L2 %.3g\n", gold.name.c_str(), err);
   }
 }
 
-TEST(KdaGoldenTest, ChunkInPieces) {
+TEST_P(KdaGoldenTest, ChunkInPieces) {
   const std::vector<std::vector<int64_t>> cut_sets = {{1},         {7, 57},      {64},    {100},
                                                       {33, 65, 1}, {63, 2, 130}, {128, 5}};
   for (const Golden& gold : Goldens()) {
     double worst = 0.0;
     for (const auto& cuts : cut_sets) {
-      worst = std::max(worst, CheckGolden(gold, {true, 64}, cuts));
+      worst = std::max(worst, CheckGolden(device(), gold, {true, 64}, cuts));
     }
     if (gold.shape.t <= 256) {
       // Every token its own prefill call.
-      worst = std::max(worst, CheckGolden(gold, {true, 64}, std::vector<int64_t>(gold.shape.t, 1)));
+      worst = std::max(
+          worst, CheckGolden(device(), gold, {true, 64}, std::vector<int64_t>(gold.shape.t, 1)));
     }
     std::printf("golden %-22s KdaChunk in pieces max rel L2 %.3g\n", gold.name.c_str(), worst);
   }
@@ -360,7 +393,6 @@ TEST(KdaGoldenTest, ChunkInPieces) {
 
 TEST(KdaDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
   using kernels::DType;
-  using kernels::MutableTensor;
   using kernels::Tensor;
   const KdaShape s{5, 2, 4, 3, 2};
   const std::vector<float> q = testing::RandomFloats(s.t * s.heads * s.k_dim, 1);
@@ -387,7 +419,7 @@ TEST(KdaDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
   EXPECT_DEATH(kernels::KdaChunk(s, qv, kv, vv, gv, beta_bf16, 0.5f, sv, ov),
                "beta: dtype bf16, expected f32");
   MutableTensor state_gpu = sv;
-  state_gpu.device = kernels::Device::kCuda;
+  state_gpu.device = Device::kCuda;
   EXPECT_DEATH(kernels::KdaChunk(s, qv, kv, vv, gv, bv, 0.5f, state_gpu, ov), "state: device cuda");
   KdaShape odd = s;
   odd.v_heads = 3;  // not a multiple of heads
@@ -400,6 +432,10 @@ TEST(KdaDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
                             0.5f, sv, MutableTensor::F32(vo.data(), s.t, s.v_heads * s.v_dim)),
       "Overlaps");
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaRecurrentTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaChunkTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaGoldenTest);
 
 }  // namespace
 }  // namespace deltaserve

@@ -1,3 +1,6 @@
+// kernels/mla_attention.h, both forms, against the float64 reference on every
+// device of AvailableDevices(), each output a guarded buffer whose guards are
+// checked after the call.
 #include "kernels/mla_attention.h"
 
 #include <algorithm>
@@ -12,12 +15,15 @@
 #include "kernels/bf16.h"
 #include "kernels/reference/mla_attention_ref.h"
 #include "kernels/threads.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
 using ::deltaserve::testing::AllClose;
+using ::deltaserve::testing::DeviceTest;
+using ::deltaserve::testing::GuardedBuffer;
 using ::deltaserve::testing::NaNs;
 using ::deltaserve::testing::RandomFloats;
 using ::deltaserve::testing::ReductionTolerance;
@@ -48,7 +54,7 @@ struct PrefillInputs {
 };
 
 // The prefill call for case `c` on `in`, writing o [t, heads * v].
-MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, float* o) {
+MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, const MutableTensor& o) {
   MlaPrefillArgs args;
   args.t = c.t;
   args.prefix = c.prefix;
@@ -60,14 +66,16 @@ MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, float*
   args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
   args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
   args.scale = c.scale;
-  args.o = MutableTensor::F32(o, c.t, c.heads * c.v);
+  args.o = o;
   return args;
 }
 
-std::vector<float> RunPrefill(const PrefillCase& c, const PrefillInputs& in) {
-  std::vector<float> o = NaNs(c.t * c.heads * c.v);
-  MlaPrefillAttention(PrefillArgs(c, in, o.data()));
-  return o;
+// On `device`, into a guarded output whose guards it checks.
+std::vector<float> RunPrefill(Device device, const PrefillCase& c, const PrefillInputs& in) {
+  GuardedBuffer<float> o(device, c.t * c.heads * c.v);
+  MlaPrefillAttention(PrefillArgs(c, in, o.View(c.t, c.heads * c.v)));
+  EXPECT_TRUE(o.GuardsIntact()) << "T=" << c.t << " prefix=" << c.prefix << " heads=" << c.heads;
+  return o.Values();
 }
 
 std::vector<double> RefPrefill(const PrefillCase& c, const PrefillInputs& in) {
@@ -97,7 +105,10 @@ double PrefillTolerance(const PrefillCase& c) {
   return ReductionTolerance(c.prefix + c.t + c.nope + c.rope);
 }
 
-TEST(MlaPrefillAttention, MatchesReferenceOverShapes) {
+class MlaPrefillAttentionTest : public DeviceTest {};
+class MlaAbsorbedAttentionTest : public DeviceTest {};
+
+TEST_P(MlaPrefillAttentionTest, MatchesReferenceOverShapes) {
   const int64_t dims[][3] = {{3, 5, 12}, {16, 8, 16}, {12, 3, 5}, {5, 0, 3}, {0, 4, 7}};
   uint64_t seed = 1;
   double worst = 0.0;
@@ -108,7 +119,7 @@ TEST(MlaPrefillAttention, MatchesReferenceOverShapes) {
           const float scale = 1.0f / std::sqrt(static_cast<float>(d[0] + d[1] + 1));
           const PrefillCase c{t, prefix, heads, d[0], d[1], d[2], scale};
           const PrefillInputs in(c, seed += 3);
-          const std::vector<float> o = RunPrefill(c, in);
+          const std::vector<float> o = RunPrefill(device(), c, in);
           const std::vector<double> want = RefPrefill(c, in);
           const double tol = PrefillTolerance(c);
           ASSERT_TRUE(AllClose(o, want, tol, tol))
@@ -124,12 +135,12 @@ TEST(MlaPrefillAttention, MatchesReferenceOverShapes) {
 
 // Sharp softmax (large scale): the running max changes often between key
 // blocks, so the online rescaling is exercised; the real model's dims.
-TEST(MlaPrefillAttention, SharpSoftmaxAndModelDims) {
+TEST_P(MlaPrefillAttentionTest, SharpSoftmaxAndModelDims) {
   for (const PrefillCase& c :
        {PrefillCase{70, 40, 2, 128, 64, 128, 0.5f}, PrefillCase{130, 200, 3, 7, 5, 9, 4.0f},
         PrefillCase{1, 3000, 2, 16, 8, 16, 2.0f}, PrefillCase{3, 2000, 1, 12, 4, 20, 1.0f}}) {
     const PrefillInputs in(c, 77);
-    const std::vector<float> o = RunPrefill(c, in);
+    const std::vector<float> o = RunPrefill(device(), c, in);
     const std::vector<double> want = RefPrefill(c, in);
     // Scores reach |scale| * (P+R) / 3; their float32 rounding grows with
     // them, so the tolerance does too.
@@ -142,14 +153,14 @@ TEST(MlaPrefillAttention, SharpSoftmaxAndModelDims) {
 
 // Few query blocks and long caches split the keys across threads; the result
 // must not depend on the thread count.
-TEST(MlaPrefillAttention, KeySplitsMatchReference) {
+TEST_P(MlaPrefillAttentionTest, KeySplitsMatchReference) {
   const int saved = NumThreads();
   const PrefillCase c{5, 2500, 2, 16, 8, 12, 0.3f};
   const PrefillInputs in(c, 91);
   const std::vector<double> want = RefPrefill(c, in);
   for (int threads : {1, 3, 16}) {
     SetNumThreads(threads);
-    const std::vector<float> o = RunPrefill(c, in);
+    const std::vector<float> o = RunPrefill(device(), c, in);
     const double tol = PrefillTolerance(c);
     EXPECT_TRUE(AllClose(o, want, tol, tol)) << threads << " threads";
   }
@@ -158,13 +169,13 @@ TEST(MlaPrefillAttention, KeySplitsMatchReference) {
 
 // A chunk computed in one call equals the chunk computed in two pieces, the
 // second one seeing the first as prefix.
-TEST(MlaPrefillAttention, PiecesEqualOneCall) {
+TEST_P(MlaPrefillAttentionTest, PiecesEqualOneCall) {
   const int64_t L = 37, T = 130, heads = 2, P = 12, R = 6, Vd = 10;
   const PrefillCase whole{T, L, heads, P, R, Vd, 0.25f};
   const PrefillInputs in(whole, 5);
-  const std::vector<float> o = RunPrefill(whole, in);
+  const std::vector<float> o = RunPrefill(device(), whole, in);
   for (int64_t t1 : {1, 50, 64, 129}) {
-    std::vector<float> pieces = NaNs(o.size());
+    auto pieces = Output<float>(static_cast<int64_t>(o.size()));  // [T, heads * Vd]
     for (int piece = 0; piece < 2; ++piece) {
       const int64_t t0 = piece == 0 ? 0 : t1;
       MlaPrefillArgs args;
@@ -179,11 +190,12 @@ TEST(MlaPrefillAttention, PiecesEqualOneCall) {
       args.kv = Tensor::F32(in.kv.data(), s, heads * (P + Vd));
       args.k_rope = Tensor::F32(in.k_rope.data(), s, R, in.stride);
       args.scale = whole.scale;
-      args.o = MutableTensor::F32(pieces.data() + t0 * heads * Vd, args.t, heads * Vd);
+      args.o = pieces.View(T, heads * Vd).Rows(t0, args.t);
       MlaPrefillAttention(args);
     }
+    EXPECT_TRUE(pieces.GuardsIntact()) << "split at " << t1;
     const double tol = ReductionTolerance(L + T);
-    EXPECT_TRUE(AllClose(pieces, ToDouble(o), tol, tol)) << "split at " << t1;
+    EXPECT_TRUE(AllClose(pieces.Values(), ToDouble(o), tol, tol)) << "split at " << t1;
   }
 }
 
@@ -191,7 +203,7 @@ struct AbsorbedCase {
   int64_t t, prefix, heads, latent, rope;
 };
 
-TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
+TEST_P(MlaAbsorbedAttentionTest, MatchesReferenceOverShapes) {
   const int64_t dims[][2] = {{3, 5}, {12, 0}, {32, 8}, {17, 3}};
   uint64_t seed = 1000;
   double worst = 0.0;
@@ -222,7 +234,7 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
                 }
               }
               const float scale = 1.0f / std::sqrt(static_cast<float>(w));
-              std::vector<float> o = NaNs(t * heads * c.latent);
+              auto out = Output<float>(t * heads * c.latent);
               MlaAbsorbedArgs args;
               args.t = t;
               args.prefix = prefix;
@@ -237,8 +249,12 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
                 args.cache = Tensor::F32(cache.data(), s, w);
               }
               args.scale = scale;
-              args.o_latent = MutableTensor::F32(o.data(), t, heads * c.latent);
+              args.o_latent = out.View(t, heads * c.latent);
               MlaAbsorbedAttention(args);
+              ASSERT_TRUE(out.GuardsIntact())
+                  << threads << " threads, T=" << t << " prefix=" << prefix << " heads=" << heads
+                  << " C,R=" << d[0] << "," << d[1] << " cache " << DTypeName(cache_dtype);
+              const std::vector<float> o = out.Values();
 
               const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr),
                                         cached = ToDouble(cache);
@@ -273,7 +289,7 @@ TEST(MlaAbsorbedAttention, MatchesReferenceOverShapes) {
 // A paged cache gives the bits of the same keys held contiguously: keys are
 // read through the page table in the same order, at any page size (one that
 // splits a key block, one of a key block exactly), dtype and key split.
-TEST(MlaAbsorbedAttention, PagedCacheEqualsContiguous) {
+TEST_P(MlaAbsorbedAttentionTest, PagedCacheEqualsContiguous) {
   const int64_t heads = 2, C = 12, R = 4, w = C + R;
   uint64_t seed = 5000;
   const int saved = NumThreads();
@@ -316,17 +332,21 @@ TEST(MlaAbsorbedAttention, PagedCacheEqualsContiguous) {
             args.q_latent = Tensor::F32(ql.data(), t, heads * C);
             args.q_rope = Tensor::F32(qr.data(), t, heads * R);
             args.scale = 0.25f;
-            std::vector<float> flat = NaNs(t * heads * C), paged = NaNs(t * heads * C);
+            auto flat_out = Output<float>(t * heads * C), paged_out = Output<float>(t * heads * C);
             args.cache = dtype == DType::kBF16 ? view(const_cast<uint16_t*>(keys16.data()), s)
                                                : view(const_cast<float*>(keys.data()), s);
-            args.o_latent = MutableTensor::F32(flat.data(), t, heads * C);
+            args.o_latent = flat_out.View(t, heads * C);
             MlaAbsorbedAttention(args);
             args.cache = dtype == DType::kBF16 ? view(pool16.data(), pool_pages * page_tokens)
                                                : view(pool.data(), pool_pages * page_tokens);
             args.page_table = Tensor::I32(table.data(), 1, pages);
             args.page_tokens = page_tokens;
-            args.o_latent = MutableTensor::F32(paged.data(), t, heads * C);
+            args.o_latent = paged_out.View(t, heads * C);
             MlaAbsorbedAttention(args);
+            ASSERT_TRUE(flat_out.GuardsIntact() && paged_out.GuardsIntact())
+                << threads << " threads, " << DTypeName(dtype) << " page_tokens " << page_tokens
+                << " T=" << t << " prefix=" << prefix;
+            const std::vector<float> flat = flat_out.Values(), paged = paged_out.Values();
             ASSERT_EQ(std::memcmp(flat.data(), paged.data(), flat.size() * sizeof(float)), 0)
                 << threads << " threads, " << DTypeName(dtype) << " page_tokens " << page_tokens
                 << " T=" << t << " prefix=" << prefix;
@@ -341,7 +361,7 @@ TEST(MlaAbsorbedAttention, PagedCacheEqualsContiguous) {
 // The absorbed form over the latent cache equals the prefill form over the
 // materialised keys and values: kv = c·Wᵀ, q_latent_h = W_UK_hᵀ q_nope_h,
 // o_h = W_UV_h o_latent_h.
-TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
+TEST_P(MlaAbsorbedAttentionTest, EqualsPrefillOverMaterialisedKv) {
   const int64_t T = 9, L = 150, n = 3, P = 16, R = 8, Vd = 12, C = 40;
   const int64_t S = L + T, kvw = P + Vd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(P + R));
@@ -400,13 +420,16 @@ TEST(MlaAbsorbedAttention, EqualsPrefillOverMaterialisedKv) {
   // The two fast kernels on float32 inputs.
   const std::vector<float> kv_f = testing::ToFloat(kv), cache_f = testing::ToFloat(cache),
                            ql_f = testing::ToFloat(q_latent), qr_f = testing::ToFloat(q_rope);
-  std::vector<float> o_prefill = NaNs(T * n * Vd), o_latent = NaNs(T * n * C);
+  auto prefill_out = Output<float>(T * n * Vd), latent_out = Output<float>(T * n * C);
   MlaPrefillAttention({T, L, n, P, R, Vd, Tensor::F32(q.data(), T, n * (P + R)),
                        Tensor::F32(kv_f.data(), S, n * kvw), Tensor::F32(kr.data(), S, R), scale,
-                       MutableTensor::F32(o_prefill.data(), T, n * Vd)});
+                       prefill_out.View(T, n * Vd)});
   MlaAbsorbedAttention({T, L, n, C, R, Tensor::F32(ql_f.data(), T, n * C),
                         Tensor::F32(qr_f.data(), T, n * R), Tensor::F32(cache_f.data(), S, C + R),
-                        scale, MutableTensor::F32(o_latent.data(), T, n * C), Tensor{}, 0});
+                        scale, latent_out.View(T, n * C), Tensor{}, 0});
+  EXPECT_TRUE(prefill_out.GuardsIntact());
+  EXPECT_TRUE(latent_out.GuardsIntact());
+  const std::vector<float> o_prefill = prefill_out.Values(), o_latent = latent_out.Values();
   const std::vector<double> o_absorbed = up_project(o_latent);
   // Both paths round their inputs (kv, q_latent) to float32 and reduce over
   // S keys and C latent channels.
@@ -421,7 +444,7 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   const PrefillCase c{3, 2, 2, 4, 2, 4, 0.5f};
   const PrefillInputs in(c, 7);
   std::vector<float> o(c.t * c.heads * c.v);
-  const MlaPrefillArgs args = PrefillArgs(c, in, o.data());
+  const MlaPrefillArgs args = PrefillArgs(c, in, MutableTensor::F32(o.data(), c.t, c.heads * c.v));
   MlaPrefillAttention(args);
 
   MlaPrefillArgs short_kv = args;  // one key row fewer than prefix + t
@@ -458,6 +481,9 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   gpu_cache.cache.device = Device::kCuda;
   EXPECT_DEATH(MlaAbsorbedAttention(gpu_cache), "a.cache: device cuda");
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MlaPrefillAttentionTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MlaAbsorbedAttentionTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

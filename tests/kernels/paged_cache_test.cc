@@ -1,7 +1,9 @@
 // kernels/paged_cache.h against the float64 reference: rows written through a
 // shuffled page table land in the pool rows the reference names, stored as
 // given (f32) or rounded to nearest even (bf16), and read back as stored;
-// nothing else in the pool changes.
+// nothing else in the pool changes. Per device of AvailableDevices(); the
+// pool and the rows read back are guarded buffers whose guards are checked
+// after the calls.
 #include "kernels/paged_cache.h"
 
 #include <algorithm>
@@ -16,36 +18,55 @@
 #include "kernels/bf16.h"
 #include "kernels/reference/convert_ref.h"
 #include "kernels/reference/paged_cache_ref.h"
+#include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::kernels {
 namespace {
 
-using testing::NaNs;
+using testing::DeviceTest;
+using testing::GuardedBuffer;
 using testing::RandomFloats;
 
-// A pool of `pages` pages of `page_tokens` rows, every value NaN (a bf16 NaN
-// for bf16): a row the ops should not touch stays NaN.
+// The values of a pool [rows, width], copied to the host.
+struct PoolValues {
+  double At(int64_t row, int64_t c) const { return values[row * width + c]; }
+  int64_t width;
+  std::vector<double> values;
+};
+
+// A pool of `pages` pages of `page_tokens` rows on `device`, every value NaN
+// (a bf16 NaN for bf16), between guard bands: a row the ops should not touch
+// stays NaN, and nothing outside the pool changes.
 struct Pool {
-  Pool(DType dtype, int64_t pages, int64_t page_tokens, int64_t width)
-      : dtype(dtype), rows(pages * page_tokens), width(width) {
-    f32 = NaNs(static_cast<size_t>(rows * width));
-    bf16.assign(static_cast<size_t>(rows * width), uint16_t{0x7fc0});
-  }
+  Pool(Device device, DType dtype, int64_t pages, int64_t page_tokens, int64_t width)
+      : dtype(dtype),
+        rows(pages * page_tokens),
+        width(width),
+        f32(device, dtype == DType::kF32 ? rows * width : 0),
+        bf16(device, dtype == DType::kBF16 ? rows * width : 0) {}
   MutableTensor View() {
-    if (dtype == DType::kBF16) {
-      return MutableTensor{bf16.data(), nullptr, DType::kBF16, Device::kCpu, rows, width};
-    }
-    return MutableTensor::F32(f32.data(), rows, width);
+    return dtype == DType::kBF16 ? bf16.View(rows, width) : f32.View(rows, width);
   }
-  double At(int64_t row, int64_t c) const {
-    return dtype == DType::kBF16 ? Bf16ToFloat(bf16[row * width + c]) : f32[row * width + c];
+  PoolValues Values() const {
+    PoolValues out{width, {}};
+    if (dtype == DType::kBF16) {
+      for (uint16_t b : bf16.Values()) out.values.push_back(Bf16ToFloat(b));
+    } else {
+      for (float v : f32.Values()) out.values.push_back(v);
+    }
+    return out;
+  }
+  ::testing::AssertionResult GuardsIntact() const {
+    return dtype == DType::kBF16 ? bf16.GuardsIntact() : f32.GuardsIntact();
   }
   DType dtype;
   int64_t rows, width;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
+  GuardedBuffer<float> f32;
+  GuardedBuffer<uint16_t> bf16;
 };
+
+class PagedCacheTest : public DeviceTest {};
 
 // `pages` distinct pages of a pool of `pool_pages`, in a shuffled order.
 std::vector<int32_t> ShuffledPages(int64_t pages, int64_t pool_pages, uint64_t seed) {
@@ -56,7 +77,7 @@ std::vector<int32_t> ShuffledPages(int64_t pages, int64_t pool_pages, uint64_t s
   return all;
 }
 
-TEST(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
+TEST_P(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
   uint64_t seed = 1;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (int64_t page_tokens : {1, 5, 64}) {
@@ -69,7 +90,7 @@ TEST(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
           const int64_t tokens = begin + n;
           const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
           const int64_t pool_pages = pages + 3;
-          Pool pool(dtype, pool_pages, page_tokens, width);
+          Pool pool(device(), dtype, pool_pages, page_tokens, width);
           const std::vector<int32_t> table = ShuffledPages(pages, pool_pages, ++seed);
           // Strided rows: two spare columns after each.
           const int64_t stride = width + 2;
@@ -77,6 +98,8 @@ TEST(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
           const MutablePagedCache cache{
               pool.View(), Tensor::I32(table.data(), 1, static_cast<int64_t>(pages)), page_tokens};
           PagedCacheWrite(Tensor::F32(rows.data(), n, width, stride), begin, cache);
+          ASSERT_TRUE(pool.GuardsIntact());
+          const PoolValues stored = pool.Values();
 
           std::vector<bool> written(static_cast<size_t>(pool.rows), false);
           for (int64_t i = 0; i < n; ++i) {
@@ -85,21 +108,24 @@ TEST(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
             for (int64_t c = 0; c < width; ++c) {
               const double given = rows[i * stride + c];
               const double want = dtype == DType::kBF16 ? ref::RoundToBf16(given) : given;
-              ASSERT_EQ(pool.At(row, c), want) << "token " << begin + i << " column " << c;
+              ASSERT_EQ(stored.At(row, c), want) << "token " << begin + i << " column " << c;
             }
           }
           for (int64_t row = 0; row < pool.rows; ++row) {
             if (written[row]) continue;
-            for (int64_t c = 0; c < width; ++c) ASSERT_TRUE(std::isnan(pool.At(row, c)));
+            for (int64_t c = 0; c < width; ++c) ASSERT_TRUE(std::isnan(stored.At(row, c)));
           }
 
-          std::vector<float> back = NaNs(static_cast<size_t>(n * stride));
+          auto read = Output<float>(n * stride);
           PagedCacheRead(PagedCache{cache.pool, cache.page_table, page_tokens}, begin,
-                         MutableTensor::F32(back.data(), n, width, stride));
+                         read.View(n, width, stride));
+          ASSERT_TRUE(read.GuardsIntact());
+          ASSERT_TRUE(pool.GuardsIntact());
+          const std::vector<float> back = read.Values();
           for (int64_t i = 0; i < n; ++i) {
             const int64_t row = ref::PagedRow(table.data(), page_tokens, begin + i);
             for (int64_t c = 0; c < width; ++c) {
-              ASSERT_EQ(back[i * stride + c], pool.At(row, c));
+              ASSERT_EQ(back[i * stride + c], stored.At(row, c));
             }
             for (int64_t c = width; c < stride; ++c) ASSERT_TRUE(std::isnan(back[i * stride + c]));
           }
@@ -110,57 +136,64 @@ TEST(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
 }
 
 // A long read takes the parallel path; it reads what the serial one does.
-TEST(PagedCacheTest, LongReadEqualsRowByRow) {
+TEST_P(PagedCacheTest, LongReadEqualsRowByRow) {
   const int64_t page_tokens = 64, width = 320, tokens = 2000;
   const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
-  Pool pool(DType::kF32, pages, page_tokens, width);
+  Pool pool(device(), DType::kF32, pages, page_tokens, width);
   const std::vector<int32_t> table = ShuffledPages(pages, pages, 7);
   const std::vector<float> rows = RandomFloats(static_cast<size_t>(tokens * width), 8);
   const MutablePagedCache cache{pool.View(), Tensor::I32(table.data(), 1, pages), page_tokens};
   PagedCacheWrite(Tensor::F32(rows.data(), tokens, width), 0, cache);
-  std::vector<float> all = NaNs(rows.size());
+  EXPECT_TRUE(pool.GuardsIntact());
+  auto read = Output<float>(tokens * width);
   PagedCacheRead(PagedCache{cache.pool, cache.page_table, page_tokens}, 0,
-                 MutableTensor::F32(all.data(), tokens, width));
+                 read.View(tokens, width));
+  EXPECT_TRUE(read.GuardsIntact());
+  const std::vector<float> all = read.Values();
   EXPECT_EQ(std::memcmp(all.data(), rows.data(), rows.size() * sizeof(float)), 0);
 }
 
-TEST(PagedCacheTest, CopyPageCopiesItsFirstRowsOnly) {
+TEST_P(PagedCacheTest, CopyPageCopiesItsFirstRowsOnly) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     const int64_t page_tokens = 8, width = 6;
-    Pool pool(dtype, 3, page_tokens, width);
+    Pool pool(device(), dtype, 3, page_tokens, width);
     const std::vector<int32_t> table = {2};
     const std::vector<float> rows = RandomFloats(5 * width, 9);
     const MutablePagedCache cache{pool.View(), Tensor::I32(table.data(), 1, 1), page_tokens};
     PagedCacheWrite(Tensor::F32(rows.data(), 5, width), 0, cache);
     PagedCacheCopyPage(pool.View(), page_tokens, 2, 0, 5);
+    EXPECT_TRUE(pool.GuardsIntact()) << DTypeName(dtype);
+    const PoolValues stored = pool.Values();
     for (int64_t r = 0; r < page_tokens; ++r) {
       for (int64_t c = 0; c < width; ++c) {
         if (r < 5) {
-          EXPECT_EQ(pool.At(r, c), pool.At(2 * page_tokens + r, c));
+          EXPECT_EQ(stored.At(r, c), stored.At(2 * page_tokens + r, c));
         } else {
-          EXPECT_TRUE(std::isnan(pool.At(r, c)));
+          EXPECT_TRUE(std::isnan(stored.At(r, c)));
         }
-        EXPECT_TRUE(std::isnan(pool.At(page_tokens + r, c)));  // page 1 untouched
+        EXPECT_TRUE(std::isnan(stored.At(page_tokens + r, c)));  // page 1 untouched
       }
     }
   }
 }
 
-TEST(PagedCacheTest, RoundsTiesToEvenAsTheReference) {
+TEST_P(PagedCacheTest, RoundsTiesToEvenAsTheReference) {
   // 1 + 2^-8 lies halfway between bf16 neighbours 1 and 1 + 2^-7: to even (1);
   // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: to even (1 + 2^-6).
   const std::vector<float> rows = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -1.5f, 0.0f};
-  Pool pool(DType::kBF16, 1, 4, 1);
+  Pool pool(device(), DType::kBF16, 1, 4, 1);
   const std::vector<int32_t> table = {0};
   PagedCacheWrite(Tensor::F32(rows.data(), 4, 1), 0,
                   MutablePagedCache{pool.View(), Tensor::I32(table.data(), 1, 1), 4});
-  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(pool.At(i, 0), ref::RoundToBf16(rows[i])) << i;
-  EXPECT_EQ(pool.At(0, 0), 1.0);
-  EXPECT_EQ(pool.At(1, 0), 1.0 + 0x1p-6);
+  EXPECT_TRUE(pool.GuardsIntact());
+  const PoolValues stored = pool.Values();
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(stored.At(i, 0), ref::RoundToBf16(rows[i])) << i;
+  EXPECT_EQ(stored.At(0, 0), 1.0);
+  EXPECT_EQ(stored.At(1, 0), 1.0 + 0x1p-6);
 }
 
 TEST(PagedCacheDeathTest, EntryPointRefusesAPageOutsideThePool) {
-  Pool pool(DType::kF32, 2, 4, 3);
+  Pool pool(Device::kCpu, DType::kF32, 2, 4, 3);
   const std::vector<int32_t> table = {0, 2};  // page 2 of a 2-page pool
   const std::vector<float> rows(3 * 3, 1.0f);
   const MutablePagedCache cache{pool.View(), Tensor::I32(table.data(), 1, 2), 4};
@@ -172,6 +205,8 @@ TEST(PagedCacheDeathTest, EntryPointRefusesAPageOutsideThePool) {
                       MutablePagedCache{pool.View(), Tensor::I32(short_table.data(), 1, 1), 4}),
       "page_table.cols >= pages");
 }
+
+DELTASERVE_INSTANTIATE_DEVICE_TEST(PagedCacheTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels
