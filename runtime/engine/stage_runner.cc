@@ -20,8 +20,13 @@ constexpr size_t kMaxInFlight = 4;
 
 }  // namespace
 
-StageRunner::StageRunner(const Model& model, const WorldLayout& layout, Communicator& world)
-    : model_(model), layout_(layout), world_(world), coord_(layout.CoordOf(world.rank())) {}
+StageRunner::StageRunner(const Model& model, const WorldLayout& layout, Communicator& control,
+                         DataCommunicator& stage)
+    : model_(model),
+      layout_(layout),
+      control_(control),
+      stage_(stage),
+      coord_(layout.CoordOf(control.rank())) {}
 
 absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
                                   std::vector<float>* logits) {
@@ -38,9 +43,8 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   } else {
     const int64_t bank = model_.BankSizeBefore(model_.shard().layer_begin);
     std::vector<float> packet((bank + 1) * rows * D);
-    DELTASERVE_RETURN_IF_ERROR(world_.Recv(
-        packet.data(), packet.size() * sizeof(float),
-        layout_.Rank(coord_.replica, coord_.stage - 1, coord_.tp_rank), message_tags::kActivation));
+    DELTASERVE_RETURN_IF_ERROR(stage_.Recv(packet.data(), packet.size() * sizeof(float),
+                                           coord_.stage - 1, message_tags::kActivation, stream_));
     act.rows = rows;
     for (int64_t b = 0; b < bank; ++b) {
       act.bank.emplace_back(packet.begin() + b * rows * D, packet.begin() + (b + 1) * rows * D);
@@ -61,10 +65,9 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   for (const auto& b : act.bank) send.packet.insert(send.packet.end(), b.begin(), b.end());
   send.packet.insert(send.packet.end(), act.prefix.begin(), act.prefix.end());
   const size_t bytes = send.packet.size() * sizeof(float);
-  DELTASERVE_ASSIGN_OR_RETURN(
-      send.request, world_.Isend(send.packet.data(), bytes,
-                                 layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank),
-                                 message_tags::kActivation));
+  DELTASERVE_ASSIGN_OR_RETURN(send.request,
+                              stage_.Isend(send.packet.data(), bytes, coord_.stage + 1,
+                                           message_tags::kActivation, stream_));
   stats_.bytes_sent += static_cast<int64_t>(bytes);
   stats_.tokens_sent += rows;
   in_flight_.push_back(std::move(send));

@@ -47,8 +47,9 @@ void AppendTop(const float* logits, int64_t vocab, double log_z, int64_t n,
 
 }  // namespace
 
-StepExecutor::StepExecutor(const Model& model, const WorldLayout& layout, Communicator& world)
-    : stage_(model, layout, world) {}
+StepExecutor::StepExecutor(const Model& model, const WorldLayout& layout, Communicator& control,
+                           DataCommunicator& stage)
+    : stage_(model, layout, control, stage) {}
 
 HeldState StepExecutor::Held() const {
   HeldState held;

@@ -39,18 +39,19 @@ void GatedMlp(const Weight& gate_up, const Weight& down, int64_t rows,
 
 }  // namespace
 
-absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count) {
+absl::Status TpAllReduce(DataCommunicator* tp, float* data, int64_t count,
+                         const kernels::Stream& stream) {
   if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
-  return tp->AllReduceSum(data, static_cast<size_t>(count));
+  return tp->AllReduceSum(data, static_cast<size_t>(count), stream);
 }
 
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
-                        const float* x, float* out, Communicator* tp) {
+                        const float* x, float* out, DataCommunicator* tp) {
   const int64_t D = config.hidden_size;
   const kernels::ActivationParams act = ActivationOf(config);
   if (!w.moe) {
     GatedMlp(w.gate_up, w.down, rows, act, x, out, /*accumulate=*/false);
-    return TpAllReduce(tp, out, rows * D);
+    return TpAllReduce(tp, out, rows * D, kernels::Stream::Cpu());
   }
   // Routing is replicated: every rank computes the same selection.
   const int64_t E = config.num_experts, k = config.num_experts_per_token;
@@ -99,11 +100,11 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
     if (has_shared) {
       GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, out, /*accumulate=*/true);
     }
-    return TpAllReduce(tp, out, rows * D);
+    return TpAllReduce(tp, out, rows * D, kernels::Stream::Cpu());
   }
   // K3 latent MoE: the routed sum is reduced in the latent space, before its
   // RMSNorm (MODEL.md); the up-projection is then the same on every rank.
-  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed.data(), rows * din));
+  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed.data(), rows * din, kernels::Stream::Cpu()));
   if (!w.latent_norm.empty()) {
     kernels::RmsNorm(kernels::Tensor::F32(routed.data(), rows, din),
                      kernels::Tensor::F32(w.latent_norm.data(), 1, din), config.rms_norm_eps,
@@ -118,7 +119,7 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t 
   }
   kernels::ScratchFloats shared(rows * D);
   GatedMlp(w.shared_gate_up, w.shared_down, rows, act, x, shared.data(), /*accumulate=*/false);
-  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared.data(), rows * D));
+  DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, shared.data(), rows * D, kernels::Stream::Cpu()));
   for (int64_t i = 0; i < rows * D; ++i) out[i] += shared[i];
   return absl::OkStatus();
 }

@@ -19,7 +19,7 @@ constexpr float kL2NormEps = 1e-6f;
 }  // namespace
 
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp) {
+                        const BatchRows& batch, const float* x, float* out, DataCommunicator* tp) {
   using namespace kernels;
   const int64_t rows = batch.rows(), D = config.hidden_size;
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
@@ -102,7 +102,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   }
   for (int64_t i = 0; i < rows * HD; ++i) o[i] *= Sigmoid(gate[i]);
   Linear(Tensor::F32(o.data(), rows, HD), w.o_proj, MutableTensor::F32(out, rows, D));
-  return TpAllReduce(tp, out, rows * D);
+  return TpAllReduce(tp, out, rows * D, kernels::Stream::Cpu());
 }
 
 }  // namespace deltaserve

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "runtime/comm/communicator.h"
+#include "kernels/stream.h"
+#include "runtime/comm/data_communicator.h"
 #include "runtime/model/config.h"
 #include "runtime/model/sequence_state.h"
 #include "runtime/model/weights.h"
@@ -40,21 +41,24 @@ struct Activations {
 // x: the normalised layer input [rows, D]; out: the mixer output [rows, D].
 // Each advances the per-layer state of every sequence by its rows. `config`
 // is the rank's LocalConfig (its share of the heads); with a tensor-parallel
-// group `tp` (null: one rank) the partial outputs are summed across it, so
-// every rank ends with the whole result. Errors come from the communicator.
+// group `tp` (its TP data communicator; null: one rank) the partial outputs
+// are summed across it, so every rank ends with the whole result. Errors come
+// from the communicator.
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
+                        const BatchRows& batch, const float* x, float* out, DataCommunicator* tp);
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp);
+                        const BatchRows& batch, const float* x, float* out, DataCommunicator* tp);
 
 // Dense or MoE FFN on all rows: out[rows, D] = ffn(x).
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, int64_t rows,
-                        const float* x, float* out, Communicator* tp);
+                        const float* x, float* out, DataCommunicator* tp);
 
 // The logistic function, for the layers' gates.
 inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// Sums data[count] across `tp` in place; nothing without a group.
-absl::Status TpAllReduce(Communicator* tp, float* data, int64_t count);
+// Sums data[count] across `tp` in place, ordered on `stream` (the layers run
+// on the host: the CPU stream, complete on return); nothing without a group.
+absl::Status TpAllReduce(DataCommunicator* tp, float* data, int64_t count,
+                         const kernels::Stream& stream);
 
 }  // namespace deltaserve

@@ -101,7 +101,7 @@ bool AbsorbedIsCheaper(const MlaDims& m, int64_t prefix, int64_t t) {
 }  // namespace
 
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
-                        const BatchRows& batch, const float* x, float* out, Communicator* tp) {
+                        const BatchRows& batch, const float* x, float* out, DataCommunicator* tp) {
   using namespace kernels;
   const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim,
                   config.v_head_dim, config.kv_lora_rank};
@@ -171,7 +171,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
     for (int64_t i = 0; i < o.size(); ++i) o[i] *= Sigmoid(gate[i]);
   }
   Linear(Tensor::F32(o.data(), rows, m.n * m.Vd), w.o_proj, MutableTensor::F32(out, rows, D));
-  return TpAllReduce(tp, out, rows * D);
+  return TpAllReduce(tp, out, rows * D, kernels::Stream::Cpu());
 }
 
 }  // namespace deltaserve

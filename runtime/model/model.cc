@@ -15,7 +15,7 @@
 
 namespace deltaserve {
 
-Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
+Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCommunicator* tp,
              int64_t bytes_read, ModelOptions options)
     : arch_(&ArchitectureOf(config)),
       config_(std::move(config)),
@@ -27,7 +27,8 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communi
       options_(options) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   const ModelShard& requested, Communicator* tp,
+                                                   const ModelShard& requested,
+                                                   DataCommunicator* tp,
                                                    const ModelOptions& options) {
   for (const auto& [what, dtype] : {std::pair{"the MLA cache", options.kv_cache_dtype},
                                     std::pair{"the compute dtype", options.compute_dtype}}) {
@@ -39,8 +40,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
   if (shard.tp_size > 1 && (tp == nullptr || tp->size() != shard.tp_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
-                                                   " ranks needs a communicator of that size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
+                     " ranks needs a TP data communicator of that size"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<const Checkpoint> checkpoint, Checkpoint::Open(dir));
   DELTASERVE_RETURN_IF_ERROR(ValidateCheckpoint(config, *checkpoint));
