@@ -22,6 +22,7 @@
 
 #include "kernels/sampling.h"
 #include "kernels/threads.h"
+#include "runtime/comm/host_data_communicator.h"
 #include "runtime/comm/single_communicator.h"
 #include "runtime/engine/replica.h"
 #include "runtime/model/model.h"
@@ -126,8 +127,9 @@ int main(int argc, char** argv) {
   }
   const ModelConfig& config = (*model)->config();
   SingleCommunicator world;
+  SingleDataCommunicator stage;
   const WorldLayout layout = *WorldLayout::Make(1, 1, 1);
-  StepExecutor executor(**model, layout, world);
+  StepExecutor executor(**model, layout, world, stage);
   Replica replica(executor);
 
   const std::vector<int32_t> document = Tokens(document_tokens, 1, config.vocab_size);

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "kernels/scratch.h"
+#include "kernels/stream.h"
 #include "kernels/tensor.h"
 
 namespace deltaserve::kernels {
@@ -43,6 +44,9 @@ class Workspace {
   static Workspace& Of(Device device);
 
   Device device() const { return device_; }
+  // The stream the device's ops and data transfers are ordered on (the
+  // CPU's: the host).
+  const Stream& stream() const { return stream_; }
 
   // `bytes` (> 0) of uninitialised memory, 64-byte aligned: a cached block
   // of the same size class when there is one.
@@ -67,10 +71,11 @@ class Workspace {
   DeviceError Synchronize();
 
  private:
-  explicit Workspace(Device device) : device_(device) {}
+  explicit Workspace(Device device) : device_(device), stream_(Stream::Cpu()) {}
   ~Workspace() = delete;  // lives as long as the process
 
   const Device device_;
+  const Stream stream_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> cached_;  // by size class
   Stats stats_;

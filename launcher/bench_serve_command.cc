@@ -15,6 +15,7 @@
 #include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
+#include "runtime/comm/host_data_communicator.h"
 #include "runtime/comm/single_communicator.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/engine/replica.h"
@@ -85,8 +86,9 @@ absl::StatusOr<std::pair<double, double>> CompareWithGenerate(v1::Generation::St
                                                               int repeats) {
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir));
   SingleCommunicator world;
+  SingleDataCommunicator stage;
   const WorldLayout layout = *WorldLayout::Make(1, 1, 1);
-  StepExecutor executor(*model, layout, world);
+  StepExecutor executor(*model, layout, world, stage);
   Replica replica(executor);
   SequenceRequest request;
   request.prompt.assign(req.tokens().ids().begin(), req.tokens().ids().end());

@@ -76,19 +76,22 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
                               WorldLayout::Make(1, static_cast<int>(pp), static_cast<int>(tp)));
   d.distributed = LaunchedUnderMpi() || d.layout.WorldSize() > 1 || flags.Has("stage-layers");
   if (!d.distributed) {
-    DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, {}, nullptr, options));
-    d.world = std::make_unique<SingleCommunicator>();
-    d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
+    DELTASERVE_ASSIGN_OR_RETURN(
+        d.comms, MakeRankCommunicators(d.layout, std::make_unique<SingleCommunicator>()));
+    DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, {}, d.comms.tp.get(), options));
+    d.executor =
+        std::make_unique<StepExecutor>(*d.model, d.layout, *d.comms.control, *d.comms.stage);
     d.replica = std::make_unique<Replica>(*d.executor);
     d.description = "single process";
     return d;
   }
 
-  DELTASERVE_ASSIGN_OR_RETURN(d.world, InitMpiWorld(nullptr, nullptr));
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, InitMpiWorld(nullptr, nullptr));
   mpi_started = true;
-  // Refuse a layout that does not match the world before any work.
-  DELTASERVE_RETURN_IF_ERROR(d.layout.CheckWorld(d.world->size()));
-  const RankCoord coord = d.layout.CoordOf(d.world->rank());
+  // Refuses a layout that does not match the world before any work, then
+  // builds the stage and TP data communicators (collective over the world).
+  DELTASERVE_ASSIGN_OR_RETURN(d.comms, MakeRankCommunicators(d.layout, std::move(world)));
+  const RankCoord coord = d.layout.CoordOf(d.comms.control->rank());
 
   StagePlan plan;
   if (flags.Has("stage-layers")) {
@@ -105,20 +108,17 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
     DELTASERVE_ASSIGN_OR_RETURN(plan, PlanStages(config, static_cast<int>(pp), context_tokens));
   }
   const StageRange range = plan.stages[coord.stage];
-  // The ranks of one stage of one replica form its tensor-parallel group.
-  DELTASERVE_ASSIGN_OR_RETURN(
-      d.tp, d.world->Split(coord.replica * d.layout.pp + coord.stage, coord.tp_rank));
   ModelShard shard;
   shard.layer_begin = range.begin;
   shard.layer_end = range.end;
   shard.tp_rank = coord.tp_rank;
   shard.tp_size = d.layout.tp;
-  DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.tp.get(), options));
-  d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.world);
+  DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, shard, d.comms.tp.get(), options));
+  d.executor = std::make_unique<StepExecutor>(*d.model, d.layout, *d.comms.control, *d.comms.stage);
   d.replica = std::make_unique<Replica>(*d.executor);
   d.description =
-      absl::StrCat("rank ", d.world->rank(), ": stage ", coord.stage, " (layers ", range.begin, "-",
-                   range.end - 1, "), tp ", coord.tp_rank, " of ", d.layout.tp);
+      absl::StrCat("rank ", d.comms.control->rank(), ": stage ", coord.stage, " (layers ",
+                   range.begin, "-", range.end - 1, "), tp ", coord.tp_rank, " of ", d.layout.tp);
   return d;
 }
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/flags.h"
-#include "runtime/comm/communicator.h"
+#include "runtime/comm/rank_communicators.h"
 #include "runtime/comm/world_layout.h"
 #include "runtime/engine/replica.h"
 #include "runtime/engine/step_executor.h"
@@ -29,7 +29,9 @@ struct Deployment {
   ModelConfig config;
   bool distributed = false;
   WorldLayout layout;
-  std::unique_ptr<Communicator> world, tp;
+  // Control (the world: steps, results, reports), the stage and the TP data
+  // communicators; declared before what uses them, so destroyed after.
+  RankCommunicators comms;
   std::unique_ptr<Model> model;
   std::unique_ptr<StepExecutor> executor;
   std::unique_ptr<Replica> replica;

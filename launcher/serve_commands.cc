@@ -441,7 +441,7 @@ absl::Status RunWorkerCommand(const Args& args) {
   }).detach();
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, plan_context));
-  Communicator& world = *deployment.world;
+  Communicator& world = *deployment.comms.control;
   Replica& replica = *deployment.replica;
   WorkerOptions options;
   options.description = absl::StrCat(deployment.description, " of ", world.size(), " ranks (pp ",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/comm/host_data_communicator.h"
 #include "runtime/comm/single_communicator.h"
 #include "runtime/engine/replica.h"
 #include "runtime/model/model.h"
@@ -21,12 +22,13 @@ class LocalReplica {
  public:
   explicit LocalReplica(const Model& model)
       : layout_(*WorldLayout::Make(1, 1, 1)),
-        executor_(model, layout_, world_),
+        executor_(model, layout_, world_, stage_),
         replica_(executor_) {}
   Replica& replica() { return replica_; }
 
  private:
   SingleCommunicator world_;
+  SingleDataCommunicator stage_;
   WorldLayout layout_;
   StepExecutor executor_;
   Replica replica_;

@@ -1,9 +1,11 @@
-// The communication interface the runtime is written against: point to point
-// messages between pipeline stages, all-reduce inside a TP group, broadcast of
-// step plans from a replica's leader, and Split to build those groups
+// The host communication interface: the control path between a replica's
+// ranks (steps from the leader, results and reports back: point to point and
+// broadcast), collectives on host memory, and Split to build groups
 // (DESIGN.md, Processes). Implementations: SingleCommunicator (one process, no
-// MPI), the MPI one (mpi_runtime.h, host buffers) and the NCCL one
-// (nccl_runtime.h, device buffers). No MPI or NCCL types appear here.
+// MPI) and the MPI one (mpi_runtime.h, host buffers). The tensors between
+// stages and inside a TP group go over data communicators instead
+// (data_communicator.h, which also runs on NCCL), built over groups split from
+// this one (rank_communicators.h). No MPI or NCCL types appear here.
 //
 // Contract shared by every implementation:
 // - Ranks are 0..size()-1 within this communicator; tags are >= 0.
@@ -42,11 +44,11 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "single", "mpi" or "nccl", for messages.
+  // "single" or "mpi", for messages.
   virtual std::string Name() const = 0;
 
-  // Point to point. Buffers are host memory for single / mpi, device memory
-  // for nccl. Recv must be given exactly the number of bytes that was sent.
+  // Point to point, on host memory. Recv must be given exactly the number of
+  // bytes that was sent.
   virtual absl::Status Send(const void* data, size_t bytes, int dest, int tag) = 0;
   virtual absl::Status Recv(void* data, size_t bytes, int src, int tag) = 0;
   // Non-blocking send: the buffer must stay alive and unchanged until Wait

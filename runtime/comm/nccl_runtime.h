@@ -1,25 +1,36 @@
-// NCCL communicators for the GPU data path (DESIGN.md, Processes): TP groups
-// and stage pairs, bootstrapped through an MPI communicator. No <nccl.h> here;
-// the implementation is nccl_communicator_nccl.cc, built only with CUDA, NCCL
-// and MPI (DELTASERVE_HAVE_NCCL in CMake; there is no stub without them).
+// The NCCL data communicator for the GPU data path (DESIGN.md, Processes):
+// a TP group or a replica's stage chain, bootstrapped through a host
+// communicator of the same ranks. No <nccl.h> here; the implementation is
+// nccl_communicator_nccl.cc, built only with CUDA, NCCL and MPI
+// (DELTASERVE_HAVE_NCCL in CMake; there is no stub without them).
 //
-// The NCCL communicator follows communicator.h with these differences:
+// It follows data_communicator.h with these specifics:
 // - Buffers are device memory on `device` (checked: a host pointer is an
-//   InvalidArgument error, not a crash).
+//   InvalidArgument error, not a crash), streams are CUDA streams
+//   (kernels::Stream::Cuda) of that device.
+// - Every call is enqueued on the caller's stream (ncclSend, ncclRecv,
+//   ncclAllReduce) and returns without waiting for the transfer; the first
+//   message to a peer may block the host while NCCL connects the pair.
+//   Synchronize(stream) is where the host waits: it polls the stream and
+//   ncclCommGetAsyncError, so a failed peer or network is an error instead of
+//   a hang. An Isend records an event after its ncclSend; Wait polls it the
+//   same way.
 // - NCCL has no tags: tags are checked (>= 0) but messages between two ranks
 //   match in the order they were issued, and the receive must have exactly the
 //   sent size (NCCL cannot detect a mismatch).
-// - Isend does not start the transfer: it is launched together with this
-//   rank's next Send or Recv in one NCCL group (so the ring pattern "Isend to
-//   next, Recv from previous, Wait" works for any size), or alone by Wait or by
-//   any collective. Two Isends to different peers before one Recv can deadlock
-//   where MPI would buffer them: issue Recvs as early as possible.
-// - Send to self is an error (NCCL would hang); Isend to self followed by Recv
-//   from self works.
-// - Blocking calls return when the stream finished, polling
-//   ncclCommGetAsyncError; after an asynchronous NCCL error the communicator is
-//   aborted (ncclCommAbort) and every later call returns FailedPrecondition.
-// - Split needs NCCL >= 2.18 (ncclCommSplit); older NCCL returns Unimplemented.
+// - Each call is its own NCCL operation (no grouping): a send on a stream
+//   holds the stream until the peer's receive is running, so a chain (stage p
+//   sends to p + 1, receives from p - 1) works, a ring does not. Point to
+//   point with self is refused.
+// - Every rank issues the operations of one communicator in the same order.
+//   A rank with two NCCL communicators on one GPU (its stage and its TP one)
+//   must also order the two alike on every rank, or their kernels can wait
+//   on each other (NCCL: using multiple communicators concurrently);
+//   enqueuing both on the same stream does that.
+// - After an asynchronous NCCL error the communicator is aborted
+//   (ncclCommAbort) and every later call returns FailedPrecondition.
+// - Destroy it after Synchronize on every stream it was used on (NCCL may
+//   still read the buffers until then).
 //
 // Compiled and linked in CI without a GPU; it has not been run yet (a later
 // issue runs it on GPUs).
@@ -29,15 +40,17 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/data_communicator.h"
 
 namespace deltaserve {
 
-// Collective over `bootstrap` (a host communicator: "mpi" or "single"): rank 0
-// makes the ncclUniqueId and broadcasts it, every rank selects `device`
-// (cudaSetDevice) and joins with ncclCommInitRank. The NCCL communicator has the
-// ranks of `bootstrap`. If any rank fails to set up its device, every rank
-// returns an error (none is left waiting in ncclCommInitRank).
-absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap,
-                                                                   int device);
+// Collective over `bootstrap` (a host communicator: "mpi" or "single", which
+// may be destroyed afterwards): rank 0 makes the ncclUniqueId and broadcasts
+// it, every rank selects `device` (cudaSetDevice) and joins with
+// ncclCommInitRank. The NCCL communicator has the ranks of `bootstrap`. If
+// any rank fails to select its device, every rank returns an error (none is
+// left waiting in ncclCommInitRank).
+absl::StatusOr<std::unique_ptr<DataCommunicator>> MakeNcclDataCommunicator(Communicator& bootstrap,
+                                                                           int device);
 
 }  // namespace deltaserve

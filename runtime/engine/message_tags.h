@@ -1,5 +1,7 @@
 // Every tag of the messages between the ranks of a replica, in one list so
-// that no two kinds of message can share one.
+// that no two kinds of message can share one. kActivation travels on the
+// stage data communicator, the others on the control communicator
+// (runtime/comm/rank_communicators.h).
 #pragma once
 
 namespace deltaserve::message_tags {

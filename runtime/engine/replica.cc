@@ -12,26 +12,26 @@
 namespace deltaserve {
 namespace {
 
-absl::Status SendBytes(Communicator& world, const std::string& bytes, int dest, int tag) {
+absl::Status SendBytes(Communicator& control, const std::string& bytes, int dest, int tag) {
   const uint64_t size = bytes.size();
-  DELTASERVE_RETURN_IF_ERROR(world.Send(&size, sizeof(size), dest, tag));
+  DELTASERVE_RETURN_IF_ERROR(control.Send(&size, sizeof(size), dest, tag));
   if (size == 0) return absl::OkStatus();
-  return world.Send(bytes.data(), size, dest, tag);
+  return control.Send(bytes.data(), size, dest, tag);
 }
 
 // Messages larger than this are refused before allocating: far above any
 // real step or result (a [chunk, vocab] float block of logits is the largest).
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 34;
 
-absl::StatusOr<std::string> RecvBytes(Communicator& world, int src, int tag) {
+absl::StatusOr<std::string> RecvBytes(Communicator& control, int src, int tag) {
   uint64_t size = 0;
-  DELTASERVE_RETURN_IF_ERROR(world.Recv(&size, sizeof(size), src, tag));
+  DELTASERVE_RETURN_IF_ERROR(control.Recv(&size, sizeof(size), src, tag));
   if (size > kMaxMessageBytes) {
     return absl::DataLossError(
         absl::StrCat("rank ", src, " announced a message of ", size, " bytes (tag ", tag, ")"));
   }
   std::string bytes(size, '\0');
-  if (size > 0) DELTASERVE_RETURN_IF_ERROR(world.Recv(bytes.data(), size, src, tag));
+  if (size > 0) DELTASERVE_RETURN_IF_ERROR(control.Recv(bytes.data(), size, src, tag));
   return bytes;
 }
 
@@ -49,24 +49,24 @@ Replica::~Replica() {
 }
 
 bool Replica::is_leader() const {
-  return executor_.stage().world().rank() == executor_.stage().leader_rank();
+  return executor_.stage().control().rank() == executor_.stage().leader_rank();
 }
 
 absl::Status Replica::SendToFollowers(uint64_t step_id, std::string bytes) {
   StageRunner& stage = executor_.stage();
-  Communicator& world = stage.world();
+  Communicator& control = stage.control();
   Sends sends;
   sends.step_id = step_id;
   sends.size = std::make_unique<uint64_t>(bytes.size());
   sends.bytes = std::make_unique<std::string>(std::move(bytes));
-  for (int r = 0; r < world.size(); ++r) {
-    if (r == world.rank() || !SameReplica(stage, r)) continue;
+  for (int r = 0; r < control.size(); ++r) {
+    if (r == control.rank() || !SameReplica(stage, r)) continue;
     DELTASERVE_ASSIGN_OR_RETURN(
-        auto request, world.Isend(sends.size.get(), sizeof(uint64_t), r, message_tags::kStep));
+        auto request, control.Isend(sends.size.get(), sizeof(uint64_t), r, message_tags::kStep));
     sends.requests.push_back(std::move(request));
     if (!sends.bytes->empty()) {
       DELTASERVE_ASSIGN_OR_RETURN(
-          request, world.Isend(sends.bytes->data(), sends.bytes->size(), r, message_tags::kStep));
+          request, control.Isend(sends.bytes->data(), sends.bytes->size(), r, message_tags::kStep));
       sends.requests.push_back(std::move(request));
     }
   }
@@ -87,7 +87,7 @@ absl::Status Replica::WaitForSends(uint64_t step_id) {
 
 absl::StatusOr<Replica::Local> Replica::Execute(const Step& step) {
   StageRunner& stage = executor_.stage();
-  Communicator& world = stage.world();
+  Communicator& control = stage.control();
   const int leader = stage.leader_rank();
   const double compute_before = stage.stats().compute_s;
   Local local;
@@ -95,16 +95,16 @@ absl::StatusOr<Replica::Local> Replica::Execute(const Step& step) {
   auto outputs = executor_.Run(step);
   if (!outputs.ok()) local.error = std::string(outputs.status().message());
   if (executor_.is_output() && outputs.ok()) local.outputs = std::move(*outputs);
-  if (executor_.is_output() && world.rank() != leader) {
+  if (executor_.is_output() && control.rank() != leader) {
     DELTASERVE_RETURN_IF_ERROR(
-        SendBytes(world, EncodeResults(local.outputs), leader, message_tags::kResults));
+        SendBytes(control, EncodeResults(local.outputs), leader, message_tags::kResults));
   }
   const HeldState held = executor_.Held();
   local.report = {held.kda_bytes, held.mla_bytes, held.sequences, stage.coord().stage,
                   stage.stats().compute_s - compute_before};
-  if (world.rank() != leader) {
+  if (control.rank() != leader) {
     DELTASERVE_RETURN_IF_ERROR(
-        world.Send(&local.report, sizeof(local.report), leader, message_tags::kReport));
+        control.Send(&local.report, sizeof(local.report), leader, message_tags::kReport));
   }
   return local;
 }
@@ -155,7 +155,7 @@ absl::StatusOr<StepResult> Replica::Collect() {
   Local local = std::move(outstanding_.front());
   outstanding_.pop_front();
   StageRunner& stage = executor_.stage();
-  Communicator& world = stage.world();
+  Communicator& control = stage.control();
   StepResult result;
   result.step_id = local.step_id;
   result.error = std::move(local.error);
@@ -163,7 +163,7 @@ absl::StatusOr<StepResult> Replica::Collect() {
     result.outputs = std::move(local.outputs);
   } else {
     DELTASERVE_ASSIGN_OR_RETURN(std::string bytes,
-                                RecvBytes(world, stage.output_rank(), message_tags::kResults));
+                                RecvBytes(control, stage.output_rank(), message_tags::kResults));
     DELTASERVE_ASSIGN_OR_RETURN(result.outputs, DecodeResults(bytes));
   }
   const int pp = stage.layout().pp;
@@ -172,10 +172,10 @@ absl::StatusOr<StepResult> Replica::Collect() {
   result.kda_state_bytes = local.report.kda_bytes;
   result.mla_cache_bytes = local.report.mla_bytes;
   result.live_sequences = local.report.sequences;
-  for (int r = 0; r < world.size(); ++r) {
-    if (r == world.rank() || !SameReplica(stage, r)) continue;
+  for (int r = 0; r < control.size(); ++r) {
+    if (r == control.rank() || !SameReplica(stage, r)) continue;
     Report other;
-    DELTASERVE_RETURN_IF_ERROR(world.Recv(&other, sizeof(other), r, message_tags::kReport));
+    DELTASERVE_RETURN_IF_ERROR(control.Recv(&other, sizeof(other), r, message_tags::kReport));
     if (other.stage < 0 || other.stage >= pp) {
       return absl::DataLossError(
           absl::StrCat("rank ", r, " reported stage ", other.stage, " of ", pp));
@@ -226,8 +226,8 @@ absl::Status Replica::Follow() {
   if (is_leader()) return absl::FailedPreconditionError("the leader rank does not follow");
   StageRunner& stage = executor_.stage();
   while (true) {
-    DELTASERVE_ASSIGN_OR_RETURN(std::string bytes,
-                                RecvBytes(stage.world(), stage.leader_rank(), message_tags::kStep));
+    DELTASERVE_ASSIGN_OR_RETURN(
+        std::string bytes, RecvBytes(stage.control(), stage.leader_rank(), message_tags::kStep));
     if (bytes.empty()) return absl::OkStatus();
     DELTASERVE_ASSIGN_OR_RETURN(Step step, DecodeStep(bytes));
     DELTASERVE_RETURN_IF_ERROR(Execute(step).status());

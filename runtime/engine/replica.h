@@ -7,6 +7,8 @@
 // The other ranks sit in Follow until the leader stops them. In one process
 // (a one-rank layout) the same code runs with nothing to send.
 //
+// These messages go over the stage's control communicator (StageRunner::
+// control(); the activations have a data communicator of their own).
 // Messages between two ranks keep their order, so the leader may Start
 // several steps before it Collects the oldest; message tags are those of
 // runtime/engine/message_tags.h.
@@ -29,7 +31,7 @@ namespace deltaserve {
 
 class Replica {
  public:
-  // The executor (and its communicator) must outlive the replica.
+  // The executor (and its communicators) must outlive the replica.
   explicit Replica(StepExecutor& executor);
   ~Replica();
 

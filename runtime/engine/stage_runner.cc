@@ -21,8 +21,13 @@ constexpr size_t kMaxInFlight = 4;
 
 }  // namespace
 
-StageRunner::StageRunner(const Model& model, const WorldLayout& layout, Communicator& world)
-    : model_(model), layout_(layout), world_(world), coord_(layout.CoordOf(world.rank())) {}
+StageRunner::StageRunner(const Model& model, const WorldLayout& layout, Communicator& control,
+                         DataCommunicator& stage)
+    : model_(model),
+      layout_(layout),
+      control_(control),
+      stage_(stage),
+      coord_(layout.CoordOf(control.rank())) {}
 
 absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
                                   std::vector<float>* logits) {
@@ -40,9 +45,8 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
     // The packet: bank entries, then the prefix, each [rows, D].
     const int64_t bank = model_.BankSizeBefore(model_.shard().layer_begin);
     const kernels::Buffer packet(kernels::Device::kCpu, kernels::DType::kF32, (bank + 1) * rows, D);
-    DELTASERVE_RETURN_IF_ERROR(world_.Recv(
-        packet.view().data, packet.bytes(),
-        layout_.Rank(coord_.replica, coord_.stage - 1, coord_.tp_rank), message_tags::kActivation));
+    DELTASERVE_RETURN_IF_ERROR(stage_.Recv(packet.view().data, packet.bytes(), coord_.stage - 1,
+                                           message_tags::kActivation, stream_));
     act.rows = rows;
     for (int64_t b = 0; b <= bank; ++b) {
       kernels::Buffer part(packet.device(), kernels::DType::kF32, rows, D);
@@ -67,10 +71,9 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
     kernels::Convert(part, send.packet.view().Rows(b * rows, rows));
   }
   const size_t bytes = send.packet.bytes();
-  DELTASERVE_ASSIGN_OR_RETURN(
-      send.request, world_.Isend(send.packet.view().data, bytes,
-                                 layout_.Rank(coord_.replica, coord_.stage + 1, coord_.tp_rank),
-                                 message_tags::kActivation));
+  DELTASERVE_ASSIGN_OR_RETURN(send.request,
+                              stage_.Isend(send.packet.view().data, bytes, coord_.stage + 1,
+                                           message_tags::kActivation, stream_));
   stats_.bytes_sent += static_cast<int64_t>(bytes);
   stats_.tokens_sent += rows;
   in_flight_.push_back(std::move(send));

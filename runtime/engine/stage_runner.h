@@ -6,7 +6,9 @@
 // Kimi Linear: the hidden state) to the same TP rank of the next stage with a
 // non-blocking send, and the last stage makes the logits. Since a stage sends
 // a batch on and returns without waiting, stage p works on the next batch
-// while stage p+1 works on this one.
+// while stage p+1 works on this one. The packets go over the stage data
+// communicator on this stage's stream (the CPU's: the layers run on the
+// host); the steps around them over the control communicator (replica.h).
 #pragma once
 
 #include <cstdint>
@@ -16,8 +18,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/stream.h"
 #include "kernels/workspace.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/data_communicator.h"
 #include "runtime/comm/world_layout.h"
 #include "runtime/model/model.h"
 
@@ -28,10 +32,8 @@ struct PipelineStats {
   int64_t tokens_sent = 0;  // tokens those packets carried
   double compute_s = 0;     // embedding, layers and logits on this rank
   double busy_wall_s = 0;   // wall time inside StepExecutor::Run
-  // Sequence state copied to fork new sequences: KDA state and the partly
-  // filled last MLA page (full pages are shared).
-  int64_t fork_bytes = 0;
-  double fork_s = 0;  // time those copies took
+  int64_t fork_bytes = 0;   // sequence state copied to fork new sequences
+  double fork_s = 0;        // time those copies took
   // The most a step's logits buffer held on this rank (capacity, bytes):
   // rows x vocab x 4 of the largest step on the last stage, 0 elsewhere.
   int64_t peak_logits_bytes = 0;
@@ -39,9 +41,12 @@ struct PipelineStats {
 
 class StageRunner {
  public:
-  // `model` holds this rank's shard; `world` spans the replica's ranks with
-  // ranks numbered as `layout` says. Both must outlive the runner.
-  StageRunner(const Model& model, const WorldLayout& layout, Communicator& world);
+  // `model` holds this rank's shard; `control` spans the replica's ranks with
+  // ranks numbered as `layout` says; `stage` is this rank's stage data
+  // communicator, ranked by stage (rank_communicators.h). All must outlive the
+  // runner.
+  StageRunner(const Model& model, const WorldLayout& layout, Communicator& control,
+              DataCommunicator& stage);
 
   // Runs this stage's part of one forward over `inputs` and advances their
   // states (Model::Forward's contract, split over the stages). On the last
@@ -53,7 +58,8 @@ class StageRunner {
   bool last_stage() const { return coord_.stage == layout_.pp - 1; }
   const RankCoord& coord() const { return coord_; }
   const WorldLayout& layout() const { return layout_; }
-  Communicator& world() { return world_; }
+  // Steps, results and reports (Replica); never activations.
+  Communicator& control() { return control_; }
   // The rank that reports: the last stage's TP rank 0 of this replica.
   int output_rank() const { return layout_.Rank(coord_.replica, layout_.pp - 1, 0); }
   // This replica's leader: stage 0, TP rank 0.
@@ -65,7 +71,9 @@ class StageRunner {
  private:
   const Model& model_;
   WorldLayout layout_;
-  Communicator& world_;
+  Communicator& control_;
+  DataCommunicator& stage_;
+  kernels::Stream stream_;  // what the stage's work runs on: the CPU
   RankCoord coord_;
   struct InFlight {
     kernels::Buffer packet;  // bank entries then prefix, [entries * rows, D]

@@ -40,8 +40,9 @@ std::vector<float> LogProbs(const kernels::Tensor& logits, const std::vector<int
 
 }  // namespace
 
-StepExecutor::StepExecutor(const Model& model, const WorldLayout& layout, Communicator& world)
-    : stage_(model, layout, world) {}
+StepExecutor::StepExecutor(const Model& model, const WorldLayout& layout, Communicator& control,
+                           DataCommunicator& stage)
+    : stage_(model, layout, control, stage) {}
 
 HeldState StepExecutor::Held() const {
   HeldState held;

@@ -23,7 +23,9 @@ namespace deltaserve {
 
 class StepExecutor {
  public:
-  StepExecutor(const Model& model, const WorldLayout& layout, Communicator& world);
+  // The communicators as StageRunner takes them; they must outlive it.
+  StepExecutor(const Model& model, const WorldLayout& layout, Communicator& control,
+               DataCommunicator& stage);
 
   // Releases, then runs the work. Errors (unknown or duplicate sequence ids,
   // bad tokens, a context past the model's) leave every sequence as it was

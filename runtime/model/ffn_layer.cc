@@ -40,14 +40,15 @@ void GatedMlp(const Weight& gate_up, const Weight& down, const kernels::Activati
 
 }  // namespace
 
-absl::Status TpAllReduce(Communicator* tp, const kernels::MutableTensor& data) {
+absl::Status TpAllReduce(DataCommunicator* tp, const kernels::MutableTensor& data) {
   if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
   DELTASERVE_CHECK_VIEW(data, kernels::DType::kF32, data.rows, data.cols);
-  return tp->AllReduceSum(data.As<float>(), static_cast<size_t>(data.rows * data.cols));
+  return tp->AllReduceSum(data.As<float>(), static_cast<size_t>(data.rows * data.cols),
+                          kernels::Workspace::Of(data.device).stream());
 }
 
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const kernels::Tensor& x,
-                        const kernels::MutableTensor& out, Communicator* tp) {
+                        const kernels::MutableTensor& out, DataCommunicator* tp) {
   using namespace kernels;
   const Device dev = x.device;
   const int64_t rows = x.rows;

@@ -21,7 +21,7 @@ constexpr float kL2NormEps = 1e-6f;
 
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
                         const BatchRows& batch, const kernels::Tensor& x,
-                        const kernels::MutableTensor& out, Communicator* tp) {
+                        const kernels::MutableTensor& out, DataCommunicator* tp) {
   using namespace kernels;
   const Device dev = x.device;
   const int64_t rows = batch.rows();

@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "kernels/tensor.h"
 #include "kernels/workspace.h"
-#include "runtime/comm/communicator.h"
+#include "runtime/comm/data_communicator.h"
 #include "runtime/model/config.h"
 #include "runtime/model/sequence_state.h"
 #include "runtime/model/weights.h"
@@ -46,16 +46,17 @@ struct Activations {
 // from the communicator.
 absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t layer,
                         const BatchRows& batch, const kernels::Tensor& x,
-                        const kernels::MutableTensor& out, Communicator* tp);
+                        const kernels::MutableTensor& out, DataCommunicator* tp);
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
                         const BatchRows& batch, const kernels::Tensor& x,
-                        const kernels::MutableTensor& out, Communicator* tp);
+                        const kernels::MutableTensor& out, DataCommunicator* tp);
 
 // Dense or MoE FFN on all rows: out [rows, D] = ffn(x [rows, D]).
 absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const kernels::Tensor& x,
-                        const kernels::MutableTensor& out, Communicator* tp);
+                        const kernels::MutableTensor& out, DataCommunicator* tp);
 
-// Sums the contiguous f32 `data` across `tp` in place; nothing without a group.
-absl::Status TpAllReduce(Communicator* tp, const kernels::MutableTensor& data);
+// Sums the contiguous f32 `data` across `tp` in place, on the stream of its
+// device's workspace; nothing without a group.
+absl::Status TpAllReduce(DataCommunicator* tp, const kernels::MutableTensor& data);
 
 }  // namespace deltaserve

@@ -104,7 +104,7 @@ bool AbsorbedIsCheaper(const MlaDims& m, int64_t prefix, int64_t t) {
 
 absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t layer,
                         const BatchRows& batch, const kernels::Tensor& x,
-                        const kernels::MutableTensor& out, Communicator* tp) {
+                        const kernels::MutableTensor& out, DataCommunicator* tp) {
   using namespace kernels;
   const MlaDims m{config.num_attention_heads, config.qk_nope_head_dim, config.qk_rope_head_dim,
                   config.v_head_dim, config.kv_lora_rank};

@@ -36,7 +36,7 @@ int64_t DefaultCacheTokens(const ModelConfig& config, const ModelShard& shard,
   return std::min({wanted, most, int64_t{INT32_MAX} * kCachePageTokens});
 }
 
-Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
+Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCommunicator* tp,
              int64_t bytes_read, ModelOptions options, std::shared_ptr<CachePool> cache_pool)
     : arch_(&ArchitectureOf(config)),
       config_(std::move(config)),
@@ -49,7 +49,8 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communi
       cache_pool_(std::move(cache_pool)) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
-                                                   const ModelShard& requested, Communicator* tp,
+                                                   const ModelShard& requested,
+                                                   DataCommunicator* tp,
                                                    const ModelOptions& options) {
   for (const auto& [what, dtype] : {std::pair{"the MLA cache", options.kv_cache_dtype},
                                     std::pair{"the compute dtype", options.compute_dtype}}) {
@@ -61,8 +62,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   DELTASERVE_ASSIGN_OR_RETURN(ModelShard shard, ResolveShard(config, requested));
   if (shard.tp_size > 1 && (tp == nullptr || tp->size() != shard.tp_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
-                                                   " ranks needs a communicator of that size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a tensor-parallel shard of ", shard.tp_size,
+                     " ranks needs a TP data communicator of that size"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<const Checkpoint> checkpoint, Checkpoint::Open(dir));
   DELTASERVE_RETURN_IF_ERROR(ValidateCheckpoint(config, *checkpoint));

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "runtime/comm/communicator.h"
+#include "runtime/comm/data_communicator.h"
 #include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/model/layers.h"
@@ -60,11 +60,11 @@ class Model {
  public:
   // Reads DIR/config.json and the checkpoint, validates every tensor against
   // the config, and converts the tensors `shard` owns to float32. `tp` is the
-  // tensor-parallel group of the shard (null or size 1 for none); it must
-  // outlive the model.
+  // TP data communicator of the shard's stage (rank_communicators.h; null or
+  // size 1 for none); it must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      const ModelShard& shard = {},
-                                                     Communicator* tp = nullptr,
+                                                     DataCommunicator* tp = nullptr,
                                                      const ModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
@@ -96,7 +96,7 @@ class Model {
   int64_t BankSizeBefore(int64_t layer) const;
 
  private:
-  Model(ModelConfig config, ModelShard shard, ModelWeights weights, Communicator* tp,
+  Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCommunicator* tp,
         int64_t bytes_read, ModelOptions options, std::shared_ptr<CachePool> cache_pool);
 
   const ModelArchitecture* arch_;  // what differs between K3 and Kimi Linear
@@ -104,7 +104,7 @@ class Model {
   ModelConfig local_;  // head counts of this TP rank
   ModelShard shard_;
   ModelWeights weights_;
-  Communicator* tp_;
+  DataCommunicator* tp_;
   int64_t bytes_read_;
   ModelOptions options_;
   std::shared_ptr<CachePool> cache_pool_;

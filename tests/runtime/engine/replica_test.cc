@@ -5,6 +5,7 @@
 #include "runtime/engine/replica.h"
 
 #include "gtest/gtest.h"
+#include "runtime/comm/host_data_communicator.h"
 #include "runtime/comm/single_communicator.h"
 #include "runtime/model/model.h"
 #include "tests/model_runs.h"
@@ -35,8 +36,9 @@ TEST(ReplicaTest, AStepSentAheadIsFedTheTokenItsPredecessorSampled) {
   auto model = Model::Load(testing::GoldenPath("model/k3-tiny"));
   ASSERT_TRUE(model.ok()) << model.status();
   SingleCommunicator world;
+  SingleDataCommunicator stage;
   const WorldLayout layout = *WorldLayout::Make(1, 1, 1);
-  StepExecutor executor(**model, layout, world);
+  StepExecutor executor(**model, layout, world, stage);
   Replica replica(executor);
   const std::vector<int32_t> prompt = testing::RandomTokens(40, 9);
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <utility>
 
+#include "runtime/comm/host_data_communicator.h"
 #include "runtime/comm/single_communicator.h"
 #include "tests/model_runs.h"
 #include "tests/test_util.h"
@@ -21,7 +22,7 @@ class StepExecutorTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     layout_ = *WorldLayout::Make(1, 1, 1);
-    executor_ = std::make_unique<StepExecutor>(*model_, layout_, world_);
+    executor_ = std::make_unique<StepExecutor>(*model_, layout_, world_, stage_);
   }
   std::vector<int32_t> Alone(const std::vector<int32_t>& prompt, int64_t n,
                              const kernels::SamplingParams& sampling, uint64_t seed) {
@@ -29,6 +30,7 @@ class StepExecutorTest : public ::testing::TestWithParam<std::string> {
   }
   std::unique_ptr<Model> model_;
   SingleCommunicator world_;
+  SingleDataCommunicator stage_;
   WorldLayout layout_;
   std::unique_ptr<StepExecutor> executor_;
 };

@@ -6,6 +6,7 @@
 
 #include "kernels/threads.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/rank_communicators.h"
 #include "runtime/engine/replica.h"
 #include "runtime/scheduler/offline_engine.h"
 #include "runtime/scheduler/stage_plan.h"
@@ -15,14 +16,18 @@
 namespace deltaserve {
 namespace {
 
-Communicator& World() {
-  // Adopts the MPI_Init of tests/mpi_test_main.cc; lives until exit.
-  static Communicator* world = [] {
-    auto made = InitMpiWorld(nullptr, nullptr);
+// The world's communicators for `layout` (null after an error), made once (every test uses the same
+// layout). Adopts the MPI_Init of tests/mpi_test_main.cc; lives until exit.
+RankCommunicators* Comms(const WorldLayout& layout) {
+  static RankCommunicators* comms = [&] {
+    auto world = InitMpiWorld(nullptr, nullptr);
+    EXPECT_TRUE(world.ok()) << world.status();
+    if (!world.ok()) return static_cast<RankCommunicators*>(nullptr);
+    auto made = MakeRankCommunicators(layout, std::move(*world));
     EXPECT_TRUE(made.ok()) << made.status();
-    return made.ok() ? made->release() : nullptr;
+    return made.ok() ? new RankCommunicators(std::move(*made)) : nullptr;
   }();
-  return *world;
+  return comms;
 }
 
 // Runs `requests` on the replica's leader; every event, in order.
@@ -59,26 +64,26 @@ Outputs Collect(const std::vector<SchedulerEvent>& events) {
 class PrefixForkMpirunTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefixForkMpirunTest, ForksEqualFreshRunsUnderPipelineAndTensorParallelism) {
-  Communicator& world = World();
-  ASSERT_EQ(world.size(), 4);
   kernels::SetNumThreads(1);  // four ranks share the machine's cores
   const WorldLayout layout = *WorldLayout::Make(1, 2, 2);
+  RankCommunicators* comms = Comms(layout);
+  ASSERT_NE(comms, nullptr);
+  Communicator& world = *comms->control;
+  ASSERT_EQ(world.size(), 4);
   const RankCoord me = layout.CoordOf(world.rank());
   const std::string dir = testing::GoldenPath("model/" + GetParam());
   auto config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status();
   auto plan = PlanStages(*config, layout.pp, 400);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  auto tp = world.Split(me.replica * layout.pp + me.stage, me.tp_rank);
-  ASSERT_TRUE(tp.ok()) << tp.status();
   ModelShard shard;
   shard.layer_begin = plan->stages[me.stage].begin;
   shard.layer_end = plan->stages[me.stage].end;
   shard.tp_rank = me.tp_rank;
   shard.tp_size = layout.tp;
-  auto model = Model::Load(dir, shard, tp->get());
+  auto model = Model::Load(dir, shard, comms->tp.get());
   ASSERT_TRUE(model.ok()) << model.status();
-  StepExecutor executor(**model, layout, world);
+  StepExecutor executor(**model, layout, world, *comms->stage);
   Replica replica(executor);
   if (!replica.is_leader()) {
     EXPECT_TRUE(replica.Follow().ok());

@@ -1,0 +1,54 @@
+#include "runtime/comm/rank_communicators.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/comm/host_data_communicator.h"
+#include "runtime/common/status_macros.h"
+
+namespace deltaserve {
+namespace {
+
+// The data communicator over `group`, a host communicator of the group's
+// ranks that nothing else uses. This is where the backend is chosen.
+absl::StatusOr<std::unique_ptr<DataCommunicator>> MakeDataCommunicator(
+    std::unique_ptr<Communicator> group, kernels::Device device, const char* which) {
+  switch (device) {
+    case kernels::Device::kCpu:
+      return std::make_unique<HostDataCommunicator>(std::move(group));
+    case kernels::Device::kCuda:
+      // The GPU data path: an NCCL communicator of the same ranks, bootstrapped
+      // over `group` (MakeNcclDataCommunicator in nccl_runtime.h, with this
+      // rank's GPU), goes here once the worker runs its layers on GPUs.
+      break;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("the ", which, " data communicator on ", kernels::DeviceName(device),
+                   " is not supported yet: the data path runs on the CPU (mpi or single)"));
+}
+
+}  // namespace
+
+absl::StatusOr<RankCommunicators> MakeRankCommunicators(const WorldLayout& layout,
+                                                        std::unique_ptr<Communicator> control,
+                                                        kernels::Device device) {
+  if (control == nullptr) {
+    return absl::InvalidArgumentError("MakeRankCommunicators: no control communicator");
+  }
+  DELTASERVE_RETURN_IF_ERROR(layout.CheckWorld(control->size()));
+  const RankCoord me = layout.CoordOf(control->rank());
+  RankCommunicators comms;
+  // Both splits on every rank, in this order, before any other check can
+  // fail: Split is collective.
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> stage_group,
+                              control->Split(me.replica * layout.tp + me.tp_rank, me.stage));
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> tp_group,
+                              control->Split(me.replica * layout.pp + me.stage, me.tp_rank));
+  DELTASERVE_ASSIGN_OR_RETURN(comms.stage,
+                              MakeDataCommunicator(std::move(stage_group), device, "stage"));
+  DELTASERVE_ASSIGN_OR_RETURN(comms.tp, MakeDataCommunicator(std::move(tp_group), device, "tp"));
+  comms.control = std::move(control);
+  return comms;
+}
+
+}  // namespace deltaserve
