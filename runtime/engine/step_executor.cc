@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/logsoftmax.h"
+#include "kernels/workspace.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -148,6 +149,17 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
     // Forward changes no state when it refuses a batch; undo the starts.
     undo_starts();
     return status;
+  }
+  // The step's sync point: an error a kernel reported asynchronously fails
+  // the step, naming the op. The step's sequences may have advanced part of
+  // the way, so their state goes; the scheduler fails them, and the replica
+  // takes the next step.
+  const kernels::Device device = model.cache_pool().device();
+  if (const kernels::DeviceError error = kernels::Workspace::Of(device).Synchronize();
+      !error.ok()) {
+    for (const SequenceWork& w : step.work) sequences_.erase(w.sequence_id);
+    return absl::InternalError(absl::StrCat("step ", step.id, ": ", error.op, " failed on the ",
+                                            kernels::DeviceName(device), ": ", error.message));
   }
   std::vector<SequenceResult> results;
   if (!is_output()) return results;

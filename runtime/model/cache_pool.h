@@ -52,7 +52,8 @@ class CachePool {
   CachePool& operator=(const CachePool&) = delete;
 
   kernels::DType dtype() const { return dtype_; }
-  int64_t width() const { return width_; }  // C + R
+  kernels::Device device() const { return kernels::Device::kCpu; }  // the only backend built
+  int64_t width() const { return width_; }                          // C + R
   // Whether the rank holds MLA layers; without any, sequences take no pages.
   bool has_layers() const { return layer_count_ > 0; }
   int64_t capacity_pages() const { return capacity_pages_; }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <utility>
 
+#include "kernels/workspace.h"
 #include "runtime/comm/host_data_communicator.h"
 #include "runtime/comm/single_communicator.h"
 #include "tests/model_runs.h"
@@ -236,6 +237,34 @@ TEST_P(StepExecutorTest, BadWorkChangesNothing) {
   EXPECT_EQ(after.sequences, before.sequences);
   EXPECT_EQ(after.tokens, before.tokens);
   EXPECT_EQ(after.mla_bytes, before.mla_bytes);
+}
+
+// An error a kernel reports asynchronously (as a GPU kernel would) comes back
+// at the step's sync point as the step's error, naming the op; the step's
+// sequences are gone, the others keep their state, and the next step runs.
+TEST_P(StepExecutorTest, ADeviceErrorFailsTheStepAndTheNextOneRuns) {
+  Step first;
+  first.work.push_back(Work(1, true, {1, 2, 3}));
+  first.work.push_back(Work(2, true, {4, 5}));
+  ASSERT_TRUE(executor_->Run(first).ok());
+  Step failing;
+  failing.id = 1;
+  failing.work.push_back(Work(1, false, {6}, WorkOutput::kSample));
+  kernels::Workspace::Of(kernels::Device::kCpu)
+      .ReportError("MlaAbsorbedAttention", "an illegal memory access");
+  const auto failed = executor_->Run(failing);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(failed.status().message(),
+            "step 1: MlaAbsorbedAttention failed on the cpu: an illegal memory access");
+  EXPECT_EQ(executor_->Held().sequences, 1);  // sequence 2 only
+  Step next;
+  next.id = 2;
+  next.work.push_back(Work(2, false, {6}, WorkOutput::kSample));
+  next.work.push_back(Work(3, true, {7, 8}, WorkOutput::kSample));
+  auto results = executor_->Run(next);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(results->size(), 2u);
 }
 
 TEST_P(StepExecutorTest, AForkStartsAsACopyOfItsPrefix) {
