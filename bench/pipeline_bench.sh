@@ -13,7 +13,7 @@ T=${1:-32768}
 shift || true
 chunks=("${@:-2048}")
 [[ ${#chunks[@]} -gt 0 ]] || chunks=(2048)
-bin=build/bin/deltaserve
+bin=${BIN_DIR:-build/bin}/deltaserve  # BIN_DIR: another build to measure
 model=${MODEL:-/tmp/deltaserve_bench_k3_small}
 [[ -f $model/model.safetensors ]] || $bin make-model --preset k3-small --out "$model" --seed 1 2>/dev/null
 work=$(mktemp -d)
