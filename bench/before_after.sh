@@ -8,7 +8,7 @@
 # anything down: compare the rounds of the two builds, not runs on different
 # days or machines.
 #
-#   bash bench/before_after.sh OLD_BIN_DIR NEW_BIN_DIR [ROUNDS] [T]   (2, 262144)
+#   bash bench/before_after.sh OLD_BIN_DIR NEW_BIN_DIR [ROUNDS] [T]   (2, 65536)
 set -euo pipefail
 # --help: the comment above.
 if [[ ${1:-} == --help || ${1:-} == -h || $# -lt 2 ]]; then
@@ -16,7 +16,7 @@ if [[ ${1:-} == --help || ${1:-} == -h || $# -lt 2 ]]; then
   exit 0
 fi
 cd "$(dirname "$0")/.."
-old=$1 new=$2 rounds=${3:-2} T=${4:-262144}
+old=$1 new=$2 rounds=${3:-2} T=${4:-65536}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$new/deltaserve" make-model --preset k3-tiny --out "$work/tiny" --seed 1 >/dev/null 2>&1

@@ -44,7 +44,7 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   } else {
     // The packet: bank entries, then the prefix, each [rows, D].
     const int64_t bank = model_.BankSizeBefore(model_.shard().layer_begin);
-    const kernels::Buffer packet(kernels::Device::kCpu, kernels::DType::kF32, (bank + 1) * rows, D);
+    const kernels::Buffer packet(model_.device(), kernels::DType::kF32, (bank + 1) * rows, D);
     DELTASERVE_RETURN_IF_ERROR(stage_.Recv(packet.view().data, packet.bytes(), coord_.stage - 1,
                                            message_tags::kActivation, stream_));
     act.rows = rows;

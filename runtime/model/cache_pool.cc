@@ -12,8 +12,13 @@ namespace deltaserve {
 
 absl::StatusOr<std::shared_ptr<CachePool>> CachePool::Create(const ModelConfig& local,
                                                              const ModelShard& shard,
+                                                             kernels::Device device,
                                                              kernels::DType dtype,
                                                              int64_t capacity_pages) {
+  if (device != kernels::Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat("an MLA cache on ", kernels::DeviceName(device),
+                                                 ": this build has the cpu backend only"));
+  }
   if (dtype != kernels::DType::kF32 && dtype != kernels::DType::kBF16) {
     return absl::InvalidArgumentError(
         absl::StrCat("the MLA cache can be f32 or bf16, not ", kernels::DTypeName(dtype)));
@@ -23,6 +28,7 @@ absl::StatusOr<std::shared_ptr<CachePool>> CachePool::Create(const ModelConfig& 
                                                    " pages: it must hold 1 to 2^31 - 1 pages"));
   }
   std::shared_ptr<CachePool> pool(new CachePool);
+  pool->device_ = device;
   pool->dtype_ = dtype;
   pool->width_ = local.kv_lora_rank + local.qk_rope_head_dim;
   pool->capacity_pages_ = capacity_pages;
@@ -67,7 +73,7 @@ kernels::MutableTensor CachePool::Layer(int64_t layer) const {
   kernels::MutableTensor view;
   view.data = r.base;
   view.dtype = dtype_;
-  view.device = kernels::Device::kCpu;
+  view.device = device_;
   view.rows = capacity_pages_ * kCachePageTokens;
   view.cols = width_;
   return view;

@@ -40,11 +40,13 @@ inline int64_t CachePagesFor(int64_t tokens) {
 
 class CachePool {
  public:
-  // A pool for the MLA layers of `shard` (head counts as in `local`), rows of
-  // `dtype` (f32 or bf16), room for `capacity_pages` pages. Fails when the
-  // address space cannot be reserved.
+  // A pool on `device` for the MLA layers of `shard` (head counts as in
+  // `local`), rows of `dtype` (f32 or bf16), room for `capacity_pages`
+  // pages. Fails when the address space cannot be reserved, or for a device
+  // this build has no backend for.
   static absl::StatusOr<std::shared_ptr<CachePool>> Create(const ModelConfig& local,
                                                            const ModelShard& shard,
+                                                           kernels::Device device,
                                                            kernels::DType dtype,
                                                            int64_t capacity_pages);
   ~CachePool();
@@ -52,8 +54,8 @@ class CachePool {
   CachePool& operator=(const CachePool&) = delete;
 
   kernels::DType dtype() const { return dtype_; }
-  kernels::Device device() const { return kernels::Device::kCpu; }  // the only backend built
-  int64_t width() const { return width_; }                          // C + R
+  kernels::Device device() const { return device_; }
+  int64_t width() const { return width_; }  // C + R
   // Whether the rank holds MLA layers; without any, sequences take no pages.
   bool has_layers() const { return layer_count_ > 0; }
   int64_t capacity_pages() const { return capacity_pages_; }
@@ -75,6 +77,7 @@ class CachePool {
  private:
   CachePool() = default;
 
+  kernels::Device device_ = kernels::Device::kCpu;
   kernels::DType dtype_ = kernels::DType::kF32;
   int64_t width_ = 0;
   int64_t capacity_pages_ = 0;

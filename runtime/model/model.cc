@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   int64_t bytes_read = 0;
   DELTASERVE_ASSIGN_OR_RETURN(ModelWeights weights,
                               LoadWeights(config, std::move(checkpoint), shard, &bytes_read));
+  DELTASERVE_RETURN_IF_ERROR(PlaceWeights(&weights, options.device));
   if (options.compute_dtype == kernels::DType::kBF16) {
     ForEachMatrix(&weights, [](Weight& w) {
       if (w.tensor().dtype == kernels::DType::kBF16) w.set_compute(kernels::DType::kBF16);
@@ -85,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                    : DefaultCacheTokens(config, shard, options.kv_cache_dtype);
   DELTASERVE_ASSIGN_OR_RETURN(
       std::shared_ptr<CachePool> pool,
-      CachePool::Create(LocalConfig(config, shard), shard, options.kv_cache_dtype,
+      CachePool::Create(LocalConfig(config, shard), shard, options.device, options.kv_cache_dtype,
                         CachePagesFor(cache_tokens)));
   return std::unique_ptr<Model>(new Model(std::move(config), shard, std::move(weights), tp,
                                           bytes_read, options, std::move(pool)));
@@ -157,7 +158,7 @@ Activations Model::Embed(const std::vector<int32_t>& tokens) const {
   Activations act;
   act.rows = static_cast<int64_t>(tokens.size());
   act.prefix =
-      kernels::Buffer(kernels::Device::kCpu, kernels::DType::kF32, act.rows, config_.hidden_size);
+      kernels::Buffer(options_.device, kernels::DType::kF32, act.rows, config_.hidden_size);
   kernels::Embedding(weights_.embed, kernels::Tensor::I32(tokens.data(), 1, act.rows), act.prefix);
   return act;
 }

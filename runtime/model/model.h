@@ -35,6 +35,9 @@ struct ModelOptions {
   // of kCachePageTokens; 0: DefaultCacheTokens. Address space is reserved
   // for all of them; memory is committed as pages are written.
   int64_t cache_tokens = 0;
+  // Where the weights, activations and sequence state live (PlaceWeights);
+  // this build has the CPU only.
+  kernels::Device device = kernels::Device::kCpu;
 };
 
 // The pool's default size: 64 sequences of the model's whole context, at
@@ -69,6 +72,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
+  kernels::Device device() const { return options_.device; }
   int64_t bytes_read() const { return bytes_read_; }  // from the checkpoint
   WeightBytes weight_bytes() const { return CountWeightBytes(weights_); }
   std::unique_ptr<SequenceState> NewSequence() const;

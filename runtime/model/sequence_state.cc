@@ -11,12 +11,13 @@ SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard,
                              std::shared_ptr<CachePool> pool)
     : kda(static_cast<size_t>(config.num_layers)), pool_(std::move(pool)) {
   const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
+  const kernels::Device device = pool_ != nullptr ? pool_->device() : kernels::Device::kCpu;
   const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
   for (int64_t i = shard.layer_begin; i < end; ++i) {
     if (config.layer_kinds[i] != LayerKind::kKda) continue;
-    kda[i].conv = kernels::Buffer::Zeros(kernels::Device::kCpu, kernels::DType::kF32,
+    kda[i].conv = kernels::Buffer::Zeros(device, kernels::DType::kF32,
                                          config.kda.conv_kernel_size - 1, 3 * H * d);
-    kda[i].state = kernels::Buffer::Zeros(kernels::Device::kCpu, kernels::DType::kF32, H, d * d);
+    kda[i].state = kernels::Buffer::Zeros(device, kernels::DType::kF32, H, d * d);
   }
 }
 

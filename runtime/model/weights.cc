@@ -214,6 +214,23 @@ void ForEachMatrix(ModelWeights* w, const std::function<void(Weight&)>& fn) {
   VisitMatrices(*w, fn);
 }
 
+absl::Status PlaceWeights(ModelWeights* w, kernels::Device device) {
+  if (device != kernels::Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat("weights on ", kernels::DeviceName(device),
+                                                 ": this build has the cpu backend only"));
+  }
+  // What the loader made is host memory: mapped views and its own copies.
+  absl::Status status;
+  ForEachMatrix(w, [&](Weight& m) {
+    if (!m.empty() && m.tensor().device != device && status.ok()) {
+      status = absl::InternalError(absl::StrCat("a ", kernels::DeviceName(m.tensor().device),
+                                                " weight where ", kernels::DeviceName(device),
+                                                " was asked"));
+    }
+  });
+  return status;
+}
+
 WeightBytes CountWeightBytes(const ModelWeights& w) {
   WeightBytes out;
   ForEachMatrix(w, [&out](const Weight& m) {

@@ -144,6 +144,12 @@ struct WeightBytes {
 };
 WeightBytes CountWeightBytes(const ModelWeights& w);
 
+// Places the loaded weights on `device`, in one pass over them: on the CPU
+// they stay as loaded (views of the mapped checkpoint in their stored dtype,
+// and the copies made at load); another device is refused by a build without
+// its backend, naming it.
+absl::Status PlaceWeights(ModelWeights* w, kernels::Device device);
+
 // Loads the tensors `shard` owns: its layers, and of those its
 // TP part as each tensor's spec splits it (tp_split.h; other ranks' routed
 // experts stay empty); the embedding on the first stage, the head on the

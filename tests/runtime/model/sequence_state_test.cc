@@ -44,7 +44,7 @@ absl::StatusOr<std::vector<float>> Feed(const Model& model, SequenceState* state
 
 TEST(CachePoolTest, AllocatesAllOrNoneAndReusesFreedPages) {
   const ModelConfig config = *PresetConfig("k3-tiny");
-  auto pool = CachePool::Create(config, {}, kernels::DType::kF32, 4);
+  auto pool = CachePool::Create(config, {}, kernels::Device::kCpu, kernels::DType::kF32, 4);
   ASSERT_TRUE(pool.ok()) << pool.status();
   CachePool& p = **pool;
   // k3-tiny: 3 MLA layers of C + R = 20 f32 values per token.
@@ -143,6 +143,22 @@ TEST(SequenceStateTest, ABatchThePoolCannotHoldIsRefusedBeforeItRuns) {
   auto logits = Feed(*model, b.get(), prompt);
   ASSERT_TRUE(logits.ok()) << logits.status();
   EXPECT_EQ(*logits, testing::OneShotLogits(*model, prompt));
+}
+
+// The weights, activations and state go where ModelOptions::device says;
+// a build without that device's backend refuses it by name, at load.
+TEST(SequenceStateTest, AModelOnADeviceWithoutABackendIsRefusedAtLoad) {
+  const std::string dir = testing::TempDir("sequence_state_device_model");
+  ASSERT_TRUE(WriteRandomCheckpoint(*PresetConfig("k3-tiny"), dir, 3).ok());
+  ModelOptions options;
+  options.device = kernels::Device::kCuda;
+  auto model = Model::Load(dir, {}, nullptr, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(model.status().message(), "weights on cuda: this build has the cpu backend only");
+  auto pool = CachePool::Create(*PresetConfig("k3-tiny"), {}, kernels::Device::kCuda,
+                                kernels::DType::kF32, 4);
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace
