@@ -36,6 +36,9 @@ absl::Status OfflineEngine::Run(const std::function<void(const SchedulerEvent&)>
         while (replica_.outstanding() > keep) DELTASERVE_RETURN_IF_ERROR(collect());
         continue;
       }
+      // No step, but requests ended (one the cache could never hold fails
+      // before it starts): see what is left.
+      if (!events.empty()) continue;
     }
     if (replica_.outstanding() == 0) {
       return absl::InternalError("the scheduler has work but makes no step");

@@ -1,6 +1,7 @@
 #include "runtime/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <span>
@@ -33,6 +34,8 @@ void Scheduler::Drop(const Sequence& s) {
                list.end());
   };
   if (s.started) pending_release_.push_back(s.request.id);
+  reserved_pages_ -= s.pages;
+  if (s.shared != nullptr && --s.shared->holders == 0) reserved_pages_ -= s.shared->pages;
   const std::optional<uint64_t> prefix = s.started ? std::nullopt : s.request.fork_from;
   erase(waiting_);
   erase(running_);
@@ -47,6 +50,67 @@ Scheduler::SequencePtr Scheduler::Find(uint64_t id) const {
     if (s->request.id == id) return s;
   }
   return nullptr;
+}
+
+int64_t Scheduler::WholeLength(const Sequence& s) const {
+  const SequenceRequest& r = s.request;
+  int64_t tokens = static_cast<int64_t>(r.prompt.size());
+  if (r.fork_from) {
+    if (const SequencePtr prefix = Find(*r.fork_from)) {
+      tokens += static_cast<int64_t>(prefix->request.prompt.size());
+    }
+  }
+  // The last sampled token is never fed, so a generation holds at most
+  // prompt + max_tokens - 1 tokens; one more covers a step sent ahead.
+  if (r.kind == SequenceKind::kGenerate) tokens += std::clamp<int64_t>(r.max_tokens, 0, INT32_MAX);
+  if (context_length_ > 0) tokens = std::min(tokens, context_length_);
+  return tokens;
+}
+
+int64_t Scheduler::PagesToAdmit(const Sequence& s) const {
+  if (options_.cache_pages <= 0) return 0;
+  const int64_t pages = CachePagesFor(WholeLength(s));
+  if (!s.request.fork_from) return pages;
+  const SequencePtr prefix = Find(*s.request.fork_from);
+  const int64_t shared = prefix != nullptr && prefix->shared != nullptr ? prefix->shared->pages : 0;
+  return pages - shared;
+}
+
+int64_t Scheduler::PagesAlone(const Sequence& s) const {
+  // A fork may need its prefix's partly filled page beside its own.
+  return CachePagesFor(WholeLength(s)) + (s.request.fork_from ? 1 : 0);
+}
+
+bool Scheduler::NeverFits(const Sequence& s) const {
+  return options_.cache_pages > 0 && PagesAlone(s) > options_.cache_pages;
+}
+
+bool Scheduler::CanAdmit() const {
+  if (waiting_.empty() || Occupied() >= options_.max_running) return false;
+  return options_.cache_pages <= 0 ||
+         reserved_pages_ + PagesToAdmit(*waiting_.front()) <= options_.cache_pages;
+}
+
+void Scheduler::Admit(const SequencePtr& s) {
+  if (options_.cache_pages > 0) {
+    s->pages = PagesToAdmit(*s);
+    reserved_pages_ += s->pages;
+    const SequenceRequest& r = s->request;
+    if (r.kind == SequenceKind::kPrefix) {
+      // Its full pages are shared with its forks: reserved once for all.
+      s->shared = std::make_shared<SharedPages>();
+      s->shared->pages = static_cast<int64_t>(r.prompt.size()) / kCachePageTokens;
+      s->shared->holders = 1;
+      s->pages -= s->shared->pages;
+    } else if (r.fork_from) {
+      const SequencePtr prefix = Find(*r.fork_from);
+      if (prefix != nullptr && prefix->shared != nullptr) {
+        s->shared = prefix->shared;
+        ++s->shared->holders;
+      }
+    }
+  }
+  running_.push_back(s);
 }
 
 int64_t Scheduler::Occupied() const {
@@ -85,8 +149,9 @@ bool Scheduler::Finish(uint64_t id) {
 }
 
 bool Scheduler::HasWork() const {
-  return !pending_release_.empty() || !running_.empty() ||
-         (!waiting_.empty() && Occupied() < options_.max_running);
+  return !pending_release_.empty() || !running_.empty() || CanAdmit() ||
+         std::any_of(waiting_.begin(), waiting_.end(),
+                     [&](const SequencePtr& s) { return NeverFits(*s); });
 }
 
 bool Scheduler::Idle() const {
@@ -112,7 +177,7 @@ int64_t Scheduler::PrefillsInFlight() const {
 }
 
 bool Scheduler::PromptLeft() const {
-  if (!waiting_.empty() && Occupied() < options_.max_running) return true;
+  if (CanAdmit()) return true;
   return std::any_of(running_.begin(), running_.end(),
                      [](const SequencePtr& s) { return s->prompt_left(); });
 }
@@ -159,9 +224,28 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
       Drop(*s);
     }
   }
-  while (!waiting_.empty() && Occupied() < options_.max_running) {
-    running_.push_back(std::move(waiting_.front()));
+  // A sequence the replica's MLA cache could never hold fails now, before it
+  // starts; the others start in arrival order as places and pages allow.
+  if (options_.cache_pages > 0) {
+    const std::vector<SequencePtr> queued(waiting_.begin(), waiting_.end());
+    for (const SequencePtr& s : queued) {
+      if (!NeverFits(*s)) continue;
+      const int64_t pages = PagesAlone(*s);
+      SchedulerEvent e;
+      e.id = s->request.id;
+      e.kind = SchedulerEvent::Kind::kFailed;
+      e.status = absl::ResourceExhaustedError(
+          absl::StrCat("the request needs ", pages, " MLA cache pages of ", kCachePageTokens,
+                       " tokens for its prompt and max_tokens, more than the replica's ",
+                       options_.cache_pages, " (--kv-cache-tokens)"));
+      events->push_back(std::move(e));
+      Drop(*s);
+    }
+  }
+  while (CanAdmit()) {
+    const SequencePtr s = std::move(waiting_.front());
     waiting_.pop_front();
+    Admit(s);
   }
 
   Step step;
@@ -519,6 +603,7 @@ Scheduler::Abandoned Scheduler::Abandon() {
   for (const SequencePtr& s : waiting_) leave(s);
   running_.clear();
   waiting_.clear();
+  reserved_pages_ = 0;
   pending_release_.clear();
   in_flight_.clear();
   early_.clear();

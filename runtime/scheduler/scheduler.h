@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "kernels/sampling.h"
 #include "runtime/engine/step.h"
+#include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/scheduler/chunk_cost.h"
 
@@ -56,6 +57,14 @@ struct SchedulerOptions {
   // Prefill chunks are cut by the cost model, or, when > 0, at most this many
   // tokens each (deltaserve generate/score --prefill-chunk).
   int64_t fixed_chunk = 0;
+  // The replica's MLA cache in pages of kCachePageTokens (its ranks' pool,
+  // runtime/model/cache_pool.h); 0: not bounded here. A sequence starts only
+  // when the pages of its whole length (prompt, plus max_tokens for a
+  // generation) fit beside those reserved by the running ones, so none runs
+  // out halfway; one that could never fit fails at once. A prefix's full
+  // pages are reserved once for it and its forks (they share them) and
+  // stay reserved until the last of them is gone.
+  int64_t cache_pages = 0;
 };
 
 enum class SequenceKind {
@@ -186,6 +195,7 @@ class Scheduler {
   bool Idle() const;  // nothing waiting, running, in flight or to release
   int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
   int64_t held_tokens() const;  // context of the sequences holding state
+  int64_t reserved_pages() const { return reserved_pages_; }  // of options().cache_pages
   // What the replica said it holds after the last step taken in (sequences
   // and state bytes over its ranks; tokens as this scheduler counts them).
   const HeldState& held() const { return held_; }
@@ -193,6 +203,10 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
 
  private:
+  struct SharedPages {
+    int64_t pages = 0;
+    int64_t holders = 0;
+  };
   struct Sequence {
     SequenceRequest request;
     size_t fed = 0;          // prompt tokens sent
@@ -205,6 +219,10 @@ class Scheduler {
     int64_t base = 0;             // tokens of the prefix it forked from
     uint64_t prefilled_step = 0;  // kPrefix: the step that carried its last chunk
     int64_t forks_left = 0;       // kPrefix: forks yet to start (or leave)
+    int64_t pages = 0;            // MLA cache pages reserved for it alone while running
+    // A prefix's full pages, reserved once for it and the forks that share
+    // them, released with the last of them.
+    std::shared_ptr<SharedPages> shared;
     int64_t length() const { return base + static_cast<int64_t>(fed + generated.size()); }
     bool held_prefix() const { return request.kind == SequenceKind::kPrefix && !prompt_left(); }
     bool prompt_left() const { return fed < request.prompt.size(); }
@@ -235,6 +253,19 @@ class Scheduler {
   void Drop(const Sequence& s);      // out of waiting / running; release if started
   SequencePtr Find(uint64_t id) const;
   int64_t Occupied() const;  // running sequences that count towards max_running
+  // Tokens of a sequence's whole length: its prefix's, its prompt and, for
+  // a generation, max_tokens (within the context).
+  int64_t WholeLength(const Sequence& s) const;
+  // The MLA cache pages `s` adds when it starts (0 without cache_pages): a
+  // fork's excludes the full pages it shares with its prefix.
+  int64_t PagesToAdmit(const Sequence& s) const;
+  // Pages `s` needs alone, and whether the replica's cache could never hold
+  // them (the sequence then fails at the next step).
+  int64_t PagesAlone(const Sequence& s) const;
+  bool NeverFits(const Sequence& s) const;
+  // Whether the first waiting sequence may start now: a place, and its pages.
+  bool CanAdmit() const;
+  void Admit(const SequencePtr& s);  // waiting -> running, its pages reserved
   // A fork of `prefix` started or left; releases the prefix after the last.
   void ForkDone(uint64_t prefix);
   // Whether the fork `s` may start in step `step_id`; fails it (an event)
@@ -255,6 +286,7 @@ class Scheduler {
   std::map<uint64_t, StepResult> early_;  // results ahead of their turn
   bool promised_ = false;
   HeldState held_;
+  int64_t reserved_pages_ = 0;  // by the running sequences
 };
 
 }  // namespace deltaserve

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
+#include "runtime/model/cache_pool.h"
 #include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
@@ -352,7 +353,9 @@ absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const 
   const int64_t H_local = c.kda.num_heads / tp, d = c.kda.head_dim;
   const int64_t kda_state =
       H_local * d * d * bytes.state + (c.kda.conv_kernel_size - 1) * 3 * H_local * d * bytes.state;
-  const int64_t mla_cache = c.MlaCacheWidth() * context_tokens * bytes.cache;
+  // The runtime holds the cache in whole pages (runtime/model/cache_pool.h).
+  const int64_t cache_pages = CachePagesFor(context_tokens);
+  const int64_t mla_cache = c.MlaCacheWidth() * cache_pages * kCachePageTokens * bytes.cache;
 
   std::vector<StageReport> reports;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
@@ -378,6 +381,7 @@ absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const 
     r.weight_bytes_per_rank = weight_bytes;
     r.kda_state_bytes_per_sequence = r.kda_layers * kda_state;
     r.mla_cache_bytes = r.mla_layers * mla_cache;
+    r.mla_cache_pages = cache_pages;
     if (!last) {
       // K3: the running prefix plus every bank entry so far; the next stage
       // holds none of them. Kimi Linear: the residual stream.

@@ -99,9 +99,11 @@ struct StageReport {
   int64_t weight_bytes_per_rank = 0;
   // KDA recurrent state plus short-convolution tail, per sequence, per rank.
   int64_t kda_state_bytes_per_sequence = 0;
-  // MLA latent cache of one sequence of context_tokens tokens; every rank of
-  // the TP group keeps all of it.
+  // MLA latent cache of one sequence of context_tokens tokens, in whole pages
+  // of kCachePageTokens as the runtime holds it; every rank of the TP group
+  // keeps all of it.
   int64_t mla_cache_bytes = 0;
+  int64_t mla_cache_pages = 0;  // pages per sequence, the same on every stage
   // Activations sent to the next stage per forwarded token; 0 for the last.
   int64_t boundary_bytes_per_token = 0;
   // StageCost at context_tokens.

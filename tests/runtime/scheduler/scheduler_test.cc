@@ -635,6 +635,82 @@ TEST(SchedulerTest, CheckResultRefusesAnswersThatDoNotMatchTheStep) {
   EXPECT_TRUE(h.scheduler.CheckResult(stray).ok());
 }
 
+// With the replica's MLA cache bounded in pages, a request starts only when
+// the pages of its whole length fit beside the running ones' (it waits, never
+// failing halfway); one that could never fit fails at once, naming the need;
+// every page comes back as requests end.
+TEST(SchedulerTest, RequestsStartWhenTheirCachePagesFit) {
+  SchedulerOptions options = Options(512);
+  options.cache_pages = 4;  // 256 tokens
+  Harness h(options);
+  h.scheduler.Add(Generate(1, 100, 60));  // 160 tokens: 3 pages
+  h.scheduler.Add(Generate(2, 300, 1));   // 301 tokens: 5 pages, never
+  h.scheduler.Add(Generate(3, 100, 28));  // 128 tokens: 2 pages, after 1
+  h.scheduler.Add(Generate(4, 50, 14));   // 64 tokens: 1 page, beside 1
+  const Step first = h.Next();
+  EXPECT_EQ(TokensOf(first, 1), 100);
+  EXPECT_EQ(TokensOf(first, 3), 0);  // 3 + 2 pages > 4: it waits, and 4 behind it
+  EXPECT_EQ(TokensOf(first, 4), 0);
+  EXPECT_EQ(h.scheduler.reserved_pages(), 3);
+  const SchedulerEvent* refused = h.LastOf(2);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_EQ(refused->kind, SchedulerEvent::Kind::kFailed);
+  EXPECT_EQ(refused->status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused->status.message(),
+            "the request needs 5 MLA cache pages of 64 tokens for its prompt and max_tokens, "
+            "more than the replica's 4 (--kv-cache-tokens)");
+  h.Answer(first);
+  h.RunToEnd();
+  EXPECT_EQ(h.TokensFor(1).size(), 60u);
+  EXPECT_EQ(h.TokensFor(3).size(), 28u);
+  EXPECT_EQ(h.TokensFor(4).size(), 14u);
+  // 3 started only once 1 had ended: no step carried both.
+  for (const Step& step : h.steps) EXPECT_FALSE(TokensOf(step, 1) > 0 && TokensOf(step, 3) > 0);
+  EXPECT_EQ(h.scheduler.reserved_pages(), 0);
+  EXPECT_TRUE(h.scheduler.Idle());
+}
+
+// A prefix's full pages are reserved once for it and its forks, which share
+// them; a fork adds its own pages (its copy of the partly filled one, and
+// what it writes), and the shared pages stay reserved until the last of them
+// is gone. A fork that could not run beside its prefix fails at once instead
+// of waiting for pages its prefix holds. Without a bound nothing is counted.
+TEST(SchedulerTest, AForkReservesOnlyThePagesItDoesNotShare) {
+  for (const int64_t capacity : {int64_t{6}, int64_t{5}}) {
+    SchedulerOptions options = Options(512);
+    options.cache_pages = capacity;
+    Harness h(options);
+    SequenceRequest prefix = Generate(1, 200, 0);  // 4 pages: 3 full and a part
+    prefix.kind = SequenceKind::kPrefix;
+    prefix.forks = 1;
+    h.scheduler.Add(prefix);
+    SequenceRequest fork = Generate(2, 20, 50);  // 270 tokens: 5 pages, 3 shared
+    fork.fork_from = 1;
+    h.scheduler.Add(fork);
+    h.Answer(h.Next());
+    if (capacity == 5) {
+      // Beside the prefix's 4 pages it needs 2 more: it could never start.
+      const SchedulerEvent* refused = h.LastOf(2);
+      ASSERT_NE(refused, nullptr);
+      EXPECT_EQ(refused->status.code(), absl::StatusCode::kResourceExhausted);
+      h.RunToEnd();
+      EXPECT_EQ(h.scheduler.reserved_pages(), 0);
+      continue;
+    }
+    EXPECT_EQ(h.scheduler.reserved_pages(), 4 + 2);
+    h.Answer(h.Next());  // the fork starts; its prefix is released
+    EXPECT_EQ(h.scheduler.reserved_pages(), 3 + 2);
+    h.RunToEnd();
+    EXPECT_EQ(h.TokensFor(2).size(), 50u);
+    EXPECT_EQ(h.scheduler.reserved_pages(), 0);
+  }
+
+  Harness unbounded(Options(512));
+  unbounded.scheduler.Add(Generate(1, 5000, 10));
+  unbounded.Answer(unbounded.Next());
+  EXPECT_EQ(unbounded.scheduler.reserved_pages(), 0);
+}
+
 TEST(SchedulerTest, FinishReleasesTheStateWithTheNextStep) {
   Harness h;
   h.scheduler.Add(Generate(1, 3, 1000));
