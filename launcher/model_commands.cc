@@ -192,6 +192,7 @@ absl::Status RunGenerate(const Args& args) {
   options.step_tokens = chunk > 0 ? chunk : std::max<int64_t>(prompt_tokens, 1);
   options.fixed_chunk = options.step_tokens;
   options.pipeline_stages = deployment.layout.pp;
+  options.cache_pages = replica.cache_pages();
   OfflineEngine engine(replica, config, options);
   if (request.max_tokens > 0) engine.Add(std::move(request));
   using Clock = std::chrono::steady_clock;
@@ -363,6 +364,7 @@ absl::Status RunScore(const Args& args) {
   options.step_tokens = chunk;
   options.fixed_chunk = chunk;
   options.pipeline_stages = deployment.layout.pp;
+  options.cache_pages = replica.cache_pages();
   OfflineEngine engine(replica, config, options);
   const std::vector<int32_t> tokens = request.prompt;
   engine.Add(std::move(request));

@@ -16,6 +16,7 @@
 #include "launcher/commands.h"
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/model/weight_spec.h"
 #include "runtime/scheduler/stage_plan.h"
@@ -164,7 +165,8 @@ void PrintPlan(const ModelConfig& c, const std::vector<StageReport>& reports, in
   };
   std::vector<std::vector<std::string>> rows = {
       {"stage", "layers", "KDA", "MLA", "weights per rank", "KDA state per sequence",
-       absl::StrCat("MLA cache at ", context, " tokens"),
+       absl::StrCat("MLA cache at ", context, " tokens (", CachePagesFor(context), " pages of ",
+                    kCachePageTokens, ")"),
        // Attention residuals send the bank along with the running prefix.
        c.attn_res_block_size > 0 ? "to next stage per token (prefix + bank)"
                                  : "to next stage per token",

@@ -37,6 +37,9 @@ class Replica {
 
   bool is_leader() const;
   const WorldLayout& layout() const { return executor_.stage().layout(); }
+  // Pages of this rank's MLA cache pool; every rank of a replica has as many
+  // when its ranks were given the same --kv-cache-tokens.
+  int64_t cache_pages() const { return executor_.stage().model().cache_pool().capacity_pages(); }
   StepExecutor& executor() { return executor_; }
 
   // Leader: sends `step` to the other ranks and runs this rank's part. A

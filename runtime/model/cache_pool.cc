@@ -32,7 +32,6 @@ absl::StatusOr<std::shared_ptr<CachePool>> CachePool::Create(const ModelConfig& 
   pool->dtype_ = dtype;
   pool->width_ = local.kv_lora_rank + local.qk_rope_head_dim;
   pool->capacity_pages_ = capacity_pages;
-  pool->holders_.assign(static_cast<size_t>(capacity_pages), 0);
   pool->regions_.resize(static_cast<size_t>(local.num_layers));
   const int64_t elem = dtype == kernels::DType::kBF16 ? 2 : 4;
   const int64_t layer_page_bytes = kCachePageTokens * pool->width_ * elem;
@@ -88,15 +87,16 @@ absl::Status CachePool::Allocate(int64_t count, std::vector<int32_t>* pages) {
         " of its ", capacity_pages_, " are free (--kv-cache-tokens sets its size)"));
   }
   for (int64_t i = 0; i < count; ++i) {
-    int32_t page;
     if (!free_.empty()) {
-      page = free_.back();
+      const int32_t page = free_.back();
       free_.pop_back();
+      holders_[page] = 1;
+      pages->push_back(page);
     } else {
-      page = static_cast<int32_t>(next_unused_++);
+      // A page never used: the holder counts grow with the pages touched.
+      holders_.push_back(1);
+      pages->push_back(static_cast<int32_t>(next_unused_++));
     }
-    holders_[page] = 1;
-    pages->push_back(page);
   }
   used_ += count;
   return absl::OkStatus();
@@ -104,13 +104,13 @@ absl::Status CachePool::Allocate(int64_t count, std::vector<int32_t>* pages) {
 
 void CachePool::Retain(int32_t page) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (holders_.at(page) <= 0) std::abort();  // a page nobody holds cannot be shared
+  if (HoldersLocked(page) <= 0) std::abort();  // a page nobody holds cannot be shared
   ++holders_[page];
 }
 
 void CachePool::Release(int32_t page) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (holders_.at(page) <= 0) std::abort();  // released more often than held
+  if (HoldersLocked(page) <= 0) std::abort();  // released more often than held
   if (--holders_[page] == 0) {
     free_.push_back(page);
     --used_;
@@ -119,7 +119,12 @@ void CachePool::Release(int32_t page) {
 
 int32_t CachePool::Holders(int32_t page) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return holders_.at(page);
+  return HoldersLocked(page);
+}
+
+int32_t CachePool::HoldersLocked(int32_t page) const {
+  if (page < 0 || static_cast<size_t>(page) >= holders_.size()) return 0;
+  return holders_[page];
 }
 
 }  // namespace deltaserve

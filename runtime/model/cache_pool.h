@@ -76,6 +76,7 @@ class CachePool {
 
  private:
   CachePool() = default;
+  int32_t HoldersLocked(int32_t page) const;  // with mu_ held; 0 for a page never used
 
   kernels::Device device_ = kernels::Device::kCpu;
   kernels::DType dtype_ = kernels::DType::kF32;
@@ -90,7 +91,7 @@ class CachePool {
   std::vector<Region> regions_;  // by layer
 
   mutable std::mutex mu_;
-  std::vector<int32_t> holders_;  // by page
+  std::vector<int32_t> holders_;  // by page, for the pages used so far
   // Freed pages, reused last freed first; then pages never used, in order.
   std::vector<int32_t> free_;
   int64_t next_unused_ = 0;

@@ -17,17 +17,16 @@
 
 namespace deltaserve {
 
-int64_t DefaultCacheTokens(const ModelConfig& config, const ModelShard& shard,
-                           kernels::DType cache_dtype) {
+int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype) {
   constexpr int64_t kSequences = 64;
   constexpr int64_t kMaxReservedBytes = int64_t{1} << 40;
   const int64_t context =
       config.max_position_embeddings > 0 ? config.max_position_embeddings : int64_t{1} << 20;
-  const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
+  // The whole model's MLA layers, whatever the shard: every rank of a
+  // replica then has the same number of pages, which the scheduler admits
+  // against; a stage's share of the address space is at most this.
   int64_t mla_layers = 0;
-  for (int64_t i = shard.layer_begin; i < end; ++i) {
-    mla_layers += config.layer_kinds[i] == LayerKind::kMla ? 1 : 0;
-  }
+  for (LayerKind kind : config.layer_kinds) mla_layers += kind == LayerKind::kMla ? 1 : 0;
   const int64_t token_bytes = std::max<int64_t>(1, mla_layers) * config.MlaCacheWidth() *
                               (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
   const int64_t most = std::max<int64_t>(kCachePageTokens, kMaxReservedBytes / token_bytes);
@@ -83,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   }
   const int64_t cache_tokens = options.cache_tokens > 0
                                    ? options.cache_tokens
-                                   : DefaultCacheTokens(config, shard, options.kv_cache_dtype);
+                                   : DefaultCacheTokens(config, options.kv_cache_dtype);
   DELTASERVE_ASSIGN_OR_RETURN(
       std::shared_ptr<CachePool> pool,
       CachePool::Create(LocalConfig(config, shard), shard, options.device, options.kv_cache_dtype,

@@ -41,9 +41,9 @@ struct ModelOptions {
 };
 
 // The pool's default size: 64 sequences of the model's whole context, at
-// most 1 TiB of address space for the rank's MLA layers.
-int64_t DefaultCacheTokens(const ModelConfig& config, const ModelShard& shard,
-                           kernels::DType cache_dtype);
+// most 1 TiB of address space for all of the model's MLA layers (so the same
+// on every rank of a replica, whatever its stage).
+int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype);
 
 struct ForwardInput {
   SequenceState* state = nullptr;

@@ -91,8 +91,9 @@ void WriteStepRecords(std::ostream& out, uint64_t worker,
 }  // namespace
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
-                          const std::string& description) {
+                          const std::string& description, int64_t cache_pages) {
   WorkerInfo info;
+  info.cache_pages = cache_pages;
   info.replicas = layout.replicas;
   info.pipeline_stages = layout.pp;
   info.tensor_parallel = layout.tp;
@@ -357,6 +358,8 @@ ServerStatusData Coordinator::Status() const {
     e.pipeline_stages = w->info.pipeline_stages;
     e.tensor_parallel = w->info.tensor_parallel;
     e.running_sequences = w->scheduler.load();
+    e.cache_pages = w->scheduler.options().cache_pages;
+    e.reserved_pages = w->scheduler.reserved_pages();
     e.steps = w->steps;
     e.cost_per_token_s = w->scheduler.cost().a();
     e.cost_per_pair_s = w->scheduler.cost().b();
@@ -442,8 +445,13 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
                                                    " stages x ", info.tensor_parallel,
                                                    " tensor-parallel ranks) is not valid"));
   }
+  if (info.cache_pages < 0 || info.cache_pages > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("the worker's MLA cache of ", info.cache_pages,
+                                                   " pages is not valid (0 to 2^31 - 1)"));
+  }
   SchedulerOptions options;
   options.max_running = options_.max_running;
+  options.cache_pages = info.cache_pages;
   options.step_tokens = options_.step_tokens;
   options.pipeline_stages = info.pipeline_stages;
   // A worker behind a link keeps its decoding sequences stepping while their

@@ -125,6 +125,8 @@ struct WorkerStatusData {
   uint64_t id = 0;
   int32_t pipeline_stages = 0, tensor_parallel = 0;
   int64_t running_sequences = 0;  // assigned to it
+  int64_t cache_pages = 0;        // its MLA cache pages (0: not known)
+  int64_t reserved_pages = 0;     // of those, reserved by its running sequences
   int64_t steps = 0;
   double cost_per_token_s = 0, cost_per_pair_s = 0;  // ChunkCostModel::a() and b()
 };
@@ -145,10 +147,13 @@ struct WorkerInfo {
   int32_t replicas = 1, pipeline_stages = 1, tensor_parallel = 1;
   std::string description;  // hosts and ranks, for logs
   std::string config_json;  // must match the coordinator's model
+  // Its MLA cache in pages (Scheduler admission); 0: not bounded by the
+  // coordinator, the worker refuses what does not fit.
+  int64_t cache_pages = 0;
 };
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
-                          const std::string& description);
+                          const std::string& description, int64_t cache_pages = 0);
 
 // A step result from a worker process is untrusted input: OK only if every
 // field the coordinator reads makes sense for a model of `vocab_size` tokens:

@@ -10,7 +10,9 @@ namespace deltaserve {
 absl::Status LocalWorker::Attach(const ModelConfig& config, const std::string& description) {
   // The coordinator holds the connection; this object stays owned by the caller.
   std::shared_ptr<WorkerConnection> self(this, [](WorkerConnection*) {});
-  return coordinator_.AttachWorker(MakeWorkerInfo(config, replica_.layout(), description), self)
+  return coordinator_
+      .AttachWorker(MakeWorkerInfo(config, replica_.layout(), description, replica_.cache_pages()),
+                    self)
       .status();
 }
 

@@ -241,6 +241,8 @@ class GenerationService final : public v1::Generation::Service {
       e->set_pipeline_stages(w.pipeline_stages);
       e->set_tensor_parallel(w.tensor_parallel);
       e->set_running_sequences(static_cast<int32_t>(w.running_sequences));
+      e->set_cache_pages(w.cache_pages);
+      e->set_reserved_pages(w.reserved_pages);
       e->set_steps(w.steps);
       e->set_cost_per_token_s(w.cost_per_token_s);
       e->set_cost_per_pair_s(w.cost_per_pair_s);

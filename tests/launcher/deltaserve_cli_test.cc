@@ -264,6 +264,29 @@ TEST(CliTest, BadInputGivesClearErrors) {
   EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --top-p 0").find("--top-p"),
             std::string::npos);
 
+  // A generation whose MLA cache cannot fit the pool is refused before it
+  // starts, naming the pages; one that fits runs. 70 tokens + 60 to generate
+  // need 3 pages of 64; --kv-cache-tokens 128 holds 2.
+  std::string ids = "1";
+  for (int i = 1; i < 70; ++i) ids += ",2";
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --ids --tokens " + ids +
+                          " --max-tokens 60 --kv-cache-tokens 128")
+                .find("needs 3 MLA cache pages of 64 tokens for its prompt and max_tokens, more "
+                      "than the replica's 2 (--kv-cache-tokens)"),
+            std::string::npos);
+  {
+    std::string output;
+    EXPECT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " generate --model ", golden,
+                                               " --ids --ignore-eos --tokens ", ids,
+                                               " --max-tokens 50 --kv-cache-tokens 128"),
+                                  &output),
+              0)
+        << output;
+  }
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --kv-cache-tokens -1")
+                .find("--kv-cache-tokens is -1; it must be >= 0"),
+            std::string::npos);
+
   // A truncated checkpoint names the file.
   const std::string truncated = dir + "/truncated";
   fs::create_directories(truncated);

@@ -298,6 +298,11 @@ TEST(ServeLimitsTest, OverloadAnswersResourceExhaustedAndCancellationFreesState)
   EXPECT_EQ(status.running_sequences(), 1);
   EXPECT_GT(status.kda_state_bytes(), 0);
   EXPECT_GT(status.mla_cache_bytes(), 0);
+  // The running one reserved its whole length's MLA cache pages up front:
+  // 4 + 1,000,000 tokens in pages of 64.
+  ASSERT_EQ(status.worker_status_size(), 1);
+  EXPECT_GT(status.worker_status(0).cache_pages(), 15626);
+  EXPECT_EQ(status.worker_status(0).reserved_pages(), 15626);
 
   // Abort by id ends the waiting one; cancelling the stream ends the other.
   {
@@ -319,7 +324,8 @@ TEST(ServeLimitsTest, OverloadAnswersResourceExhaustedAndCancellationFreesState)
       *server.stub,
       [](const v1::ServerStatus& s) {
         return s.running_sequences() == 0 && s.waiting_requests() == 0 &&
-               s.kda_state_bytes() == 0 && s.mla_cache_bytes() == 0;
+               s.kda_state_bytes() == 0 && s.mla_cache_bytes() == 0 &&
+               s.worker_status_size() == 1 && s.worker_status(0).reserved_pages() == 0;
       },
       std::chrono::seconds(3)))
       << testing::Status(*server.stub).DebugString();
