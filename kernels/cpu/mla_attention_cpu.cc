@@ -57,13 +57,26 @@ struct KeySource {
   const uint16_t* rows16 = nullptr;
   int64_t stride16 = 0, width16 = 0;
   int64_t a16 = 0, b16 = 0, v16 = 0;
-  // A paged cache: key s lives in row Row(s) of the pool.
+  // A paged cache: key s lives in row page_table[s / page_tokens] *
+  // page_tokens + s % page_tokens of the pool.
   const int32_t* page_table = nullptr;
   int64_t page_tokens = 0;
 
-  int64_t Row(int64_t s) const {
-    if (page_table == nullptr) return s;
-    return page_table[s / page_tokens] * page_tokens + s % page_tokens;
+  // rows[j] = the pool row of key s0 + j, j < n: one division per block of
+  // keys, then a step through the pages.
+  void Rows(int64_t s0, int64_t n, int64_t* rows) const {
+    if (page_table == nullptr) {
+      for (int64_t j = 0; j < n; ++j) rows[j] = s0 + j;
+      return;
+    }
+    int64_t page = s0 / page_tokens, offset = s0 % page_tokens;
+    for (int64_t j = 0; j < n; ++j) {
+      rows[j] = page_table[page] * page_tokens + offset;
+      if (++offset == page_tokens) {
+        offset = 0;
+        ++page;
+      }
+    }
   }
 };
 
@@ -279,12 +292,14 @@ void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels, int
   const int64_t dk = dims.dk();
   for (int64_t s0 = k_begin; s0 < k_end; s0 += kBlockK) {
     const int64_t nk = std::min<int64_t>(kBlockK, k_end - s0);
+    int64_t rows[kBlockK];
+    keys.Rows(s0, nk, rows);
     if (keys.rows16 != nullptr) {
       // Widen the block's bf16 rows (exact) and read them from there.
       const int64_t w = keys.width16;
       ws->widened.resize(static_cast<size_t>(kBlockK * w));
       for (int64_t j = 0; j < nk; ++j) {
-        const uint16_t* src = keys.rows16 + keys.Row(s0 + j) * keys.stride16;
+        const uint16_t* src = keys.rows16 + rows[j] * keys.stride16;
         float* dst = ws->widened.data() + j * w;
         for (int64_t c = 0; c < w; ++c) {
           const uint32_t bits = static_cast<uint32_t>(src[c]) << 16;
@@ -296,10 +311,9 @@ void AttendKeys(const KeySource& keys, const Dims& dims, int nq, int panels, int
       }
     } else {
       for (int64_t j = 0; j < nk; ++j) {
-        const int64_t row = keys.Row(s0 + j);
-        ws->ka[j] = keys.a + row * keys.a_stride;
-        ws->kb[j] = keys.b + row * keys.b_stride;
-        ws->v[j] = keys.v + row * keys.v_stride;
+        ws->ka[j] = keys.a + rows[j] * keys.a_stride;
+        ws->kb[j] = keys.b + rows[j] * keys.b_stride;
+        ws->v[j] = keys.v + rows[j] * keys.v_stride;
       }
     }
     for (int p = 0; p < panels; ++p) {
