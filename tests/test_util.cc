@@ -99,6 +99,19 @@ double ReductionTolerance(int64_t n, double factor) {
   return factor * u * std::sqrt(static_cast<double>(std::max<int64_t>(n, 1)));
 }
 
+::testing::AssertionResult SameValues(const std::vector<float>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << a.size() << " values vs " << b.size();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool both_nan = std::isnan(a[i]) && std::isnan(b[i]);
+    if (!both_nan && static_cast<double>(a[i]) != b[i]) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
   const double max = *std::max_element(logits, logits + vocab);
   double sum = 0;

@@ -37,6 +37,10 @@ double RelL2(const std::vector<double>& a, const std::vector<double>& b);
 ::testing::AssertionResult AllClose(const std::vector<float>& a, const std::vector<double>& b,
                                     double atol, double rtol);
 
+// Elementwise a == b exactly, NaN where b is NaN: for results that are copies
+// or one correctly rounded step of the reference's; reports the first miss.
+::testing::AssertionResult SameValues(const std::vector<float>& a, const std::vector<double>& b);
+
 // Tolerance for a float32 result of a reduction over `n` terms of magnitude
 // about 1: unit roundoff times sqrt(n) for the accumulation, times a safety
 // factor for the few sequential operations around it.

@@ -17,6 +17,8 @@
 namespace deltaserve::kernels {
 namespace {
 
+using testing::SameValues;  // every conversion is exact or one correctly rounded step: no tolerance
+
 using testing::DeviceTest;
 using testing::RandomFloats;
 using testing::WithoutStride;
@@ -40,20 +42,6 @@ uint32_t Bits(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   return u;
-}
-
-// Values equal to the reference's (NaN where it is NaN): every conversion is
-// exact or one correctly rounded step, so no tolerance.
-::testing::AssertionResult SameValues(const std::vector<float>& got,
-                                      const std::vector<double>& want) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
-    if (!both_nan && static_cast<double>(got[i]) != want[i]) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": " << got[i] << " vs " << want[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 std::vector<double> Reference(const std::vector<float>& src, bool to_bf16) {

@@ -17,6 +17,8 @@
 namespace deltaserve::kernels {
 namespace {
 
+using testing::SameValues;  // copies and one correctly rounded step: no tolerance
+
 using testing::DeviceTest;
 using testing::RandomFloats;
 using testing::RandomTokens;
@@ -49,20 +51,6 @@ Operand MakeOperand(DType dtype, const std::vector<float>& values, int64_t rows,
 std::vector<float> Bf16Values(std::vector<float> x) {
   for (float& v : x) v = Bf16ToFloat(FloatToBf16(v));
   return x;
-}
-
-// Values equal to the reference's: copies and one correctly rounded step,
-// so no tolerance. NaN where the reference has NaN (untouched rows).
-::testing::AssertionResult SameValues(const std::vector<float>& got,
-                                      const std::vector<double>& want) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
-    if (!both_nan && static_cast<double>(got[i]) != want[i]) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": " << got[i] << " vs " << want[i];
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 class GatherTest : public DeviceTest {
