@@ -21,6 +21,12 @@ constexpr size_t kMaxInFlight = 4;
 
 }  // namespace
 
+// The packets are ordered on the stream of the model's device's workspace,
+// where the layers' ops run.
+const kernels::Stream& StageRunner::stream() const {
+  return kernels::Workspace::Of(model_.device()).stream();
+}
+
 StageRunner::StageRunner(const Model& model, const WorldLayout& layout, Communicator& control,
                          DataCommunicator& stage)
     : model_(model),
@@ -46,7 +52,7 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
     const int64_t bank = model_.BankSizeBefore(model_.shard().layer_begin);
     const kernels::Buffer packet(model_.device(), kernels::DType::kF32, (bank + 1) * rows, D);
     DELTASERVE_RETURN_IF_ERROR(stage_.Recv(packet.view().data, packet.bytes(), coord_.stage - 1,
-                                           message_tags::kActivation, stream_));
+                                           message_tags::kActivation, stream()));
     act.rows = rows;
     for (int64_t b = 0; b <= bank; ++b) {
       kernels::Buffer part(packet.device(), kernels::DType::kF32, rows, D);
@@ -73,7 +79,7 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   const size_t bytes = send.packet.bytes();
   DELTASERVE_ASSIGN_OR_RETURN(send.request,
                               stage_.Isend(send.packet.view().data, bytes, coord_.stage + 1,
-                                           message_tags::kActivation, stream_));
+                                           message_tags::kActivation, stream()));
   stats_.bytes_sent += static_cast<int64_t>(bytes);
   stats_.tokens_sent += rows;
   in_flight_.push_back(std::move(send));

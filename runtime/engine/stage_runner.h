@@ -65,6 +65,7 @@ class StageRunner {
   // This replica's leader: stage 0, TP rank 0.
   int leader_rank() const { return layout_.Rank(coord_.replica, 0, 0); }
   const Model& model() const { return model_; }
+  const kernels::Stream& stream() const;
   PipelineStats& stats() { return stats_; }
   const PipelineStats& stats() const { return stats_; }
 
@@ -73,7 +74,6 @@ class StageRunner {
   WorldLayout layout_;
   Communicator& control_;
   DataCommunicator& stage_;
-  kernels::Stream stream_;  // what the stage's work runs on: the CPU
   RankCoord coord_;
   struct InFlight {
     kernels::Buffer packet;  // bank entries then prefix, [entries * rows, D]

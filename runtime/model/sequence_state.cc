@@ -87,10 +87,6 @@ kernels::MutablePagedCache SequenceState::MlaCache(int64_t layer) const {
       kCachePageTokens};
 }
 
-kernels::DType SequenceState::cache_dtype() const {
-  return pool_ != nullptr ? pool_->dtype() : kernels::DType::kF32;
-}
-
 int64_t SequenceState::KdaBytes() const {
   int64_t bytes = 0;
   for (const KdaLayerState& s : kda) bytes += s.conv.bytes() + s.state.bytes();

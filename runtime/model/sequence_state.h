@@ -56,7 +56,6 @@ class SequenceState {
   kernels::MutableTensor KdaConv(int64_t layer) const { return kda[layer].conv; }
   // Layer `layer`'s cache as the paged kernels take it.
   kernels::MutablePagedCache MlaCache(int64_t layer) const;
-  kernels::DType cache_dtype() const;
   const std::vector<int32_t>& pages() const { return pages_; }
 
   int64_t length = 0;  // tokens consumed so far
