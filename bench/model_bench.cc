@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
   for (int64_t T : prompts) {
     std::vector<int32_t> tokens(T);
     for (auto& t : tokens) t = static_cast<int32_t>(rng.Next() % config.vocab_size);
-    auto state = (*model)->NewSequence();
+    auto state = (*model)->NewSequence().value();
     const auto t0 = Clock::now();
     auto logits = Forward(**model, *state, tokens);
     const double s = Seconds(t0, Clock::now());
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   }
 
   // Decode after a short prompt: each step reads every active weight once.
-  auto state = (*model)->NewSequence();
+  auto state = (*model)->NewSequence().value();
   std::vector<int32_t> prompt(128, 7);
   auto logits = Forward(**model, *state, prompt);
   int32_t token = 1;

@@ -191,6 +191,7 @@ absl::Status RunBatch(const Args& args) {
     options.step_tokens = step_tokens;
     options.pipeline_stages = deployment.layout.pp;
     options.cache_pages = replica.cache_pages();
+    options.state_slots = replica.state_slots();
     const absl::Status run =
         RunBatchOnEngine(replica, config, model.tokenizer, options, *source, progress);
     progress.Summary(output_path, output->records_before(), output->errors_before());

@@ -97,6 +97,7 @@ absl::StatusOr<std::pair<double, double>> CompareWithGenerate(v1::Generation::St
   options.step_tokens = static_cast<int64_t>(request.prompt.size());
   options.fixed_chunk = options.step_tokens;
   options.cache_pages = replica.cache_pages();
+  options.state_slots = replica.state_slots();
   std::vector<double> served, local;
   for (int r = 0; r <= repeats; ++r) {
     DELTASERVE_ASSIGN_OR_RETURN(Sample s, OneRequest(stub, req));

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,10 @@ const std::vector<FlagSpec>& DeploymentFlags() {
       {"kv-cache-tokens", "N",
        "tokens of MLA cache per rank over all sequences, in pages of 64 (0: 64 sequences of the "
        "model's context); a batch that does not fit is refused before it runs",
+       "0"},
+      {"kv-state-slots", "N",
+       "sequences whose state a rank holds at once, running ones and prefixes kept for their "
+       "forks, one fixed slot of KDA state each (0: 256, or twice --max-running when more)",
        "0"},
       {"compute-dtype", "f32|bf16",
        "GEMM precision on bf16 weights (bf16: activations rounded for bf16 units; "
@@ -69,6 +74,17 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   if (options.cache_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv-cache-tokens is ", options.cache_tokens, "; it must be >= 0"));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(options.state_slots, flags.GetInt("kv-state-slots", 0));
+  if (options.state_slots == 0) {
+    // Room for as many running sequences as the command allows and a held
+    // prefix for each (a batch job's documents).
+    DELTASERVE_ASSIGN_OR_RETURN(int64_t max_running, flags.GetInt("max-running", 0));
+    options.state_slots = std::max<int64_t>(kDefaultStateSlots, 2 * max_running);
+  } else if (options.state_slots < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-state-slots is ", options.state_slots,
+                     "; it must be >= 2 (a prefix and a sequence that forks from it)"));
   }
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));

@@ -193,6 +193,7 @@ absl::Status RunGenerate(const Args& args) {
   options.fixed_chunk = options.step_tokens;
   options.pipeline_stages = deployment.layout.pp;
   options.cache_pages = replica.cache_pages();
+  options.state_slots = replica.state_slots();
   OfflineEngine engine(replica, config, options);
   if (request.max_tokens > 0) engine.Add(std::move(request));
   using Clock = std::chrono::steady_clock;
@@ -365,6 +366,7 @@ absl::Status RunScore(const Args& args) {
   options.fixed_chunk = chunk;
   options.pipeline_stages = deployment.layout.pp;
   options.cache_pages = replica.cache_pages();
+  options.state_slots = replica.state_slots();
   OfflineEngine engine(replica, config, options);
   const std::vector<int32_t> tokens = request.prompt;
   engine.Add(std::move(request));

@@ -16,8 +16,8 @@
 #include "launcher/commands.h"
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
-#include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
+#include "runtime/model/state_pool.h"
 #include "runtime/model/weight_spec.h"
 #include "runtime/scheduler/stage_plan.h"
 

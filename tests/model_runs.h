@@ -21,7 +21,7 @@ namespace deltaserve::testing {
 
 // Logits [T, vocab] of `tokens` in one Model::Forward call.
 inline std::vector<float> OneShotLogits(const Model& model, const std::vector<int32_t>& tokens) {
-  auto state = model.NewSequence();
+  auto state = model.NewSequence().value();
   const ForwardInput input{state.get(), tokens, /*all_logits=*/true};
   auto logits = model.Forward(std::span(&input, 1));
   EXPECT_TRUE(logits.ok()) << logits.status();
@@ -32,7 +32,7 @@ inline std::vector<float> OneShotLogits(const Model& model, const std::vector<in
 // sizes (which must add up to T), one Model::Forward call each.
 inline std::vector<float> PiecewiseLogits(const Model& model, const std::vector<int32_t>& tokens,
                                           const std::vector<size_t>& pieces) {
-  auto state = model.NewSequence();
+  auto state = model.NewSequence().value();
   std::vector<float> logits;
   size_t begin = 0;
   for (size_t piece : pieces) {
@@ -53,7 +53,7 @@ inline std::vector<int32_t> ReferenceGenerate(const Model& model,
                                               const std::vector<int32_t>& prompt, int64_t n,
                                               const kernels::SamplingParams& sampling = {},
                                               uint64_t seed = 0) {
-  auto state = model.NewSequence();
+  auto state = model.NewSequence().value();
   std::vector<int32_t> out;
   std::vector<int32_t> next = prompt;
   while (static_cast<int64_t>(out.size()) < n) {

@@ -37,9 +37,12 @@ class Replica {
 
   bool is_leader() const;
   const WorldLayout& layout() const { return executor_.stage().layout(); }
-  // Pages of this rank's MLA cache pool; every rank of a replica has as many
-  // when its ranks were given the same --kv-cache-tokens.
-  int64_t cache_pages() const { return executor_.stage().model().cache_pool().capacity_pages(); }
+  // Pages of this rank's MLA cache and slots of its KDA state; every rank of
+  // a replica has as many when its ranks were given the same
+  // --kv-cache-tokens and --kv-state-slots.
+  int64_t cache_pages() const { return executor_.stage().model().state_pool().capacity_pages(); }
+  int64_t state_slots() const { return executor_.stage().model().state_pool().capacity_slots(); }
+  StatePoolSize state_size() const { return {cache_pages(), state_slots()}; }
   StepExecutor& executor() { return executor_; }
 
   // Leader: sends `step` to the other ranks and runs this rank's part. A

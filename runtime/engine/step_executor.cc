@@ -53,7 +53,7 @@ HeldState StepExecutor::Held() const {
     held.tokens += seq.state->length;
   }
   // Pages a fork shares with its prefix are held once.
-  const CachePool& pool = stage_.model().cache_pool();
+  const StatePool& pool = stage_.model().state_pool();
   held.mla_bytes = pool.used_pages() * pool.page_bytes();
   return held;
 }
@@ -110,24 +110,24 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   for (const SequenceWork& w : step.work) {
     if (!w.start) continue;
     Sequence seq;
-    if (w.fork_from) {
-      // The prefix's state as it is before this step's work: its full MLA
-      // pages shared, the rest copied.
-      const auto t0 = std::chrono::steady_clock::now();
-      const SequenceState& prefix = *sequences_.at(*w.fork_from).state;
-      absl::StatusOr<std::unique_ptr<SequenceState>> fork = prefix.Fork();
-      if (!fork.ok()) {
-        undo_starts();
-        return absl::Status(fork.status().code(),
-                            absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
-                                         " cannot fork: ", fork.status().message()));
-      }
-      seq.state = *std::move(fork);
+    // A fork takes the prefix's state as it is before this step's work: its
+    // full MLA pages shared, the rest copied.
+    const auto t0 = std::chrono::steady_clock::now();
+    const SequenceState* prefix = w.fork_from ? sequences_.at(*w.fork_from).state.get() : nullptr;
+    absl::StatusOr<std::unique_ptr<SequenceState>> state =
+        prefix != nullptr ? prefix->Fork() : model.NewSequence();
+    if (!state.ok()) {
+      undo_starts();
+      return absl::Status(state.status().code(),
+                          absl::StrCat("step ", step.id, ": sequence ", w.sequence_id,
+                                       prefix != nullptr ? " cannot fork: " : " cannot start: ",
+                                       state.status().message()));
+    }
+    seq.state = *std::move(state);
+    if (prefix != nullptr) {
       PipelineStats& stats = stage_.stats();
-      stats.fork_bytes += prefix.ForkCopyBytes();
+      stats.fork_bytes += prefix->ForkCopyBytes();
       stats.fork_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } else {
-      seq.state = model.NewSequence();
     }
     seq.sampling = w.sampling;
     seq.seed = w.seed;
@@ -154,7 +154,7 @@ absl::StatusOr<std::vector<SequenceResult>> StepExecutor::RunTimed(const Step& s
   // the step, naming the op. The step's sequences may have advanced part of
   // the way, so their state goes; the scheduler fails them, and the replica
   // takes the next step.
-  const kernels::Device device = model.cache_pool().device();
+  const kernels::Device device = model.state_pool().device();
   if (const kernels::DeviceError error = kernels::Workspace::Of(device).Synchronize();
       !error.ok()) {
     for (const SequenceWork& w : step.work) sequences_.erase(w.sequence_id);

@@ -36,7 +36,7 @@ int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype
 }
 
 Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCommunicator* tp,
-             int64_t bytes_read, ModelOptions options, std::shared_ptr<CachePool> cache_pool)
+             int64_t bytes_read, ModelOptions options, std::shared_ptr<StatePool> state_pool)
     : arch_(&ArchitectureOf(config)),
       config_(std::move(config)),
       local_(LocalConfig(config_, shard)),
@@ -45,7 +45,7 @@ Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCom
       tp_(tp),
       bytes_read_(bytes_read),
       options_(options),
-      cache_pool_(std::move(cache_pool)) {}
+      state_pool_(std::move(state_pool)) {}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const ModelShard& requested,
@@ -83,16 +83,22 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   const int64_t cache_tokens = options.cache_tokens > 0
                                    ? options.cache_tokens
                                    : DefaultCacheTokens(config, options.kv_cache_dtype);
-  DELTASERVE_ASSIGN_OR_RETURN(
-      std::shared_ptr<CachePool> pool,
-      CachePool::Create(LocalConfig(config, shard), shard, options.device, options.kv_cache_dtype,
-                        CachePagesFor(cache_tokens)));
+  if (options.state_slots < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.state_slots, " KDA state slots: there must be >= 0"));
+  }
+  StatePoolSize size;
+  size.pages = CachePagesFor(cache_tokens);
+  size.slots = options.state_slots > 0 ? options.state_slots : kDefaultStateSlots;
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<StatePool> pool,
+                              StatePool::Create(LocalConfig(config, shard), shard, options.device,
+                                                options.kv_cache_dtype, size));
   return std::unique_ptr<Model>(new Model(std::move(config), shard, std::move(weights), tp,
                                           bytes_read, options, std::move(pool)));
 }
 
-std::unique_ptr<SequenceState> Model::NewSequence() const {
-  return std::make_unique<SequenceState>(local_, shard_, cache_pool_);
+absl::StatusOr<std::unique_ptr<SequenceState>> Model::NewSequence() const {
+  return SequenceState::Create(state_pool_);
 }
 
 int64_t Model::BankSizeBefore(int64_t layer) const { return arch_->BankSizeBefore(config_, layer); }
@@ -143,11 +149,11 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
       prepared.output_rows.push_back(batch.offsets.back() - 1);
     }
   }
-  const int64_t free_pages = cache_pool_->capacity_pages() - cache_pool_->used_pages();
+  const int64_t free_pages = state_pool_->capacity_pages() - state_pool_->used_pages();
   if (pages > free_pages) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the batch needs ", pages, " more MLA cache pages of ", kCachePageTokens,
-                     " tokens, and ", free_pages, " of ", cache_pool_->capacity_pages(),
+                     " tokens, and ", free_pages, " of ", state_pool_->capacity_pages(),
                      " are free (--kv-cache-tokens sets the cache's size)"));
   }
   return prepared;

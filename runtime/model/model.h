@@ -11,11 +11,11 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/comm/data_communicator.h"
-#include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/model/layers.h"
 #include "runtime/model/sequence_state.h"
 #include "runtime/model/shard.h"
+#include "runtime/model/state_pool.h"
 #include "runtime/model/weights.h"
 
 namespace deltaserve {
@@ -35,6 +35,10 @@ struct ModelOptions {
   // of kCachePageTokens; 0: DefaultCacheTokens. Address space is reserved
   // for all of them; memory is committed as pages are written.
   int64_t cache_tokens = 0;
+  // Sequences whose KDA state the rank holds at once (running ones and held
+  // prefixes), one fixed slot each; 0: kDefaultStateSlots. Address space is
+  // reserved for all; memory is committed as slots are taken.
+  int64_t state_slots = 0;
   // Where the weights, activations and sequence state live (PlaceWeights);
   // this build has the CPU only.
   kernels::Device device = kernels::Device::kCpu;
@@ -75,9 +79,11 @@ class Model {
   kernels::Device device() const { return options_.device; }
   int64_t bytes_read() const { return bytes_read_; }  // from the checkpoint
   WeightBytes weight_bytes() const { return CountWeightBytes(weights_); }
-  std::unique_ptr<SequenceState> NewSequence() const;
-  // The rank's MLA cache pages, shared by its sequences.
-  const CachePool& cache_pool() const { return *cache_pool_; }
+  // A new sequence, its state zero; ResourceExhausted when the pool holds as
+  // many sequences as it has slots.
+  absl::StatusOr<std::unique_ptr<SequenceState>> NewSequence() const;
+  // The rank's state: its MLA cache pages and KDA slots, shared by its sequences.
+  const StatePool& state_pool() const { return *state_pool_; }
 
   // The whole model at once (one stage holding every layer): runs all inputs
   // as one batch and advances each state by its tokens. Returns logits
@@ -101,7 +107,7 @@ class Model {
 
  private:
   Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCommunicator* tp,
-        int64_t bytes_read, ModelOptions options, std::shared_ptr<CachePool> cache_pool);
+        int64_t bytes_read, ModelOptions options, std::shared_ptr<StatePool> state_pool);
 
   const ModelArchitecture* arch_;  // what differs between K3 and Kimi Linear
   ModelConfig config_;
@@ -111,7 +117,7 @@ class Model {
   DataCommunicator* tp_;
   int64_t bytes_read_;
   ModelOptions options_;
-  std::shared_ptr<CachePool> cache_pool_;
+  std::shared_ptr<StatePool> state_pool_;
 };
 
 }  // namespace deltaserve

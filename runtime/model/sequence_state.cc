@@ -7,54 +7,42 @@
 
 namespace deltaserve {
 
-SequenceState::SequenceState(const ModelConfig& config, const ModelShard& shard,
-                             std::shared_ptr<CachePool> pool)
-    : kda(static_cast<size_t>(config.num_layers)), pool_(std::move(pool)) {
-  const int64_t H = config.kda.num_heads, d = config.kda.head_dim;
-  const kernels::Device device = pool_ != nullptr ? pool_->device() : kernels::Device::kCpu;
-  const int64_t end = shard.layer_end < 0 ? config.num_layers : shard.layer_end;
-  for (int64_t i = shard.layer_begin; i < end; ++i) {
-    if (config.layer_kinds[i] != LayerKind::kKda) continue;
-    kda[i].conv = kernels::Buffer::Zeros(device, kernels::DType::kF32,
-                                         config.kda.conv_kernel_size - 1, 3 * H * d);
-    kda[i].state = kernels::Buffer::Zeros(device, kernels::DType::kF32, H, d * d);
-  }
+absl::StatusOr<std::unique_ptr<SequenceState>> SequenceState::Create(
+    std::shared_ptr<StatePool> pool) {
+  DELTASERVE_ASSIGN_OR_RETURN(int32_t slot, pool->AcquireSlot());
+  return std::unique_ptr<SequenceState>(new SequenceState(std::move(pool), slot));
 }
 
 SequenceState::~SequenceState() {
   for (int32_t page : pages_) pool_->Release(page);
+  pool_->ReleaseSlot(slot_);
 }
 
 absl::StatusOr<std::unique_ptr<SequenceState>> SequenceState::Fork() const {
-  auto child = std::unique_ptr<SequenceState>(new SequenceState(pool_));
+  // The child's own slot and last page first, so a full pool changes nothing.
+  DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<SequenceState> child, Create(pool_));
   child->length = length;
-  child->kda.resize(kda.size());
-  for (size_t i = 0; i < kda.size(); ++i) {
-    for (auto [from, to] : {std::pair{&kda[i].conv, &child->kda[i].conv},
-                            std::pair{&kda[i].state, &child->kda[i].state}}) {
-      if (from->empty()) continue;
-      *to = kernels::Buffer(from->device(), from->dtype(), from->rows(), from->cols());
-      kernels::Convert(*from, *to);
+  const int64_t full = length / kCachePageTokens;
+  const int64_t partial = length % kCachePageTokens;
+  std::vector<int32_t> own;
+  if (!pages_.empty() && partial > 0) DELTASERVE_RETURN_IF_ERROR(pool_->Allocate(1, &own));
+  const int64_t layers = pool_->num_layers();
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    for (auto [from, to] : {std::pair{KdaState(layer), child->KdaState(layer)},
+                            std::pair{KdaConv(layer), child->KdaConv(layer)}}) {
+      if (!from.empty()) kernels::Convert(from, to);
     }
   }
   if (pages_.empty()) return child;
-  const int64_t full = length / kCachePageTokens;
-  const int64_t partial = length % kCachePageTokens;
+  for (int64_t p = 0; p < full; ++p) pool_->Retain(pages_[p]);
+  child->pages_.assign(pages_.begin(), pages_.begin() + full);
   if (partial > 0) {
-    // The child's own last page first, so a full pool changes nothing.
-    std::vector<int32_t> own;
-    DELTASERVE_RETURN_IF_ERROR(pool_->Allocate(1, &own));
-    for (int64_t p = 0; p < full; ++p) pool_->Retain(pages_[p]);
-    child->pages_.assign(pages_.begin(), pages_.begin() + full);
     child->pages_.push_back(own[0]);
-    for (int64_t layer = 0; layer < static_cast<int64_t>(kda.size()); ++layer) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
       const kernels::MutableTensor rows = pool_->Layer(layer);
       if (rows.empty()) continue;
       kernels::PagedCacheCopyPage(rows, kCachePageTokens, pages_[full], own[0], partial);
     }
-  } else {
-    for (int64_t p = 0; p < full; ++p) pool_->Retain(pages_[p]);
-    child->pages_.assign(pages_.begin(), pages_.begin() + full);
   }
   // Pages reserved past the length hold nothing yet: the child takes its own.
   return child;
@@ -62,14 +50,14 @@ absl::StatusOr<std::unique_ptr<SequenceState>> SequenceState::Fork() const {
 
 int64_t SequenceState::ForkCopyBytes() const {
   int64_t bytes = KdaBytes();
-  if (pool_ != nullptr && pool_->has_layers()) {
+  if (pool_->has_layers()) {
     bytes += pool_->page_bytes() / kCachePageTokens * (length % kCachePageTokens);
   }
   return bytes;
 }
 
 int64_t SequenceState::PagesNeeded(int64_t tokens) const {
-  if (pool_ == nullptr || !pool_->has_layers()) return 0;
+  if (!pool_->has_layers()) return 0;
   const int64_t need = CachePagesFor(tokens) - static_cast<int64_t>(pages_.size());
   return need > 0 ? need : 0;
 }
@@ -87,14 +75,7 @@ kernels::MutablePagedCache SequenceState::MlaCache(int64_t layer) const {
       kCachePageTokens};
 }
 
-int64_t SequenceState::KdaBytes() const {
-  int64_t bytes = 0;
-  for (const KdaLayerState& s : kda) bytes += s.conv.bytes() + s.state.bytes();
-  return bytes;
-}
-
 int64_t SequenceState::MlaCacheBytes() const {
-  if (pool_ == nullptr) return 0;
   return static_cast<int64_t>(pages_.size()) * pool_->page_bytes();
 }
 

@@ -85,11 +85,42 @@ bool Scheduler::NeverFits(const Sequence& s) const {
   return options_.cache_pages > 0 && PagesAlone(s) > options_.cache_pages;
 }
 
-bool Scheduler::CanAdmit() const {
-  if (waiting_.empty() || Occupied() >= options_.max_running) return false;
-  return options_.cache_pages <= 0 ||
-         reserved_pages_ + PagesToAdmit(*waiting_.front()) <= options_.cache_pages;
+bool Scheduler::Fits(const Sequence& s) const {
+  if (Occupied() >= options_.max_running) return false;
+  if (options_.cache_pages > 0 && reserved_pages_ + PagesToAdmit(s) > options_.cache_pages) {
+    return false;
+  }
+  if (options_.state_slots <= 0) return true;
+  const int64_t held = static_cast<int64_t>(running_.size());
+  if (held >= options_.state_slots) return false;
+  if (s.request.kind != SequenceKind::kPrefix) return true;
+  const int64_t prefixes =
+      std::count_if(running_.begin(), running_.end(),
+                    [](const SequencePtr& r) { return r->request.kind == SequenceKind::kPrefix; });
+  return prefixes + 1 < options_.state_slots;
 }
+
+Scheduler::SequencePtr Scheduler::NextToAdmit() const {
+  if (waiting_.empty()) return nullptr;
+  const SequencePtr& front = waiting_.front();
+  if (Fits(*front)) return front;
+  if (front->request.kind != SequenceKind::kPrefix) return nullptr;
+  // A prefix that must wait (for pages or a slot) goes on waiting, but not in
+  // front of the forks of prefixes already running: those prefixes hold their
+  // pages and slots until their forks start, so the first fork that fits goes
+  // ahead.
+  for (const SequencePtr& s : waiting_) {
+    if (!s->request.fork_from || !Fits(*s)) continue;
+    const SequencePtr prefix = Find(*s->request.fork_from);
+    if (prefix != nullptr &&
+        std::find(running_.begin(), running_.end(), prefix) != running_.end()) {
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+bool Scheduler::CanAdmit() const { return NextToAdmit() != nullptr; }
 
 void Scheduler::Admit(const SequencePtr& s) {
   if (options_.cache_pages > 0) {
@@ -242,9 +273,8 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
       Drop(*s);
     }
   }
-  while (CanAdmit()) {
-    const SequencePtr s = std::move(waiting_.front());
-    waiting_.pop_front();
+  while (const SequencePtr s = NextToAdmit()) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
     Admit(s);
   }
 

@@ -3,7 +3,10 @@
 // update_from_output() are), with no threads, locks, network or model, so
 // that it is tested alone with a fake clock and made-up results.
 //
-// Policy. Requests wait in arrival order for one of max_running places. Each
+// Policy. Requests wait in arrival order for one of max_running places, with
+// the MLA cache pages and the state slot they take (a fork of a running
+// prefix may pass a prefix that waits, since that prefix holds its pages and
+// slot until its forks start). Each
 // step carries one decode token for the running sequences past their prompt
 // (1/P of them on a P-stage pipeline, least recently served first and none of
 // the last P - 1 steps' while others can go, so P steps of decoders are in
@@ -38,8 +41,8 @@
 #include "absl/status/status.h"
 #include "kernels/sampling.h"
 #include "runtime/engine/step.h"
-#include "runtime/model/cache_pool.h"
 #include "runtime/model/config.h"
+#include "runtime/model/state_pool.h"
 #include "runtime/scheduler/chunk_cost.h"
 
 namespace deltaserve {
@@ -58,13 +61,18 @@ struct SchedulerOptions {
   // tokens each (deltaserve generate/score --prefill-chunk).
   int64_t fixed_chunk = 0;
   // The replica's MLA cache in pages of kCachePageTokens (its ranks' pool,
-  // runtime/model/cache_pool.h); 0: not bounded here. A sequence starts only
+  // runtime/model/state_pool.h); 0: not bounded here. A sequence starts only
   // when the pages of its whole length (prompt, plus max_tokens for a
   // generation) fit beside those reserved by the running ones, so none runs
   // out halfway; one that could never fit fails at once. A prefix's full
   // pages are reserved once for it and its forks (they share them) and
   // stay reserved until the last of them is gone.
   int64_t cache_pages = 0;
+  // Sequences the replica's ranks hold state for at once (their pools' KDA
+  // slots); 0: not bounded here. Every running sequence takes one, a held
+  // prefix too; prefixes may hold all but one, so their forks always find
+  // one.
+  int64_t state_slots = 0;
 };
 
 enum class SequenceKind {
@@ -263,7 +271,12 @@ class Scheduler {
   // them (the sequence then fails at the next step).
   int64_t PagesAlone(const Sequence& s) const;
   bool NeverFits(const Sequence& s) const;
-  // Whether the first waiting sequence may start now: a place, and its pages.
+  // Whether `s` may start now: a place, its pages and a slot.
+  bool Fits(const Sequence& s) const;
+  // The waiting sequence to start next: the first one, when it fits; else,
+  // when that one is a prefix, the first fork of a running prefix that fits
+  // (null: none may start).
+  SequencePtr NextToAdmit() const;
   bool CanAdmit() const;
   void Admit(const SequencePtr& s);  // waiting -> running, its pages reserved
   // A fork of `prefix` started or left; releases the prefix after the last.

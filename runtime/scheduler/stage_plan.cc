@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
-#include "runtime/model/cache_pool.h"
+#include "runtime/model/state_pool.h"
 #include "runtime/model/weight_spec.h"
 
 namespace deltaserve {
@@ -353,7 +353,7 @@ absl::StatusOr<std::vector<StageReport>> ReportPlan(const ModelConfig& c, const 
   const int64_t H_local = c.kda.num_heads / tp, d = c.kda.head_dim;
   const int64_t kda_state =
       H_local * d * d * bytes.state + (c.kda.conv_kernel_size - 1) * 3 * H_local * d * bytes.state;
-  // The runtime holds the cache in whole pages (runtime/model/cache_pool.h).
+  // The runtime holds the cache in whole pages (runtime/model/state_pool.h).
   const int64_t cache_pages = CachePagesFor(context_tokens);
   const int64_t mla_cache = c.MlaCacheWidth() * cache_pages * kCachePageTokens * bytes.cache;
 

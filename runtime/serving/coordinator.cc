@@ -91,9 +91,10 @@ void WriteStepRecords(std::ostream& out, uint64_t worker,
 }  // namespace
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
-                          const std::string& description, int64_t cache_pages) {
+                          const std::string& description, StatePoolSize state) {
   WorkerInfo info;
-  info.cache_pages = cache_pages;
+  info.cache_pages = state.pages;
+  info.state_slots = state.slots;
   info.replicas = layout.replicas;
   info.pipeline_stages = layout.pp;
   info.tensor_parallel = layout.tp;
@@ -360,6 +361,8 @@ ServerStatusData Coordinator::Status() const {
     e.running_sequences = w->scheduler.load();
     e.cache_pages = w->scheduler.options().cache_pages;
     e.reserved_pages = w->scheduler.reserved_pages();
+    e.state_slots = w->scheduler.options().state_slots;
+    e.held_slots = w->scheduler.running();
     e.steps = w->steps;
     e.cost_per_token_s = w->scheduler.cost().a();
     e.cost_per_pair_s = w->scheduler.cost().b();
@@ -449,9 +452,14 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
     return absl::InvalidArgumentError(absl::StrCat("the worker's MLA cache of ", info.cache_pages,
                                                    " pages is not valid (0 to 2^31 - 1)"));
   }
+  if (info.state_slots != 0 && (info.state_slots < 2 || info.state_slots > INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the worker's ", info.state_slots, " state slots are not valid (0, or 2 to 2^31 - 1)"));
+  }
   SchedulerOptions options;
   options.max_running = options_.max_running;
   options.cache_pages = info.cache_pages;
+  options.state_slots = info.state_slots;
   options.step_tokens = options_.step_tokens;
   options.pipeline_stages = info.pipeline_stages;
   // A worker behind a link keeps its decoding sequences stepping while their

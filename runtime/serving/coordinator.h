@@ -127,6 +127,8 @@ struct WorkerStatusData {
   int64_t running_sequences = 0;  // assigned to it
   int64_t cache_pages = 0;        // its MLA cache pages (0: not known)
   int64_t reserved_pages = 0;     // of those, reserved by its running sequences
+  int64_t state_slots = 0;        // sequences it holds state for at once (0: not known)
+  int64_t held_slots = 0;         // of those, held by its sequences now
   int64_t steps = 0;
   double cost_per_token_s = 0, cost_per_pair_s = 0;  // ChunkCostModel::a() and b()
 };
@@ -150,10 +152,13 @@ struct WorkerInfo {
   // Its MLA cache in pages (Scheduler admission); 0: not bounded by the
   // coordinator, the worker refuses what does not fit.
   int64_t cache_pages = 0;
+  // Sequences each rank holds state for at once (Scheduler admission); 0: not
+  // bounded by the coordinator.
+  int64_t state_slots = 0;
 };
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
-                          const std::string& description, int64_t cache_pages = 0);
+                          const std::string& description, StatePoolSize state = {0, 0});
 
 // A step result from a worker process is untrusted input: OK only if every
 // field the coordinator reads makes sense for a model of `vocab_size` tokens:

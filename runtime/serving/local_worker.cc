@@ -11,7 +11,7 @@ absl::Status LocalWorker::Attach(const ModelConfig& config, const std::string& d
   // The coordinator holds the connection; this object stays owned by the caller.
   std::shared_ptr<WorkerConnection> self(this, [](WorkerConnection*) {});
   return coordinator_
-      .AttachWorker(MakeWorkerInfo(config, replica_.layout(), description, replica_.cache_pages()),
+      .AttachWorker(MakeWorkerInfo(config, replica_.layout(), description, replica_.state_size()),
                     self)
       .status();
 }

@@ -243,6 +243,8 @@ class GenerationService final : public v1::Generation::Service {
       e->set_running_sequences(static_cast<int32_t>(w.running_sequences));
       e->set_cache_pages(w.cache_pages);
       e->set_reserved_pages(w.reserved_pages);
+      e->set_state_slots(w.state_slots);
+      e->set_held_slots(w.held_slots);
       e->set_steps(w.steps);
       e->set_cost_per_token_s(w.cost_per_token_s);
       e->set_cost_per_pair_s(w.cost_per_pair_s);

@@ -161,7 +161,7 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   auto stream = stub->Attach(&context);
   v1::WorkerMessage hello;
   *hello.mutable_hello() =
-      MakeWorkerHello(config, replica.layout(), options.description, replica.cache_pages());
+      MakeWorkerHello(config, replica.layout(), options.description, replica.state_size());
   absl::Status status = absl::OkStatus();
   if (!stream->Write(hello)) {
     status = absl::UnavailableError("the coordinator closed the link before the hello");

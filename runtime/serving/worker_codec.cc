@@ -122,7 +122,7 @@ StepResult ResultFromProto(const v1::StepResult& proto) {
 }
 
 v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& layout,
-                                const std::string& description, int64_t cache_pages) {
+                                const std::string& description, StatePoolSize state) {
   v1::WorkerHello h;
   h.set_model_type(config.model_type);
   h.set_num_layers(static_cast<int32_t>(config.num_layers));
@@ -134,7 +134,8 @@ v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& la
   h.set_tensor_parallel(layout.tp);
   h.set_description(description);
   h.set_config_json(ModelConfigToJson(config));
-  h.set_cache_pages(cache_pages);
+  h.set_cache_pages(state.pages);
+  h.set_state_slots(state.slots);
   return h;
 }
 
@@ -146,6 +147,7 @@ WorkerInfo InfoFromHello(const v1::WorkerHello& hello) {
   info.description = hello.description();
   info.config_json = hello.config_json();
   info.cache_pages = hello.cache_pages();
+  info.state_slots = hello.state_slots();
   return info;
 }
 

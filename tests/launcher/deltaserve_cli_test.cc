@@ -286,6 +286,9 @@ TEST(CliTest, BadInputGivesClearErrors) {
   EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --kv-cache-tokens -1")
                 .find("--kv-cache-tokens is -1; it must be >= 0"),
             std::string::npos);
+  EXPECT_NE(ExpectFailure("generate --model " + golden + " --prompt hi --kv-state-slots 1")
+                .find("--kv-state-slots is 1; it must be >= 2"),
+            std::string::npos);
 
   // A truncated checkpoint names the file.
   const std::string truncated = dir + "/truncated";

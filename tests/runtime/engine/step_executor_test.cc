@@ -305,6 +305,33 @@ TEST_P(StepExecutorTest, AForkStartsAsACopyOfItsPrefix) {
   EXPECT_EQ(executor_->Run(not_starting).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A step that starts more sequences than the rank has state slots for fails
+// whole, naming the sequence, and holds nothing new; one that fits runs.
+TEST(StepExecutorSlotsTest, AStartBeyondTheSlotsFailsTheStepAndChangesNothing) {
+  ModelOptions options;
+  options.state_slots = 2;
+  auto model = Model::Load(testing::GoldenPath("model/k3-tiny"), {}, nullptr, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const WorldLayout layout = *WorldLayout::Make(1, 1, 1);
+  SingleCommunicator world;
+  SingleDataCommunicator stage;
+  StepExecutor executor(**model, layout, world, stage);
+  Step three;
+  for (uint64_t id = 1; id <= 3; ++id) three.work.push_back(Work(id, true, {1, 2}));
+  const auto refused = executor.Run(three);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find(
+                "step 0: sequence 3 cannot start: all 2 KDA state slots are held"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(executor.Held().sequences, 0);
+  EXPECT_EQ((*model)->state_pool().used_slots(), 0);
+  three.work.pop_back();
+  ASSERT_TRUE(executor.Run(three).ok());
+  EXPECT_EQ(executor.Held().sequences, 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, StepExecutorTest, ::testing::ValuesIn(testing::kGoldenModels),
                          testing::GoldenTestName);
 

@@ -288,7 +288,7 @@ TEST(LongContextTest, TinyModelOver256kTokensChunkedEqualsOneShot) {
   const int64_t vocab = (*model)->config().vocab_size;
   const std::vector<int32_t> tokens = testing::RandomTokens(kLong, 8, vocab);
 
-  auto one_state = (*model)->NewSequence();
+  auto one_state = (*model)->NewSequence().value();
   const ForwardInput whole{one_state.get(), tokens, /*all_logits=*/true};
   auto one = (*model)->Forward(std::span(&whole, 1));
   ASSERT_TRUE(one.ok()) << one.status();
@@ -297,7 +297,7 @@ TEST(LongContextTest, TinyModelOver256kTokensChunkedEqualsOneShot) {
       std::find_if_not(one->begin(), one->end(), [](float x) { return std::isfinite(x); });
   ASSERT_EQ(bad, one->end()) << "row " << (bad - one->begin()) / vocab;
 
-  auto state = (*model)->NewSequence();
+  auto state = (*model)->NewSequence().value();
   const std::vector<int64_t> sizes = {1, 63, 1000, 7000, 20000, 32768};
   double worst = 0.0;
   int64_t begin = 0, pieces = 0;

@@ -69,7 +69,7 @@ TEST(ResidentWeightsTest, CopiedTensorsLeaveNoResidentPagesAfterAForwardPass) {
   ASSERT_GT(held.copied, held.mapped / 4);  // the test needs copies to mean anything
 
   // 256 tokens route to every expert, so every mapped matrix is read.
-  auto state = (*model)->NewSequence();
+  auto state = (*model)->NewSequence().value();
   const std::vector<int32_t> tokens = testing::RandomTokens(256, 3);
   const ForwardInput input{state.get(), tokens, false};
   ASSERT_TRUE((*model)->Forward({&input, 1}).ok());

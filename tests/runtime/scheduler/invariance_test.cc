@@ -90,7 +90,7 @@ TEST_P(InvarianceTest, BatchOfDifferentLengthsEqualsEachAlone) {
   for (const auto& p : prompts) alone.push_back(testing::ToDouble(OneShot(p)));
 
   std::vector<std::unique_ptr<SequenceState>> states;
-  for (size_t b = 0; b < prompts.size(); ++b) states.push_back(model_->NewSequence());
+  for (size_t b = 0; b < prompts.size(); ++b) states.push_back(model_->NewSequence().value());
   // Sequence 2 first consumes 10 tokens on its own.
   const ForwardInput warm{states[2].get(), std::span(prompts[2]).first(10), true};
   auto warm_logits = model_->Forward(std::span(&warm, 1));
@@ -131,7 +131,7 @@ TEST_P(InvarianceTest, BatchOfDifferentLengthsEqualsEachAlone) {
 }
 
 TEST_P(InvarianceTest, BadInputLeavesStateUntouched) {
-  auto state = model_->NewSequence();
+  auto state = model_->NewSequence().value();
   const std::vector<int32_t> bad = {1, 2, 256};
   const ForwardInput input{state.get(), bad, false};
   auto result = model_->Forward(std::span(&input, 1));

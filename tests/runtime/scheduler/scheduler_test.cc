@@ -68,6 +68,7 @@ class FakeReplica {
       const int64_t n = w.feed_sampled ? 1 : static_cast<int64_t>(w.tokens.size());
       pieces.push_back({n, lengths_[w.sequence_id]});
       lengths_[w.sequence_id] += n;
+      peak_held_ = std::max(peak_held_, held());
       if (w.output == WorkOutput::kNone) continue;
       SequenceResult out;
       out.sequence_id = w.sequence_id;
@@ -80,10 +81,12 @@ class FakeReplica {
     return result;
   }
   int64_t held() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t peak_held() const { return peak_held_; }  // sequences held at once, at most
 
   int32_t next_token = 3;
 
  private:
+  int64_t peak_held_ = 0;
   ChunkCostModel cost_;
   std::map<uint64_t, int64_t> lengths_;
 };
@@ -909,6 +912,34 @@ TEST(SchedulerTest, ForksStartFromAPrefilledPrefixWhichIsThenReleased) {
     prefilled_event |= e.id == 1 && e.kind == SchedulerEvent::Kind::kPrefilled;
   }
   EXPECT_TRUE(prefilled_event);
+  EXPECT_TRUE(h.scheduler.Idle());
+  EXPECT_EQ(h.replica.held(), 0);
+}
+
+// The replica never holds more sequences than its state slots, a held prefix
+// included; prefixes leave a slot for the others, and a prefix that waits for
+// one does not hold back the forks of those that run, so everything ends.
+TEST(SchedulerTest, SequencesHoldingStateStayWithinTheSlots) {
+  SchedulerOptions options = Options(512);
+  options.state_slots = 3;
+  Harness h(options);
+  h.scheduler.Add(Prefix(1, 100, 2));
+  h.scheduler.Add(Prefix(2, 100, 2));
+  h.scheduler.Add(Prefix(3, 100, 1));  // waits: two prefixes hold all they may
+  h.scheduler.Add(Generate(4, 10, 5));
+  for (uint64_t id : {5, 6}) h.scheduler.Add(Fork(id, 1, 4, 3));
+  for (uint64_t id : {7, 8}) h.scheduler.Add(Fork(id, 2, 4, 3));
+  h.scheduler.Add(Fork(9, 3, 4, 3));
+  const Step first = h.Next();
+  EXPECT_GT(TokensOf(first, 1), 0);
+  EXPECT_GT(TokensOf(first, 2), 0);
+  EXPECT_EQ(TokensOf(first, 3), 0);
+  EXPECT_EQ(TokensOf(first, 4), 0);  // behind the waiting prefix
+  h.Answer(first);
+  h.RunToEnd();
+  for (uint64_t id : {5, 6, 7, 8, 9}) EXPECT_EQ(h.TokensFor(id).size(), 3u) << id;
+  EXPECT_EQ(h.TokensFor(4).size(), 5u);
+  EXPECT_LE(h.replica.peak_held(), 3);
   EXPECT_TRUE(h.scheduler.Idle());
   EXPECT_EQ(h.replica.held(), 0);
 }

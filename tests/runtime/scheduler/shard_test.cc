@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/model/config.h"
 #include "runtime/model/safetensors.h"
-#include "runtime/model/sequence_state.h"
+#include "runtime/model/state_pool.h"
 #include "runtime/model/weights.h"
 #include "runtime/scheduler/stage_plan.h"
 #include "tests/test_util.h"
@@ -70,8 +70,8 @@ TEST_P(ShardTest, LoadedShardsMatchThePlan) {
           // so every rank holds what the report says rank 0 does.
           EXPECT_EQ(HeldBytes(*weights), (*report)[stage].weight_bytes_per_rank)
               << "stage " << stage << " rank " << rank;
-          SequenceState state(LocalConfig(*config, *shard), *shard);
-          EXPECT_EQ(state.KdaBytes(), (*report)[stage].kda_state_bytes_per_sequence);
+          EXPECT_EQ(KdaSlotBytes(LocalConfig(*config, *shard), *shard),
+                    (*report)[stage].kda_state_bytes_per_sequence);
         }
       }
       // With one TP rank every tensor is read exactly once, except the A_log

@@ -307,6 +307,9 @@ TEST(ServeLimitsTest, OverloadAnswersResourceExhaustedAndCancellationFreesState)
   ASSERT_EQ(status.worker_status_size(), 1);
   EXPECT_GT(status.worker_status(0).cache_pages(), 15626);
   EXPECT_EQ(status.worker_status(0).reserved_pages(), 15626);
+  // Its KDA state takes one of the worker's slots (the default 256).
+  EXPECT_EQ(status.worker_status(0).state_slots(), 256);
+  EXPECT_EQ(status.worker_status(0).held_slots(), 1);
 
   // Abort by id ends the waiting one; cancelling the stream ends the other.
   {
@@ -329,7 +332,8 @@ TEST(ServeLimitsTest, OverloadAnswersResourceExhaustedAndCancellationFreesState)
       [](const v1::ServerStatus& s) {
         return s.running_sequences() == 0 && s.waiting_requests() == 0 &&
                s.kda_state_bytes() == 0 && s.mla_cache_bytes() == 0 &&
-               s.worker_status_size() == 1 && s.worker_status(0).reserved_pages() == 0;
+               s.worker_status_size() == 1 && s.worker_status(0).reserved_pages() == 0 &&
+               s.worker_status(0).held_slots() == 0;
       },
       std::chrono::seconds(3)))
       << testing::Status(*server.stub).DebugString();
