@@ -63,8 +63,8 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const ke
       weights(dev, kernels::DType::kF32, rows, k);
   const Temp idx(dev, kernels::DType::kI32, rows, k);
   Linear(x, w.router, logits);
-  MoeRoute(logits, VectorView(w.router_bias), k, config.moe_renormalize,
-           config.routed_scaling_factor, idx, weights);
+  MoeRoute(logits, w.router_bias.view(), k, config.moe_renormalize, config.routed_scaling_factor,
+           idx, weights);
 
   const bool latent = !w.latent_down.empty();
   const int64_t din = latent ? config.routed_expert_hidden_size : config.hidden_size;
@@ -102,7 +102,7 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const ke
   // RMSNorm (MODEL.md); the up-projection is then the same on every rank.
   DELTASERVE_RETURN_IF_ERROR(TpAllReduce(tp, routed));
   if (!w.latent_norm.empty()) {
-    RmsNorm(routed, VectorView(w.latent_norm), config.rms_norm_eps, routed);
+    RmsNorm(routed, w.latent_norm.view(), config.rms_norm_eps, routed);
   }
   Linear(routed, w.latent_up, out);
   if (!has_shared) return absl::OkStatus();

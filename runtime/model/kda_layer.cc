@@ -35,7 +35,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   Linear(x, w.qkv_proj, qkv);
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
-    ShortConv(qkv.view().Rows(r0, t), VectorView(w.qkv_conv, 3 * HD, width), /*silu=*/true,
+    ShortConv(qkv.view().Rows(r0, t), w.qkv_conv.view(3 * HD, width), /*silu=*/true,
               batch.states[b]->KdaConv(layer), conv.view().Rows(r0, t));
   }
   // Split into [rows, H, d] each; q and k are L2-normalised per head.
@@ -53,10 +53,9 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   Linear(x, w.f_a, fa);
   Linear(fa, w.f_b, g);
   if (config.kda.has_lower_bound) {
-    KdaGateLowerBound(g, VectorView(w.dt_bias), VectorView(w.a_log), H, d,
-                      config.kda.gate_lower_bound, g);
+    KdaGateLowerBound(g, w.dt_bias.view(), w.a_log.view(), H, d, config.kda.gate_lower_bound, g);
   } else {
-    KdaGateSoftplus(g, VectorView(w.dt_bias), VectorView(w.a_log), H, d, g);
+    KdaGateSoftplus(g, w.dt_bias.view(), w.a_log.view(), H, d, g);
   }
   Linear(x, w.b_proj, beta);
   Sigmoid(beta, beta);
@@ -78,7 +77,7 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   }
 
   // Output: per-head RMSNorm, times sigmoid(gate), then o_proj.
-  RmsNorm(o.view().Reshaped(rows * H, d), VectorView(w.o_norm), config.rms_norm_eps,
+  RmsNorm(o.view().Reshaped(rows * H, d), w.o_norm.view(), config.rms_norm_eps,
           o.view().Reshaped(rows * H, d));
   const Temp& gate = q;  // q is dead: reuse its storage
   if (config.kda.full_rank_gate) {

@@ -116,7 +116,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   if (config.q_lora_rank > 0) {
     const Temp qa(dev, kernels::DType::kF32, rows, config.q_lora_rank);
     Linear(x, w.q_a, qa);
-    RmsNorm(qa, VectorView(w.q_a_norm), kLatentNormEps, qa);
+    RmsNorm(qa, w.q_a_norm.view(), kLatentNormEps, qa);
     Linear(qa, w.q_b, q);
   } else {
     Linear(x, w.q_proj, q);
@@ -124,7 +124,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
   const Temp ckr(dev, kernels::DType::kF32, rows, m.CacheWidth());
   Linear(x, w.kv_a, ckr);
-  RmsNorm(ckr.view().Columns(0, m.C), VectorView(w.kv_a_norm), kLatentNormEps,
+  RmsNorm(ckr.view().Columns(0, m.C), w.kv_a_norm.view(), kLatentNormEps,
           ckr.view().Columns(0, m.C));
 
   const Temp o(dev, kernels::DType::kF32, rows, m.n * m.Vd);

@@ -182,14 +182,14 @@ absl::Status Model::RunLayers(const BatchRows& batch, Activations* act) const {
   // read and how their outputs join the residual.
   auto mixer = [&](int64_t i, const kernels::Tensor& h, const kernels::MutableTensor& out) {
     const LayerWeights& layer = weights_.layers[i];
-    kernels::RmsNorm(h, VectorView(layer.input_norm), eps, normed);
+    kernels::RmsNorm(h, layer.input_norm.view(), eps, normed);
     return layer.kind == LayerKind::kKda
                ? KdaForward(local_, layer.kda, i, batch, normed, out, tp_)
                : MlaForward(local_, layer.mla, i, batch, normed, out, tp_);
   };
   auto ffn = [&](int64_t i, const kernels::Tensor& h, const kernels::MutableTensor& out) {
     const LayerWeights& layer = weights_.layers[i];
-    kernels::RmsNorm(h, VectorView(layer.post_attention_norm), eps, normed);
+    kernels::RmsNorm(h, layer.post_attention_norm.view(), eps, normed);
     return FfnForward(local_, layer.ffn, normed, out, tp_);
   };
   DELTASERVE_RETURN_IF_ERROR(arch_->RunResidualStack(config_, weights_, shard_.layer_begin,
@@ -205,7 +205,7 @@ std::vector<float> Model::Logits(const Activations& act, const std::vector<int64
   const std::vector<int32_t> ids(rows.begin(), rows.end());
   const kernels::Temp selected(hidden.device(), kernels::DType::kF32, n, D);
   kernels::GatherRows(hidden, kernels::Tensor::I32(ids.data(), 1, n), selected);
-  kernels::RmsNorm(selected, VectorView(weights_.norm), config_.rms_norm_eps, selected);
+  kernels::RmsNorm(selected, weights_.norm.view(), config_.rms_norm_eps, selected);
   // The rows that leave the device: [n, V] in host memory.
   std::vector<float> logits(n * V);
   kernels::Linear(selected, weights_.lm_head, kernels::MutableTensor::F32(logits.data(), n, V));

@@ -62,7 +62,12 @@ absl::StatusOr<const TensorSpec*> WeightLoader::Spec(const std::string& full) co
   return &it->second;
 }
 
-absl::StatusOr<std::vector<float>> WeightLoader::Load(const std::string& name) const {
+absl::StatusOr<VectorWeight> WeightLoader::Load(const std::string& name) const {
+  DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> values, Values(name));
+  return VectorWeight::FromHost(values);
+}
+
+absl::StatusOr<std::vector<float>> WeightLoader::Values(const std::string& name) const {
   const std::string full = prefix_ + name;
   DELTASERVE_ASSIGN_OR_RETURN(const TensorSpec* spec, Spec(full));
   const TpPart part = spec->RankPart(shared_->tp_rank, shared_->tp_size);
@@ -107,14 +112,13 @@ absl::StatusOr<std::vector<float>> WeightLoader::Load(const std::string& name) c
   return absl::InternalError(absl::StrCat("unknown tensor-parallel cut of '", full, "'"));
 }
 
-absl::StatusOr<std::vector<float>> WeightLoader::Concat(
-    std::initializer_list<std::string> names) const {
+absl::StatusOr<VectorWeight> WeightLoader::Concat(std::initializer_list<std::string> names) const {
   std::vector<float> out;
   for (const std::string& name : names) {
-    DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> part, Load(name));
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<float> part, Values(name));
     out.insert(out.end(), part.begin(), part.end());
   }
-  return out;
+  return VectorWeight::FromHost(out);
 }
 
 absl::StatusOr<Weight> WeightLoader::Matrix(const std::string& name) const {

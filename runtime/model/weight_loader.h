@@ -36,9 +36,9 @@ class WeightLoader {
 
   // This rank's part of vector (or any float tensor) `name` as float32;
   // empty when it holds none of it.
-  absl::StatusOr<std::vector<float>> Load(const std::string& name) const;
+  absl::StatusOr<VectorWeight> Load(const std::string& name) const;
   // The parts of several tensors split alike, concatenated, as float32.
-  absl::StatusOr<std::vector<float>> Concat(std::initializer_list<std::string> names) const;
+  absl::StatusOr<VectorWeight> Concat(std::initializer_list<std::string> names) const;
 
   // This rank's part of matrix `name` ("....weight") in its stored dtype: a
   // float32 or bf16 tensor as such (f16 and f64 widened or rounded to
@@ -61,6 +61,7 @@ class WeightLoader {
   WeightLoader(std::shared_ptr<const Shared> shared, std::string prefix)
       : shared_(std::move(shared)), prefix_(std::move(prefix)) {}
   absl::StatusOr<const TensorSpec*> Spec(const std::string& full) const;
+  absl::StatusOr<std::vector<float>> Values(const std::string& name) const;  // Load's values
   absl::StatusOr<std::vector<float>> Convert(const TensorView& view) const;
 
   std::shared_ptr<const Shared> shared_;

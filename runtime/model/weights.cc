@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
+#include "kernels/convert.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 #include "runtime/model/weight_loader.h"
@@ -12,14 +13,18 @@
 
 namespace deltaserve {
 
-kernels::Tensor VectorView(const Floats& v) {
-  if (v.empty()) return {};
-  return kernels::Tensor::F32(v.data(), 1, static_cast<int64_t>(v.size()));
+VectorWeight VectorWeight::FromHost(std::span<const float> values) {
+  VectorWeight v;
+  if (values.empty()) return v;
+  const int64_t n = static_cast<int64_t>(values.size());
+  v.values_ = kernels::Buffer(kernels::Device::kCpu, kernels::DType::kF32, 1, n);
+  kernels::Convert(kernels::Tensor::F32(values.data(), 1, n), v.values_);
+  return v;
 }
 
-kernels::Tensor VectorView(const Floats& v, int64_t rows, int64_t cols) {
-  DELTASERVE_CHECK(rows * cols == static_cast<int64_t>(v.size()));
-  return kernels::Tensor::F32(v.data(), rows, cols);
+kernels::Tensor VectorWeight::view(int64_t rows, int64_t cols) const {
+  DELTASERVE_CHECK(rows * cols == size());
+  return view().Reshaped(rows, cols);
 }
 
 Weight Weight::Allocate(kernels::DType dtype, int64_t rows, int64_t cols) {
@@ -214,19 +219,50 @@ void ForEachMatrix(ModelWeights* w, const std::function<void(Weight&)>& fn) {
   VisitMatrices(*w, fn);
 }
 
+namespace {
+
+template <typename Weights, typename Fn>
+void VisitVectors(Weights& w, Fn&& fn) {
+  for (auto* v : {&w.norm, &w.output_res.norm, &w.output_res.proj}) fn(*v);
+  for (auto& l : w.layers) {
+    for (auto* v : {&l.input_norm, &l.post_attention_norm, &l.attn_res.norm, &l.attn_res.proj,
+                    &l.mlp_res.norm, &l.mlp_res.proj, &l.kda.qkv_conv, &l.kda.a_log, &l.kda.dt_bias,
+                    &l.kda.o_norm, &l.mla.q_a_norm, &l.mla.kv_a_norm, &l.ffn.router_bias,
+                    &l.ffn.latent_norm}) {
+      fn(*v);
+    }
+  }
+}
+
+}  // namespace
+
+void ForEachVector(const ModelWeights& w, const std::function<void(const VectorWeight&)>& fn) {
+  VisitVectors(w, fn);
+}
+
+void ForEachVector(ModelWeights* w, const std::function<void(VectorWeight&)>& fn) {
+  VisitVectors(*w, fn);
+}
+
 absl::Status PlaceWeights(ModelWeights* w, kernels::Device device) {
   if (device != kernels::Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat("weights on ", kernels::DeviceName(device),
                                                  ": this build has the cpu backend only"));
   }
-  // What the loader made is host memory: mapped views and its own copies.
+  // What the loader made is host memory: mapped views and its own copies of
+  // matrices, and the vectors' Buffers.
   absl::Status status;
-  ForEachMatrix(w, [&](Weight& m) {
-    if (!m.empty() && m.tensor().device != device && status.ok()) {
-      status = absl::InternalError(absl::StrCat("a ", kernels::DeviceName(m.tensor().device),
-                                                " weight where ", kernels::DeviceName(device),
-                                                " was asked"));
+  auto check = [&](kernels::Device on, const char* what) {
+    if (on != device && status.ok()) {
+      status = absl::InternalError(absl::StrCat("a ", kernels::DeviceName(on), " ", what, " where ",
+                                                kernels::DeviceName(device), " was asked"));
     }
+  };
+  ForEachMatrix(w, [&](Weight& m) {
+    if (!m.empty()) check(m.tensor().device, "weight");
+  });
+  ForEachVector(w, [&](VectorWeight& v) {
+    if (!v.empty()) check(v.device(), "vector weight");
   });
   return status;
 }
@@ -238,17 +274,9 @@ WeightBytes CountWeightBytes(const ModelWeights& w) {
     out.by_dtype[kernels::DTypeName(m.tensor().dtype)] += m.bytes();
     (m.mapped() ? out.mapped : out.copied) += m.bytes();
   });
-  int64_t vectors =
-      static_cast<int64_t>(w.norm.size() + w.output_res.norm.size() + w.output_res.proj.size());
-  for (const LayerWeights& l : w.layers) {
-    for (const Floats* v : {&l.input_norm, &l.post_attention_norm, &l.attn_res.norm,
-                            &l.attn_res.proj, &l.mlp_res.norm, &l.mlp_res.proj, &l.kda.qkv_conv,
-                            &l.kda.a_log, &l.kda.dt_bias, &l.kda.o_norm, &l.mla.q_a_norm,
-                            &l.mla.kv_a_norm, &l.ffn.router_bias, &l.ffn.latent_norm}) {
-      vectors += static_cast<int64_t>(v->size());
-    }
-  }
-  if (vectors > 0) out.by_dtype["f32 vectors"] = vectors * static_cast<int64_t>(sizeof(float));
+  int64_t vectors = 0;
+  ForEachVector(w, [&vectors](const VectorWeight& v) { vectors += v.bytes(); });
+  if (vectors > 0) out.by_dtype["f32 vectors"] = vectors;
   return out;
 }
 

@@ -13,23 +13,39 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
+#include "kernels/workspace.h"
 #include "runtime/model/config.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/shard.h"
 
 namespace deltaserve {
 
-using Floats = std::vector<float>;
+// A float32 vector weight (a norm's gains, a bias, convolution taps) in a
+// Buffer on the weights' device, as the ops take it: [1, n], or [rows, cols]
+// of its values in order (convolution taps). Made from the loader's values on
+// the CPU; PlaceWeights puts it on the model's device.
+class VectorWeight {
+ public:
+  VectorWeight() = default;
+  // `values` copied into a CPU Buffer; none gives an empty weight.
+  static VectorWeight FromHost(std::span<const float> values);
 
-// A float32 vector weight as the ops take it: [1, n], or [rows, cols] of its
-// values in order (convolution taps); an empty vector gives an empty view.
-kernels::Tensor VectorView(const Floats& v);
-kernels::Tensor VectorView(const Floats& v, int64_t rows, int64_t cols);
+  bool empty() const { return values_.empty(); }
+  int64_t size() const { return values_.cols(); }
+  int64_t bytes() const { return size() * static_cast<int64_t>(sizeof(float)); }
+  kernels::Device device() const { return values_.device(); }
+  kernels::Tensor view() const { return values_; }  // [1, n]; empty when empty
+  kernels::Tensor view(int64_t rows, int64_t cols) const;
+
+ private:
+  kernels::Buffer values_;
+};
 
 // A weight matrix in its stored dtype: a kernels::Tensor and whatever keeps
 // its bytes alive (the mapped checkpoint, or this weight's own copy).
@@ -65,29 +81,29 @@ class Weight {
 };
 
 struct KdaWeights {
-  Weight qkv_proj;  // [3 * H * d, D]: q, k, v rows
-  Floats qkv_conv;  // [3 * H * d, W]
-  Weight f_a;       // [rank, D]
-  Weight f_b;       // [H * d, rank]
-  Weight b_proj;    // [H, D]
-  Floats a_log;     // [H] (padding dropped)
-  Floats dt_bias;   // [H * d]
-  Weight g_proj;    // full rank: [H * d, D]
-  Weight g_a, g_b;  // low rank: [rank, D], [H * d, rank]
-  Floats o_norm;    // [d]
-  Weight o_proj;    // [D, H * d]
+  Weight qkv_proj;        // [3 * H * d, D]: q, k, v rows
+  VectorWeight qkv_conv;  // [3 * H * d, W]
+  Weight f_a;             // [rank, D]
+  Weight f_b;             // [H * d, rank]
+  Weight b_proj;          // [H, D]
+  VectorWeight a_log;     // [H] (padding dropped)
+  VectorWeight dt_bias;   // [H * d]
+  Weight g_proj;          // full rank: [H * d, D]
+  Weight g_a, g_b;        // low rank: [rank, D], [H * d, rank]
+  VectorWeight o_norm;    // [d]
+  Weight o_proj;          // [D, H * d]
 };
 
 struct MlaWeights {
-  Weight q_a, q_b;   // q-LoRA: [ql, D], [n * (P + R), ql]
-  Floats q_a_norm;   // [ql]
-  Weight q_proj;     // plain: [n * (P + R), D]
-  Weight kv_a;       // [C + R, D]
-  Floats kv_a_norm;  // [C]
-  Weight kv_b;       // [n * (P + Vd), C]: per head P key rows then Vd value rows
-  Weight w_uk_t;     // [n * C, P]: key rows of kv_b transposed per head (absorbed decode)
-  Weight g_proj;     // output gate [n * Vd, D] (K3), else empty
-  Weight o_proj;     // [D, n * Vd]
+  Weight q_a, q_b;         // q-LoRA: [ql, D], [n * (P + R), ql]
+  VectorWeight q_a_norm;   // [ql]
+  Weight q_proj;           // plain: [n * (P + R), D]
+  Weight kv_a;             // [C + R, D]
+  VectorWeight kv_a_norm;  // [C]
+  Weight kv_b;             // [n * (P + Vd), C]: per head P key rows then Vd value rows
+  Weight w_uk_t;           // [n * C, P]: key rows of kv_b transposed per head (absorbed decode)
+  Weight g_proj;           // output gate [n * Vd, D] (K3), else empty
+  Weight o_proj;           // [D, n * Vd]
 };
 
 struct FfnWeights {
@@ -97,26 +113,26 @@ struct FfnWeights {
   Weight down;     // [D, I]
   // MoE
   Weight router;                   // [E, D]
-  Floats router_bias;              // [E]
+  VectorWeight router_bias;        // [E]
   std::vector<Weight> expert_w13;  // each [2 * Ie, Din]; empty if on another TP rank
   std::vector<Weight> expert_w2;   // each [Din, Ie]
   Weight shared_gate_up;           // [2 * Is, D], empty without shared experts
   Weight shared_down;              // [D, Is]
   Weight latent_down;              // [L, D] (K3 latent MoE), else empty
   Weight latent_up;                // [D, L]
-  Floats latent_norm;              // [L]
+  VectorWeight latent_norm;        // [L]
 };
 
 // K3 attention-residual mix parameters: norm and projection weights
 // (arch/kimi_k3.cc loads and uses them).
 struct ResMixWeights {
-  Floats norm;  // [D]
-  Floats proj;  // [D]
+  VectorWeight norm;  // [D]
+  VectorWeight proj;  // [D]
 };
 
 struct LayerWeights {
   LayerKind kind = LayerKind::kKda;
-  Floats input_norm, post_attention_norm;  // [D]
+  VectorWeight input_norm, post_attention_norm;  // [D]
   KdaWeights kda;
   MlaWeights mla;
   FfnWeights ffn;
@@ -125,7 +141,7 @@ struct LayerWeights {
 
 struct ModelWeights {
   Weight embed;                      // [V, D]
-  Floats norm;                       // [D]
+  VectorWeight norm;                 // [D]
   Weight lm_head;                    // [V, D] (the embedding when tied)
   ResMixWeights output_res;          // K3 only
   std::vector<LayerWeights> layers;  // all layers; those of other stages empty
@@ -134,6 +150,9 @@ struct ModelWeights {
 // Every matrix of `w` (empty ones included), for totals by dtype.
 void ForEachMatrix(const ModelWeights& w, const std::function<void(const Weight&)>& fn);
 void ForEachMatrix(ModelWeights* w, const std::function<void(Weight&)>& fn);
+// Every vector weight of `w` (empty ones included).
+void ForEachVector(const ModelWeights& w, const std::function<void(const VectorWeight&)>& fn);
+void ForEachVector(ModelWeights* w, const std::function<void(VectorWeight&)>& fn);
 // What a rank's weights hold: bytes of the matrices by dtype name ("bf16",
 // "mxfp4", "f32") and of the float32 vectors under "f32 vectors"; and of the
 // matrices, how many bytes are views of the mapped checkpoint and how many

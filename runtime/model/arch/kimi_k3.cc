@@ -23,8 +23,8 @@ void Mix(const Activations& act, const ResMixWeights& w, float eps,
          const kernels::MutableTensor& out) {
   std::vector<kernels::Tensor> candidates(act.bank.begin(), act.bank.end());
   candidates.push_back(act.prefix);
-  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()),
-                      VectorView(w.norm), VectorView(w.proj), eps, out);
+  kernels::AttnResMix(candidates.data(), static_cast<int64_t>(candidates.size()), w.norm.view(),
+                      w.proj.view(), eps, out);
 }
 
 // One mix's parameters, replicated on every TP rank: `<name>_norm.weight`

@@ -43,10 +43,16 @@ TEST(ArchitectureTest, BankSizes) {
 // sub-layers write constants, so every value of the stack is known.
 ModelWeights UniformMixWeights(const ModelConfig& c) {
   const std::vector<float> ones(c.hidden_size, 1.0f), zeros(c.hidden_size, 0.0f);
+  auto mix = [&] {
+    return ResMixWeights{VectorWeight::FromHost(ones), VectorWeight::FromHost(zeros)};
+  };
   ModelWeights w;
-  w.output_res = {ones, zeros};
+  w.output_res = mix();
   w.layers.resize(c.num_layers);
-  for (LayerWeights& layer : w.layers) layer.attn_res = layer.mlp_res = {ones, zeros};
+  for (LayerWeights& layer : w.layers) {
+    layer.attn_res = mix();
+    layer.mlp_res = mix();
+  }
   return w;
 }
 
