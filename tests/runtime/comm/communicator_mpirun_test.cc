@@ -26,6 +26,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/world_layout.h"
 #include "tests/runtime/comm/comm_test_util.h"
+#include "tests/runtime/comm/mpi_world_env.h"
 
 namespace deltaserve {
 namespace {
@@ -44,27 +45,7 @@ std::chrono::seconds TestTimeout() {
 
 // --- Harness ------------------------------------------------------------------
 
-// The world communicator every test uses, made once through InitMpiWorld
-// (which adopts the MPI_Init of tests/mpi_test_main.cc).
-class WorldEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Communicator>> world = InitMpiWorld(nullptr, nullptr);
-    status_ = world.status();
-    if (world.ok()) world_ = std::move(*world);
-  }
-  void TearDown() override { world_.reset(); }
-
-  Communicator* world() const { return world_.get(); }
-  const absl::Status& status() const { return status_; }
-
- private:
-  std::unique_ptr<Communicator> world_;
-  absl::Status status_;
-};
-
-WorldEnvironment* const g_world_env =
-    static_cast<WorldEnvironment*>(::testing::AddGlobalTestEnvironment(new WorldEnvironment));
+testing::MpiWorldEnvironment* const g_world_env = testing::MpiWorldEnvironment::Register();
 
 // Exits the process (so mpirun ends the whole job) when one test runs longer
 // than TestTimeout(): the usual failure of a communication test is a hang.

@@ -18,6 +18,7 @@
 #include "runtime/comm/rank_communicators.h"
 #include "runtime/comm/world_layout.h"
 #include "tests/runtime/comm/comm_test_util.h"
+#include "tests/runtime/comm/mpi_world_env.h"
 
 namespace deltaserve {
 namespace {
@@ -26,28 +27,8 @@ using testing::HasText;
 
 const kernels::Stream kCpu = kernels::Stream::Cpu();
 
-// The world every test splits its control communicator from, made once
-// through InitMpiWorld (which adopts the MPI_Init of tests/mpi_test_main.cc).
-class WorldEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    alarm(120);  // a hang ends the job (SIGALRM) instead of waiting for ctest
-    absl::StatusOr<std::unique_ptr<Communicator>> world = InitMpiWorld(nullptr, nullptr);
-    status_ = world.status();
-    if (world.ok()) world_ = std::move(*world);
-  }
-  void TearDown() override { world_.reset(); }
-
-  Communicator* world() const { return world_.get(); }
-  const absl::Status& status() const { return status_; }
-
- private:
-  std::unique_ptr<Communicator> world_;
-  absl::Status status_;
-};
-
-WorldEnvironment* const g_world_env =
-    static_cast<WorldEnvironment*>(::testing::AddGlobalTestEnvironment(new WorldEnvironment));
+// A hang ends the job (SIGALRM) instead of waiting for ctest.
+testing::MpiWorldEnvironment* const g_world_env = testing::MpiWorldEnvironment::Register(120);
 
 #define GET_WORLD(comm)                                              \
   ASSERT_NE(g_world_env->world(), nullptr) << g_world_env->status(); \
