@@ -67,7 +67,8 @@ std::string Errno(const std::string& path, const std::string& what) {
   return absl::StrCat(path, ": ", what, ": ", std::strerror(errno));
 }
 
-// The fields each kind of record may have; the first ones are required.
+// The fields each kind of record may have (ShapeProblem checks the required
+// ones).
 const std::set<std::string> kGenerateFields = {
     "id",   "question", "text",         "token_ids", "finish_reason",
     "stop", "logprobs", "top_logprobs", "usage",     "timings"};
@@ -205,10 +206,11 @@ absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string
     return absl::Status(fd.status().code(), absl::StrCat(fd.status().message(), " (--output)"));
   }
   std::unique_ptr<BatchOutput> out(new BatchOutput(path, *fd));
-  // The same file (by device and inode: another name, a hard link or a link
-  // to the input) would be read as the output and emptied or appended to.
-  struct stat in {
-  }, opened{};
+  // The same file as the input (by device and inode: another path to it, a
+  // hard link, an input that is a link to the output) would be read as the
+  // output, and emptied or appended to.
+  struct stat in {};
+  struct stat opened {};
   if (::stat(input.c_str(), &in) == 0 && ::fstat(*fd, &opened) == 0 && in.st_dev == opened.st_dev &&
       in.st_ino == opened.st_ino) {
     return absl::InvalidArgumentError(
