@@ -3,6 +3,7 @@
 // Embedded (the model in this process), as an MPI job (--pp/--tp under
 // mpirun or srun; rank 0 reads and writes), or as a client of a running
 // server (--server). docs/batch.md is the user's guide.
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,15 @@ constexpr int64_t kDefaultMaxRunning = 16;
 constexpr int64_t kDefaultStepTokens = 2048;
 constexpr int64_t kDefaultPlanContext = 32768;
 constexpr int64_t kDefaultConcurrency = 8;
+// The bound on one input line, which is read whole into memory (and its
+// JSON tree, some times larger). A token as text is a few bytes of UTF-8,
+// up to 6 per byte as a JSON escape; as an id at most 8 ("1048575, "): 32
+// bytes per token of the context holds any prompt the model can take with
+// room to spare.
+constexpr int64_t kLineBytesPerToken = 32;
+constexpr int64_t kMinDefaultLineBytes = int64_t{1} << 20;
+constexpr int64_t kDefaultMaxLineBytes = int64_t{16} << 20;  // no model to size it by
+constexpr int64_t kMaxLineBytesFlag = int64_t{1} << 32;
 
 constexpr char kDetails[] =
     "Input: one JSON request per line, each with a unique \"id\" (string or integer):\n"
@@ -37,9 +47,11 @@ constexpr char kDetails[] =
     "Output: one record per request (per question), in the order they finish: id, [question],\n"
     "text, token_ids, finish_reason, usage, timings; score: token_ids, logprobs,\n"
     "total_logprob; a bad line or a failed request: id, line, error. The job goes on.\n"
+    "A line longer than --max-line-bytes is an error record, not read into memory.\n"
     "Rerunning with the same --output (or --resume) skips the records already there; a record\n"
     "is written whole and synced, so kill -9 at any moment loses at most the requests in\n"
-    "flight. See docs/batch.md.";
+    "flight. Only records of the shape batch writes count as done; --output must be a new\n"
+    "name or a regular file (no link, FIFO or device), and not the input. See docs/batch.md.";
 
 }  // namespace
 
@@ -58,6 +70,10 @@ const CommandSpec& BatchSpec() {
                   {"resume", "",
                    "continue OUT.jsonl (what a rerun does anyway; says so explicitly)"},
                   {"overwrite", "", "empty OUT.jsonl first instead of resuming it"},
+                  {"max-line-bytes", "N",
+                   "the longest input line read; a longer one is an error record (default: 32 "
+                   "bytes per token of the model's context, at least 1 MiB; 16 MiB with --server "
+                   "and no --model)"},
                   {"max-running", "N", "requests in the engine at once, sharing its steps",
                    absl::StrCat(kDefaultMaxRunning)},
                   {"step-tokens", "N", "token budget of one engine step",
@@ -101,6 +117,19 @@ absl::Status RunBatch(const Args& args) {
                               flags.GetInt("concurrency", kDefaultConcurrency));
   DELTASERVE_ASSIGN_OR_RETURN(double retry_s, flags.GetDouble("retry-s", 60));
   DELTASERVE_ASSIGN_OR_RETURN(double interval, flags.GetDouble("progress-interval", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t max_line_bytes, flags.GetInt("max-line-bytes", 0));
+  if (flags.Has("max-line-bytes") && (max_line_bytes < 1 || max_line_bytes > kMaxLineBytesFlag)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-line-bytes must be in [1, ", kMaxLineBytesFlag, "]"));
+  }
+  // The default: what the longest prompt the model takes needs.
+  auto line_bound = [&](const ModelConfig* config) {
+    if (flags.Has("max-line-bytes")) return max_line_bytes;
+    if (config == nullptr) return kDefaultMaxLineBytes;
+    const int64_t context =
+        std::min(config->max_position_embeddings, kMaxLineBytesFlag / kLineBytesPerToken);
+    return std::max(kMinDefaultLineBytes, kLineBytesPerToken * context);
+  };
   if (max_running < 1) return absl::InvalidArgumentError("--max-running must be >= 1");
   if (step_tokens < 1) return absl::InvalidArgumentError("--step-tokens must be >= 1");
   if (concurrency < 1 || concurrency > 4096) {
@@ -117,7 +146,7 @@ absl::Status RunBatch(const Args& args) {
   // ours, fails before any model is loaded.
   auto open_output = [&]() -> absl::StatusOr<std::unique_ptr<BatchOutput>> {
     DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<BatchOutput> output,
-                                BatchOutput::Open(output_path, overwrite));
+                                BatchOutput::Open(output_path, overwrite, input));
     if (output->records_before() > 0 || output->cut_bytes() > 0) {
       std::fprintf(stderr, "batch: resuming %s: %lld records there%s\n", output_path.c_str(),
                    static_cast<long long>(output->records_before()),
@@ -157,8 +186,10 @@ absl::Status RunBatch(const Args& args) {
         model->tokenizer = tokenizer.get();
       }
     }
-    DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
-                                BatchSource::Open(input, model.get(), output.get(), &progress));
+    DELTASERVE_ASSIGN_OR_RETURN(
+        std::unique_ptr<BatchSource> source,
+        BatchSource::Open(input, model.get(), line_bound(model ? &model->config : nullptr),
+                          output.get(), &progress));
     BatchClientOptions options;
     options.server = flags.GetString("server");
     options.security = ChannelSecurityFrom(flags, "token-file");
@@ -184,8 +215,9 @@ absl::Status RunBatch(const Args& args) {
       tokenizer = std::move(*loaded);
       model.tokenizer = tokenizer.get();
     }
-    DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
-                                BatchSource::Open(input, &model, output.get(), &progress));
+    DELTASERVE_ASSIGN_OR_RETURN(
+        std::unique_ptr<BatchSource> source,
+        BatchSource::Open(input, &model, line_bound(&config), output.get(), &progress));
     SchedulerOptions options;
     options.max_running = max_running;
     options.step_tokens = step_tokens;

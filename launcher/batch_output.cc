@@ -5,15 +5,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/json_bounds.h"
 
 namespace deltaserve {
 namespace {
@@ -62,29 +67,90 @@ std::string Errno(const std::string& path, const std::string& what) {
   return absl::StrCat(path, ": ", what, ": ", std::strerror(errno));
 }
 
-// The key of a record read back.
-absl::StatusOr<std::string> KeyOf(const json& record) {
-  if (!record.is_object() || !record.contains("id")) {
-    return absl::InvalidArgumentError("not a batch record (no id)");
-  }
+// The fields each kind of record may have (ShapeProblem checks the required
+// ones).
+const std::set<std::string> kGenerateFields = {
+    "id",   "question", "text",         "token_ids", "finish_reason",
+    "stop", "logprobs", "top_logprobs", "usage",     "timings"};
+const std::set<std::string> kScoreFields = {
+    "id", "question", "token_ids", "logprobs", "total_logprob", "usage", "timings"};
+const std::set<std::string> kErrorFields = {"id", "question", "line", "error"};
+
+bool IsIntegerList(const json& v) {
+  return v.is_array() &&
+         std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number_integer(); });
+}
+
+// Why `record` is not one of the records this command writes, or "".
+std::string ShapeProblem(const json& record) {
+  if (!record.is_object()) return "not a JSON object";
+  if (!record.contains("id")) return "no id";
   const json& id = record["id"];
-  int question = -1;
+  if (!id.is_string() && !id.is_number_integer() && !id.is_null()) {
+    return "id is not a string, an integer or null";
+  }
   if (record.contains("question")) {
-    if (!record["question"].is_number_integer()) {
-      return absl::InvalidArgumentError("not a batch record (question is not an integer)");
+    const json& q = record["question"];
+    if (!q.is_number_integer() || q.get<int64_t>() < 0 ||
+        q.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return "question is not an index";
     }
-    question = record["question"].get<int>();
   }
-  if (id.is_null()) {
-    if (!record.contains("line") || !record["line"].is_number_integer()) {
-      return absl::InvalidArgumentError("not a batch record (null id and no line)");
+  const std::set<std::string>* fields = nullptr;
+  if (record.contains("error")) {
+    fields = &kErrorFields;
+    if (!record["error"].is_string()) return "error is not a string";
+    if (!record.contains("line") || !record["line"].is_number_integer() ||
+        record["line"].get<int64_t>() < 1) {
+      return "an error record without its line";
     }
-    return RecordKey("", question, record["line"].get<int64_t>());
+  } else {
+    if (id.is_null()) return "null id in a result";
+    if (!record.contains("token_ids") || !IsIntegerList(record["token_ids"])) {
+      return "no token_ids";
+    }
+    if (!record.contains("usage") || !record["usage"].is_object()) return "no usage";
+    if (!record.contains("timings") || !record["timings"].is_object()) return "no timings";
+    if (record.contains("finish_reason")) {
+      fields = &kGenerateFields;
+      if (!record["finish_reason"].is_string()) return "finish_reason is not a string";
+    } else if (record.contains("total_logprob")) {
+      fields = &kScoreFields;
+      if (!record.contains("logprobs") || !record["logprobs"].is_array()) return "no logprobs";
+    } else {
+      return "neither a result (finish_reason, total_logprob) nor an error";
+    }
   }
-  return RecordKey(id.dump(-1, ' ', false, json::error_handler_t::replace), question, 0);
+  for (const auto& [key, value] : record.items()) {
+    if (!fields->count(key)) return absl::StrCat("a field '", key, "' that no record has");
+  }
+  return "";
 }
 
 }  // namespace
+
+absl::StatusOr<BatchRecordRead> ReadBatchRecord(std::string_view line) {
+  // A record is one object with lists of numbers at most 3 levels down
+  // (top_logprobs); nlohmann's parser throws nothing with
+  // allow_exceptions=false, and the bound keeps a foreign file's deep
+  // nesting out of it.
+  if (absl::Status s = CheckJsonBounds(line, int64_t{1} << 30, 8, "the line"); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("not a batch record (", s.message(), ")"));
+  }
+  const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (record.is_discarded()) return absl::InvalidArgumentError("not JSON");
+  if (const std::string problem = ShapeProblem(record); !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("not a batch record (", problem, ")"));
+  }
+  BatchRecordRead read;
+  read.error = record.contains("error");
+  const int question = record.contains("question") ? record["question"].get<int>() : -1;
+  const json& id = record["id"];
+  read.key = id.is_null()
+                 ? RecordKey("", question, record["line"].get<int64_t>())
+                 : RecordKey(id.dump(-1, ' ', false, json::error_handler_t::replace), question, 0);
+  return read;
+}
 
 std::string GenerateRecord(const BatchUnit& unit, const GenerateOutcome& o) {
   json record = Head(unit.id_json, unit.question);
@@ -131,25 +197,39 @@ std::string ErrorRecord(const std::string& id_json, int question, int64_t line,
 }
 
 absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string& path,
-                                                               bool overwrite) {
-  const bool existed = std::filesystem::exists(path);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::NotFoundError(Errno(path, "cannot open for writing"));
-  std::unique_ptr<BatchOutput> out(new BatchOutput(path, fd));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+                                                               bool overwrite,
+                                                               const std::string& input) {
+  struct stat before {};
+  const bool existed = ::lstat(path.c_str(), &before) == 0;  // a new name: sync its directory
+  absl::StatusOr<int> fd = OpenOutputFile(path, O_RDWR | O_CREAT | O_APPEND, 0644);
+  if (!fd.ok()) {
+    return absl::Status(fd.status().code(), absl::StrCat(fd.status().message(), " (--output)"));
+  }
+  std::unique_ptr<BatchOutput> out(new BatchOutput(path, *fd));
+  // The same file as the input (by device and inode: another path to it, a
+  // hard link, an input that is a link to the output) would be read as the
+  // output, and emptied or appended to.
+  struct stat in {};
+  struct stat opened {};
+  if (::stat(input.c_str(), &in) == 0 && ::fstat(*fd, &opened) == 0 && in.st_dev == opened.st_dev &&
+      in.st_ino == opened.st_ino) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output ", path, " is the same file as --input ", input));
+  }
+  if (::flock(*fd, LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": in use by another `deltaserve batch` (locked)"));
   }
-  if (overwrite && ::ftruncate(fd, 0) != 0) {
+  if (overwrite && ::ftruncate(*fd, 0) != 0) {
     return absl::InternalError(Errno(path, "cannot empty it"));
   }
   // Read what is there: every complete line is a record; a last line
   // without its newline was cut by a crash and goes.
   struct stat st;
-  if (::fstat(fd, &st) != 0) return absl::InternalError(Errno(path, "cannot stat"));
+  if (::fstat(*fd, &st) != 0) return absl::InternalError(Errno(path, "cannot stat"));
   std::string text(static_cast<size_t>(st.st_size), '\0');
   for (size_t got = 0; got < text.size();) {
-    const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    const ssize_t n = ::pread(*fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return absl::InternalError(Errno(path, "cannot read"));
     got += static_cast<size_t>(n);
@@ -157,7 +237,7 @@ absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string
   const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
   if (keep < text.size()) {
     out->cut_bytes_ = static_cast<int64_t>(text.size() - keep);
-    if (::ftruncate(fd, static_cast<off_t>(keep)) != 0 || ::fdatasync(fd) != 0) {
+    if (::ftruncate(*fd, static_cast<off_t>(keep)) != 0 || ::fdatasync(*fd) != 0) {
       return absl::InternalError(Errno(path, "cannot cut the unfinished last line"));
     }
     text.resize(keep);
@@ -168,16 +248,15 @@ absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string
     const std::string line = text.substr(at, end - at);
     at = end + 1;
     ++line_number;
-    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    auto key = record.is_discarded() ? absl::InvalidArgumentError("not JSON") : KeyOf(record);
-    if (!key.ok()) {
+    absl::StatusOr<BatchRecordRead> record = ReadBatchRecord(line);
+    if (!record.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, " line ", line_number, ": ", key.status().message(),
+          absl::StrCat(path, " line ", line_number, ": ", record.status().message(),
                        "; not resuming into a file this command did not write"));
     }
-    out->done_.insert(*key);
+    out->done_.insert(record->key);
     ++out->records_before_;
-    if (record.contains("error")) ++out->errors_before_;
+    if (record->error) ++out->errors_before_;
   }
   if (!existed) {
     // The new file's name must survive a crash too.

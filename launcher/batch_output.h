@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -51,12 +52,35 @@ std::string ScoreRecord(const BatchUnit& unit, const ScoreOutcome& outcome);
 std::string ErrorRecord(const std::string& id_json, int question, int64_t line,
                         const std::string& message);
 
+// A line of an output read back: its key (RecordKey) and whether it is an
+// error record.
+struct BatchRecordRead {
+  std::string key;
+  bool error = false;
+};
+
+// Reads one line of an output as a record of this command, or says why it
+// is not one (throws nothing, whatever the bytes). A record is a JSON object
+// whose "id" is a string or an integer (null only in an error record) and
+// whose "question", when there, is an index >= 0, of one of three shapes,
+// with no field beyond its own: an error record ("line" >= 1, "error" a
+// string), a generate record ("token_ids" integers, "finish_reason" a
+// string, "usage" and "timings" objects; "text", "stop", "logprobs",
+// "top_logprobs" may be there) or a score record ("token_ids", "logprobs" a
+// list, "total_logprob", "usage", "timings").
+absl::StatusOr<BatchRecordRead> ReadBatchRecord(std::string_view line);
+
 class BatchOutput {
  public:
   // Opens `path` for appending (creating it), locked for this process; with
-  // `overwrite`, empties it first. Fails naming the path and line when a
-  // complete line is not a record (not a file this command wrote).
-  static absl::StatusOr<std::unique_ptr<BatchOutput>> Open(const std::string& path, bool overwrite);
+  // `overwrite`, empties it first. The path must be a new name or a regular
+  // file (OpenOutputFile, runtime/common/file_util.h: a symbolic link, a
+  // FIFO or a device is refused, never followed), and not the same file as
+  // `input` (by device and inode). Fails naming the path and line when a
+  // complete line is not a record (ReadBatchRecord: not a file this command
+  // wrote).
+  static absl::StatusOr<std::unique_ptr<BatchOutput>> Open(const std::string& path, bool overwrite,
+                                                           const std::string& input);
   ~BatchOutput();
   BatchOutput(const BatchOutput&) = delete;
   BatchOutput& operator=(const BatchOutput&) = delete;

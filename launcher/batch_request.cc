@@ -13,6 +13,118 @@ namespace {
 
 using json = nlohmann::json;
 
+// How deep a line's arrays and objects may nest (the top object is level
+// 1): the deepest a request needs is 4, {"questions": [{"ids": [...]}]}.
+constexpr int kMaxLineDepth = 16;
+
+// Builds one line's tree as nlohmann::json's own parser does, without
+// exceptions, keeping the path to the value being read so that a value the
+// tree cannot hold is named by its field: a number out of a double's range
+// (1e400, which json::parse throws out_of_range for), nesting deeper than
+// kMaxLineDepth. Syntax errors keep the parser's wording.
+class LineReader final : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return Value(json(nullptr)); }
+  bool boolean(bool v) override { return Value(json(v)); }
+  bool number_integer(number_integer_t v) override { return Value(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return Value(json(v)); }
+  bool number_float(number_float_t v, const string_t& /*text*/) override { return Value(json(v)); }
+  bool string(string_t& v) override { return Value(json(std::move(v))); }
+  bool binary(binary_t& v) override { return Value(json::binary(std::move(v))); }
+  bool start_object(std::size_t /*elements*/) override { return Open(json::object()); }
+  bool start_array(std::size_t /*elements*/) override { return Open(json::array()); }
+  bool key(string_t& key) override {
+    stack_.back().key = std::move(key);
+    return true;
+  }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t /*position*/, const std::string& token,
+                   const json::exception& e) override {
+    if (e.id == 406) {  // out_of_range.406: the number overflows a double
+      error_ =
+          absl::StrCat(Field(), ": ", Clipped(token), ": a number out of the range of a double");
+      return false;
+    }
+    // "[json.exception.parse_error.101] parse error at ...": the part after
+    // the bracket.
+    std::string what = e.what();
+    if (const size_t at = what.find("] "); at != std::string::npos) what = what.substr(at + 2);
+    error_ = absl::StrCat("not JSON: ", what);
+    return false;
+  }
+
+  const std::string& error() const { return error_; }
+  json Take() { return std::move(root_); }
+
+ private:
+  struct Level {
+    json* value;
+    std::string key;   // an object: the key being read
+    size_t index = 0;  // an array: the element being read
+  };
+
+  static std::string Clipped(const std::string& text) {
+    return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+  }
+  // Where the value being read sits: "temperature", "questions[1][0]".
+  std::string Field() const {
+    std::string field;
+    for (const Level& level : stack_) {
+      if (level.value->is_array()) {
+        absl::StrAppend(&field, "[", level.index, "]");
+      } else {
+        absl::StrAppend(&field, field.empty() ? "" : ".", level.key);
+      }
+    }
+    return field.empty() ? "the line" : field;
+  }
+  // Places a value (a scalar, or an empty container to be filled) and
+  // returns where it is.
+  json* Place(json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Level& top = stack_.back();
+    if (top.value->is_array()) {
+      top.value->push_back(std::move(v));
+      return &top.value->back();
+    }
+    json& slot = (*top.value)[top.key];
+    slot = std::move(v);
+    return &slot;
+  }
+  void Next() {
+    if (!stack_.empty() && stack_.back().value->is_array()) ++stack_.back().index;
+  }
+  bool Value(json&& v) {
+    Place(std::move(v));
+    Next();
+    return true;
+  }
+  bool Open(json&& container) {
+    if (static_cast<int>(stack_.size()) >= kMaxLineDepth) {
+      error_ =
+          absl::StrCat(Field(), ": nested deeper than the limit of ", kMaxLineDepth, " levels");
+      return false;
+    }
+    // The parent does not change until this container is closed, so the
+    // pointer stays valid.
+    stack_.push_back(Level{Place(std::move(container)), "", 0});
+    return true;
+  }
+  bool Close() {
+    stack_.pop_back();
+    Next();
+    return true;
+  }
+
+  json root_;
+  std::vector<Level> stack_;
+  std::string error_;
+};
+
 // The API's limits (runtime/serving/server.cc).
 constexpr int kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 1024;
@@ -133,10 +245,12 @@ void ReadOptions(const json& o, BatchGenerateOptions* out, Checker* check) {
   }
   if (o.contains("temperature")) {
     if (auto v = Number(o["temperature"], "temperature", check)) {
-      if (!std::isfinite(*v) || *v < 0) {
+      // As a float32, which the engine takes: 1e300 would be infinity.
+      if (!(*v >= 0 && *v <= std::numeric_limits<float>::max())) {
         check->Fail("temperature", absl::StrCat(*v, ": must be a finite number >= 0"));
+      } else {
+        out->sampling.temperature = static_cast<float>(*v);
       }
-      out->sampling.temperature = static_cast<float>(*v);
     }
   }
   if (o.contains("top_k")) {
@@ -146,7 +260,9 @@ void ReadOptions(const json& o, BatchGenerateOptions* out, Checker* check) {
   }
   if (o.contains("top_p")) {
     if (auto v = Number(o["top_p"], "top_p", check)) {
-      const float p = static_cast<float>(*v);
+      // The check is on the float32 the engine takes (1e-50 is 0 there); a
+      // value outside (0, 1] is not converted at all.
+      const float p = *v > 0 && *v <= 1 ? static_cast<float>(*v) : 0.0f;
       if (!(p > 0 && p <= 1)) check->Fail("top_p", absl::StrCat(*v, ": must be in (0, 1]"));
       out->sampling.top_p = p;
       out->has_top_p = true;
@@ -248,21 +364,16 @@ std::vector<int32_t> Resolve(const BatchInput& input, const std::string& field,
 
 }  // namespace
 
-std::variant<BatchRequest, BatchLineError> ParseBatchLine(const std::string& line,
+std::variant<BatchRequest, BatchLineError> ParseBatchLine(std::string_view line,
                                                           int64_t line_number) {
   BatchLineError error;
   error.line = line_number;
-  json o;
-  try {
-    o = json::parse(line);
-  } catch (const json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at ...": the part after
-    // the bracket.
-    std::string what = e.what();
-    if (const size_t at = what.find("] "); at != std::string::npos) what = what.substr(at + 2);
-    error.message = absl::StrCat("not JSON: ", what);
+  LineReader reader;
+  if (!json::sax_parse(line, &reader)) {
+    error.message = reader.error();
     return error;
   }
+  json o = reader.Take();
   if (!o.is_object()) {
     error.message = "not a JSON object";
     return error;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -68,10 +69,13 @@ struct BatchLineError {
   std::string message;
 };
 
-// Parses one non-blank line. Checks everything that needs no model: JSON
-// types, unknown fields, value ranges. Errors name the field ("top_p: 1.5:
-// must be in (0, 1]", "questions[1]: empty").
-std::variant<BatchRequest, BatchLineError> ParseBatchLine(const std::string& line,
+// Parses one non-blank line; any bytes give a request or an error, never an
+// exception. Checks everything that needs no model: JSON syntax, numbers a
+// double cannot hold, nesting (at most 16 levels), JSON types, unknown
+// fields, value ranges. Errors name the field ("top_p: 1.5: must be in (0,
+// 1]", "questions[1]: empty", "temperature: 1e400: a number out of the
+// range of a double").
+std::variant<BatchRequest, BatchLineError> ParseBatchLine(std::string_view line,
                                                           int64_t line_number);
 
 // One sequence to run.

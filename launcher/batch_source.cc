@@ -1,5 +1,7 @@
 #include "launcher/batch_source.h"
 
+#include <istream>
+#include <string>
 #include <variant>
 
 #include "absl/strings/ascii.h"
@@ -7,17 +9,64 @@
 
 namespace deltaserve {
 
+namespace {
+
+enum class LineRead { kEnd, kLine, kTooLong };
+
+// Reads the next line (without its newline) into `line`, keeping at most
+// `max_bytes` of it: a longer line is read to its end but not kept
+// (kTooLong, `line` empty). `line` null: the line is only measured, nothing
+// kept. `blank`: only ASCII whitespace (a line too long is never blank).
+LineRead ReadLine(std::istream& in, int64_t max_bytes, std::string* line, bool* blank) {
+  std::string unused;
+  const bool keep = line != nullptr;
+  if (!keep) line = &unused;
+  line->clear();
+  int64_t length = 0;
+  *blank = true;
+  std::streambuf* buf = in.rdbuf();
+  bool any = false, too_long = false;
+  for (;;) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      if (!any) return LineRead::kEnd;
+      break;
+    }
+    any = true;
+    if (c == '\n') break;
+    if (too_long) continue;
+    if (length++ >= max_bytes) {
+      too_long = true;
+      *blank = false;
+      line->clear();
+      line->shrink_to_fit();
+      continue;
+    }
+    if (keep) line->push_back(static_cast<char>(c));
+    if (!absl::ascii_isspace(static_cast<unsigned char>(c))) *blank = false;
+  }
+  return too_long ? LineRead::kTooLong : LineRead::kLine;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const std::string& path,
                                                                const BatchModel* model,
+                                                               int64_t max_line_bytes,
                                                                BatchOutput* output,
                                                                BatchProgress* progress) {
-  std::unique_ptr<BatchSource> source(new BatchSource(path, model, output, progress));
+  std::unique_ptr<BatchSource> source(
+      new BatchSource(path, model, max_line_bytes, output, progress));
   int64_t requests = 0;
   {
     std::ifstream count(path);
     if (!count) return absl::NotFoundError(absl::StrCat(path, ": cannot open (--input)"));
-    std::string line;
-    while (std::getline(count, line)) requests += !absl::StripAsciiWhitespace(line).empty();
+    bool blank = true;
+    for (LineRead r; (r = ReadLine(count, max_line_bytes, nullptr, &blank)) != LineRead::kEnd;) {
+      requests += !blank;
+    }
+    if (count.bad()) return absl::DataLossError(absl::StrCat(path, ": read error (--input)"));
   }
   progress->SetTotal(requests);
   source->in_.open(path);
@@ -57,14 +106,25 @@ absl::Status BatchSource::WriteLocked(int64_t line, const std::string& key,
 absl::Status BatchSource::ReadLocked() {
   std::string text;
   while (ready_.empty() && !end_) {
-    if (!std::getline(in_, text)) {
+    bool blank = true;
+    const LineRead read = ReadLine(in_, max_line_bytes_, &text, &blank);
+    if (read == LineRead::kEnd) {
       if (in_.bad()) return absl::DataLossError(absl::StrCat(path_, ": read error"));
       end_ = true;
       break;
     }
     const int64_t line = ++line_number_;
-    if (absl::StripAsciiWhitespace(text).empty()) continue;
-    std::variant<BatchRequest, BatchLineError> parsed = ParseBatchLine(text, line);
+    if (blank) continue;
+    std::variant<BatchRequest, BatchLineError> parsed;
+    if (read == LineRead::kTooLong) {
+      BatchLineError error;
+      error.line = line;
+      error.message = absl::StrCat("longer than the limit of ", max_line_bytes_,
+                                   " bytes (--max-line-bytes); not read");
+      parsed = std::move(error);
+    } else {
+      parsed = ParseBatchLine(text, line);
+    }
     text.clear();
     if (auto* request = std::get_if<BatchRequest>(&parsed)) {
       // An id seen before makes this line an error of its own, keyed by line.

@@ -27,9 +27,12 @@ class BatchSource {
  public:
   // `model` (may be null: no checks against a model, see UnitsOf), `output`
   // and `progress` must outlive the source. Counts the requests (non-blank
-  // lines) for the progress.
+  // lines) for the progress. A line longer than `max_line_bytes` (its
+  // newline not counted) is not read into memory: it becomes an error
+  // record keyed by its line.
   static absl::StatusOr<std::unique_ptr<BatchSource>> Open(const std::string& path,
                                                            const BatchModel* model,
+                                                           int64_t max_line_bytes,
                                                            BatchOutput* output,
                                                            BatchProgress* progress);
 
@@ -40,9 +43,13 @@ class BatchSource {
   absl::Status Write(const BatchUnit& unit, const std::string& record, bool error);
 
  private:
-  BatchSource(std::string path, const BatchModel* model, BatchOutput* output,
-              BatchProgress* progress)
-      : path_(std::move(path)), model_(model), output_(output), progress_(progress) {}
+  BatchSource(std::string path, const BatchModel* model, int64_t max_line_bytes,
+              BatchOutput* output, BatchProgress* progress)
+      : path_(std::move(path)),
+        model_(model),
+        max_line_bytes_(max_line_bytes),
+        output_(output),
+        progress_(progress) {}
   // Reads lines until one has a unit to run (queued in ready_), or the end.
   absl::Status ReadLocked();
   absl::Status WriteLocked(int64_t line, const std::string& key, const std::string& record,
@@ -50,6 +57,7 @@ class BatchSource {
 
   const std::string path_;
   const BatchModel* const model_;
+  const int64_t max_line_bytes_;
   BatchOutput* const output_;
   BatchProgress* const progress_;
   std::mutex mu_;

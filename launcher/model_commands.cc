@@ -13,6 +13,7 @@
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
 #include "runtime/common/checked_product.h"
+#include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
@@ -316,6 +317,11 @@ absl::Status RunScore(const Args& args) {
   }
   const bool want_logits = flags.Has("logits-out");
   const std::string out = flags.GetString(want_logits ? "logits-out" : "logprobs-out");
+  // Before the model runs; WriteFileAtomically checks again when it writes.
+  if (absl::Status s = CheckOutputPath(out); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat(want_logits ? "--logits-out: " : "--logprobs-out: ", s.message()));
+  }
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   SequenceRequest request;
   request.kind = want_logits ? SequenceKind::kLogits : SequenceKind::kScore;

@@ -266,12 +266,12 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   }
   if (flags.Has("step-log")) {
     const std::string path = flags.GetString("step-log");
-    auto log = std::make_shared<std::ofstream>(path, std::ios::trunc);
-    if (!*log) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--step-log: cannot write ", path, ": ", std::strerror(errno)));
+    absl::StatusOr<std::unique_ptr<std::ostream>> log = OpenOutputStream(path);
+    if (!log.ok()) {
+      return absl::Status(log.status().code(),
+                          absl::StrCat("--step-log: ", log.status().message()));
     }
-    c.step_log = std::move(log);
+    c.step_log = std::shared_ptr<std::ostream>(std::move(*log));
   }
   DELTASERVE_ASSIGN_OR_RETURN(c.progress_interval_s,
                               flags.GetDouble("progress-interval", c.progress_interval_s));

@@ -1,5 +1,7 @@
 // The deltaserve executable as a user runs it: make-model, generate, score,
 // and its errors on bad input (exit code non-zero, message naming the problem).
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -319,6 +321,35 @@ TEST(CliTest, BadInputGivesClearErrors) {
   EXPECT_NE(
       ExpectFailure("generate --model " + no_key + " --prompt hi").find("attn_res_block_size"),
       std::string::npos);
+}
+
+// The server's output files: --step-log and --port-file refuse a FIFO (which
+// an ofstream would block on, waiting for a reader) and a symbolic link
+// (which it would write through), naming the path and what it is, and leave
+// them as they were. `timeout` turns a hang into a failure.
+TEST(CliTest, ServerOutputFilesAreNeverLinksOrFifos) {
+  const std::string golden = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("cli_server_outputs");
+  const std::string victim = dir + "/victim", link = dir + "/link", fifo = dir + "/fifo";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, link);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string serve = "timeout 60 " + Deltaserve() + " serve --model " + golden + " --port 0";
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --step-log " + fifo, "--step-log: " + fifo + ": is a FIFO, not a regular file"},
+           {" --step-log " + link, "--step-log: " + link + ": is a symbolic link"},
+           {" --port-file " + link, link + ": is a symbolic link, not a regular file"},
+           {" --port-file " + fifo, fifo + ": is a FIFO, not a regular file"},
+       }) {
+    std::string output;
+    const int rc = testing::RunCommand(serve + flags, &output);
+    EXPECT_NE(rc, 0) << flags << "\n" << output;
+    EXPECT_NE(rc, 124) << flags << ": hung\n" << output;
+    EXPECT_NE(output.find(message), std::string::npos) << flags << "\n" << output;
+  }
+  EXPECT_EQ(ReadText(victim), "precious");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
 }
 
 }  // namespace

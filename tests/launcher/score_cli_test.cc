@@ -4,6 +4,8 @@
 // logits buffer and the process's peak memory measured), and --logits-out
 // refuses what would not fit, naming the size.
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <cmath>
@@ -138,6 +140,57 @@ TEST(ScoreCliTest, LogitsOutRefusesWhatDoesNotFitNamingTheSize) {
                                 &output),
             0)
       << output;
+}
+
+// --logits-out and --logprobs-out write a new name or replace a regular file,
+// and refuse, before the model runs and leaving it as it was, a symbolic link
+// (the file it points to untouched), a FIFO, a device node, or a link planted
+// at the temporary name the file is written under.
+TEST(ScoreCliTest, OutputsAreNewNamesOrRegularFilesNeverLinksFifosOrDevices) {
+  const std::string model = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("score_output_kind");
+  const std::string victim = dir + "/victim";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, dir + "/link.safetensors");
+  ASSERT_EQ(::mkfifo((dir + "/fifo.safetensors").c_str(), 0600), 0);
+  // A device node of our own (/dev/full's numbers), not the system's.
+  const bool have_device =
+      ::mknod((dir + "/full.safetensors").c_str(), S_IFCHR | 0600, makedev(1, 7)) == 0;
+  std::filesystem::create_symlink(victim, dir + "/planted.safetensors.tmp");
+  auto score = [&](const std::string& flag, const std::string& path, std::string* output) {
+    return testing::RunCommand(
+        absl::StrCat(Deltaserve(), " score --model ", model, " --tokens 1,2,3,4 ", flag, " ", path),
+        output);
+  };
+  std::string output;
+  for (const char* flag : {"--logits-out", "--logprobs-out"}) {
+    for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+             {"link.safetensors", ": is a symbolic link, not a regular file"},
+             {"fifo.safetensors", ": is a FIFO, not a regular file"},
+             {"full.safetensors", ": is a character device, not a regular file"},
+             {"planted.safetensors", ".tmp: is a symbolic link, not a regular file"},
+         }) {
+      if (name == "full.safetensors" && !have_device) continue;
+      SCOPED_TRACE(absl::StrCat(flag, " ", name));
+      EXPECT_NE(score(flag, dir + "/" + name, &output), 0) << output;
+      EXPECT_NE(output.find(dir + "/" + name + what), std::string::npos) << output;
+    }
+  }
+  std::ifstream in(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+            "precious");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir + "/link.safetensors"));
+  EXPECT_TRUE(std::filesystem::is_fifo(dir + "/fifo.safetensors"));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir + "/planted.safetensors.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/planted.safetensors"));
+  if (have_device) {
+    EXPECT_TRUE(std::filesystem::is_character_file(dir + "/full.safetensors"));
+  }
+  // A regular file is replaced, a new name written.
+  ASSERT_EQ(score("--logits-out", victim, &output), 0) << output;
+  EXPECT_EQ(testing::ReadGoldenFile(victim)->Get("logits").shape, (std::vector<int64_t>{4, 256}));
+  ASSERT_EQ(score("--logprobs-out", dir + "/new.safetensors", &output), 0) << output;
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir + "/new.safetensors"));
 }
 
 // A K3-shaped model (K3 gate, attention residuals) of KDA layers and dense
