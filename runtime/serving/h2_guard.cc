@@ -29,8 +29,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 constexpr size_t kPrefaceBytes = sizeof(kPreface) - 1;
-constexpr uint8_t kHeaders = 0x1, kPushPromise = 0x5, kContinuation = 0x9;
-constexpr uint8_t kEndHeaders = 0x4;
+constexpr uint8_t kData = 0x0, kHeaders = 0x1, kPushPromise = 0x5, kContinuation = 0x9;
+constexpr uint8_t kEndStream = 0x1, kEndHeaders = 0x4, kPadded = 0x8;
 // After accept() fails for lack of descriptors or memory, wait this long
 // before trying again instead of spinning on the readable listening socket.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
@@ -62,7 +62,19 @@ void Watch(int epoll_fd, int op, int fd, uint32_t events, void* tag) {
 
 }  // namespace
 
-absl::Status H2FrameCheck::Consume(absl::string_view bytes) {
+H2FrameCheck::H2FrameCheck(const H2Rules& rules)
+    : rules_(rules), tokens_(static_cast<double>(rules.control_frame_burst)) {}
+
+absl::Status H2FrameCheck::Consume(absl::string_view bytes, Clock::time_point now) {
+  if (!started_) {
+    started_ = true;
+    filled_at_ = now;
+  } else if (now > filled_at_) {
+    const double seconds = std::chrono::duration<double>(now - filled_at_).count();
+    tokens_ = std::min(static_cast<double>(rules_.control_frame_burst),
+                       tokens_ + seconds * static_cast<double>(rules_.control_frames_per_second));
+    filled_at_ = now;
+  }
   size_t i = 0;
   while (error_.ok() && i < bytes.size()) {
     if (preface_matched_ < kPrefaceBytes) {
@@ -75,6 +87,15 @@ absl::Status H2FrameCheck::Consume(absl::string_view bytes) {
       preface_matched_ += n;
       i += n;
     } else if (payload_left_ > 0) {
+      if (pad_length_next_) {
+        // A padded DATA frame of nothing but padding is an empty one.
+        pad_length_next_ = false;
+        const uint32_t pad = static_cast<unsigned char>(bytes[i]);
+        if (!padded_ends_stream_ && padded_length_ <= 1 + pad) {
+          error_ = OnControlFrame();
+          if (!error_.ok()) break;
+        }
+      }
       const size_t n = std::min<size_t>(payload_left_, bytes.size() - i);
       payload_left_ -= static_cast<uint32_t>(n);
       i += n;
@@ -110,6 +131,16 @@ absl::Status H2FrameCheck::OnFrameHeader() {
     in_block_ = true;
     block_stream_ = stream;
     block_bytes_ = sizeof(header_) + length;
+  } else if (type == kData) {
+    if ((flags & kPadded) != 0 && length > 0) {
+      pad_length_next_ = true;
+      padded_length_ = length;
+      padded_ends_stream_ = (flags & kEndStream) != 0;
+    } else if (length == 0 && (flags & kEndStream) == 0) {
+      DELTASERVE_RETURN_IF_ERROR(OnControlFrame());
+    }
+  } else {
+    DELTASERVE_RETURN_IF_ERROR(OnControlFrame());
   }
   if (in_block_) {
     if (block_bytes_ > rules_.max_header_block_bytes) {
@@ -121,6 +152,38 @@ absl::Status H2FrameCheck::OnFrameHeader() {
   }
   payload_left_ = length;
   return absl::OkStatus();
+}
+
+absl::Status H2FrameCheck::OnControlFrame() {
+  if (tokens_ < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, PRIORITY, "
+        "empty DATA): over ",
+        rules_.control_frame_burst, " at once, or over ", rules_.control_frames_per_second,
+        " a second after that"));
+  }
+  tokens_ -= 1;
+  return absl::OkStatus();
+}
+
+void H2FrameCheck::Sent(absl::string_view bytes) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    if (sent_payload_left_ > 0) {
+      const size_t n = std::min<size_t>(sent_payload_left_, bytes.size() - i);
+      sent_payload_left_ -= static_cast<uint32_t>(n);
+      i += n;
+      continue;
+    }
+    sent_header_[sent_header_bytes_++] = static_cast<unsigned char>(bytes[i++]);
+    if (sent_header_bytes_ == sizeof(sent_header_)) {
+      sent_header_bytes_ = 0;
+      sent_payload_left_ =
+          uint32_t{sent_header_[0]} << 16 | uint32_t{sent_header_[1]} << 8 | sent_header_[2];
+      tokens_ = std::min(static_cast<double>(rules_.control_frame_burst),
+                         tokens_ + static_cast<double>(rules_.control_frames_per_frame_sent));
+    }
+  }
 }
 
 // One relayed connection: the client's TCP socket and the guard's end of
@@ -187,7 +250,8 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
     if (const size_t room = up.room(); !client_eof && room > 0) {
       const ssize_t n = ::recv(tcp, up.data.get() + up.end, room, 0);
       if (n > 0) {
-        if (absl::Status ok = check.Consume({up.data.get() + up.end, static_cast<size_t>(n)});
+        if (absl::Status ok =
+                check.Consume({up.data.get() + up.end, static_cast<size_t>(n)}, Clock::now());
             !ok.ok()) {
           *why = std::move(ok);
           return State::kCut;
@@ -231,6 +295,7 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
     if (down.size() > 0) {
       const ssize_t n = ::send(tcp, down.data.get() + down.begin, down.size(), MSG_NOSIGNAL);
       if (n > 0) {
+        check.Sent({down.data.get() + down.begin, static_cast<size_t>(n)});
         down.begin += static_cast<size_t>(n);
         moved = true;
       } else if (!WouldBlock(errno)) {
@@ -248,7 +313,9 @@ absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& host
                                                          absl::string_view who,
                                                          H2GuardOptions options) {
   if (options.max_connections < 1 || options.buffer_bytes < 1024 ||
-      options.rules.max_header_block_bytes < 1) {
+      options.rules.max_header_block_bytes < 1 || options.rules.control_frame_burst < 1 ||
+      options.rules.control_frames_per_second < 0 ||
+      options.rules.control_frames_per_frame_sent < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the HTTP/2 guard's limits must be positive"));
   }

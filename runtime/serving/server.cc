@@ -633,7 +633,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   Counter& cut = impl->metrics.AddCounter(
       "deltaserve_http2_connections_cut_total",
       "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
-      "(an endless or oversized header block, a bad preface or frame).");
+      "(an endless or oversized header block, a flood of control frames, a bad preface or "
+      "frame).");
   const bool tls = !options.tls.cert_file.empty();
   if (tls) WarnOfUnauthenticatedTls(options);
   grpc::ServerBuilder builder;

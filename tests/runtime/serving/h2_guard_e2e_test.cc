@@ -3,15 +3,17 @@
 // side): a header block that never ends (CONTINUATION after CONTINUATION,
 // the CVE-2023-33953 class that gRPC 1.51 does not bound) on the client port
 // and on the worker port, with the coordinator's VmRSS watched throughout;
-// then a real worker attaches and a real client generates. The settings the
-// flags give reach the SETTINGS frame of both ports, and streams over
-// --max-connection-streams on one connection wait while the allowed ones run.
+// then a real worker attaches and a real client generates. A PING flood on
+// both ports, with VmRSS before and after. The settings the flags give reach
+// the SETTINGS frame of both ports, and streams over --max-connection-streams
+// on one connection wait while the allowed ones run.
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -27,7 +29,7 @@ namespace {
 std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
 
 constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-constexpr uint8_t kSettings = 0x4, kHeaders = 0x1, kContinuation = 0x9;
+constexpr uint8_t kSettings = 0x4, kHeaders = 0x1, kPing = 0x6, kContinuation = 0x9;
 constexpr uint8_t kEndHeaders = 0x4;
 constexpr size_t kFramePayload = 16384;  // HTTP/2's initial SETTINGS_MAX_FRAME_SIZE
 
@@ -71,9 +73,11 @@ std::string FloodPayload() {
 // `timeout` (a server that stops reading is not a hang).
 class RawConnection {
  public:
-  RawConnection(int port, std::chrono::seconds timeout) {
+  template <typename Duration>
+  RawConnection(int port, Duration timeout) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{static_cast<time_t>(timeout.count()), 0};
+    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
+    timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
     setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     sockaddr_in addr{};
@@ -224,6 +228,68 @@ TEST(H2FloodTest, AContinuationFloodIsCutOnBothPortsAndTheServerStaysSmallAndSer
   EXPECT_EQ(served.ids.size(), 8u);
 }
 
+// The value of a counter or gauge in a Prometheus text page (-1: none).
+double Metric(const std::string& page, const std::string& name) {
+  const size_t at = page.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(page.substr(at + name.size() + 2));
+}
+
+// `connections` connections one after another, each the preface, a SETTINGS
+// frame and then `pings` PING frames (17 bytes each) sent without reading,
+// until the server closes it: how many it closed, and VmRSS over the
+// baseline once they are gone.
+struct PingFloodResult {
+  int closed = 0;
+  int64_t growth_after = 0;
+};
+PingFloodResult PingFlood(int port, pid_t server, int connections, int pings) {
+  PingFloodResult r;
+  const int64_t baseline = RssBytes(server);
+  std::string burst;  // 1,000 PINGs per send
+  for (int i = 0; i < 1000; ++i) burst += Frame(kPing, 0, 0, std::string(8, static_cast<char>(i)));
+  for (int c = 0; c < connections; ++c) {
+    RawConnection flood(port, std::chrono::seconds(5));
+    EXPECT_TRUE(flood.connected());
+    bool open = flood.Send(kPreface) && flood.Send(Frame(kSettings, 0, 0, ""));
+    for (int sent = 0; open && sent < pings; sent += 1000) open = flood.Send(burst);
+    if (!open ? errno == EPIPE || errno == ECONNRESET : flood.ReadUntilClosed()) ++r.closed;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  r.growth_after = RssBytes(server) - baseline;
+  return r;
+}
+
+// 20,000 PINGs (340 KB) per connection, five connections on each port, the
+// coordinator's VmRSS read before and after: without a bound on control
+// frames, each such connection grew it by 64 to 140 MiB, which stayed after
+// the connection closed.
+TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --metrics-port 0");
+  ASSERT_NE(coordinator.stub, nullptr);
+  testing::Status(*coordinator.stub);  // gRPC's own first allocations, before the baseline
+  const int worker_port = std::stoi(coordinator.worker_address.substr(10));
+  for (const int port : {coordinator.port, worker_port}) {
+    const PingFloodResult r = PingFlood(port, coordinator.process->pid(), 5, 20000);
+    std::printf("port %d: 5 connections of 20,000 PINGs; %d closed; VmRSS +%lld KiB after\n", port,
+                r.closed, static_cast<long long>(r.growth_after >> 10));
+    EXPECT_EQ(r.closed, 5) << "port " << port;
+    EXPECT_LE(r.growth_after, 8 * kMiB) << "port " << port;
+  }
+  const std::string log = coordinator.process->Log();
+  EXPECT_NE(log.find("a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, "
+                     "PRIORITY, empty DATA): over 1000 at once, or over 100 a second"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(Metric(testing::HttpGet(coordinator.metrics_port, "/metrics"),
+                   "deltaserve_http2_connections_cut_total"),
+            10);
+  // Both ports serve on.
+  EXPECT_EQ(testing::Status(*coordinator.stub).workers(), 0);
+  RawConnection fresh(worker_port, std::chrono::seconds(5));
+  ASSERT_TRUE(fresh.Send(kPreface) && fresh.Send(Frame(kSettings, 0, 0, "")));
+  EXPECT_FALSE(fresh.ReadSettings().empty());
+}
+
 // SETTINGS_MAX_CONCURRENT_STREAMS (3) and SETTINGS_MAX_HEADER_LIST_SIZE (6)
 // are what the flags say, on both ports.
 TEST(Http2LimitsTest, TheFlagsReachTheSettingsOfBothPorts) {
@@ -276,7 +342,7 @@ TEST(Http2LimitsTest, StreamsOverTheConnectionLimitWaitWhileTheAllowedOnesRun) {
     }
     for (std::thread& t : clients) t.join();
     for (const testing::Streamed& s : streamed) {
-      EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+      EXPECT_TRUE(s.status.ok()) << s.status.error_message() << server.process->Log();
       EXPECT_EQ(s.ids.size(), 300u);
     }
     EXPECT_EQ(most, limit > 0 ? limit : 4) << "limit " << limit;

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -41,18 +42,25 @@ H2Rules Rules(int64_t block) {
   return rules;
 }
 
-// The whole stream in one call, and again a byte at a time: the same answer.
-absl::Status Check(const std::string& stream, int64_t block = 1000) {
-  H2FrameCheck whole(Rules(block));
-  const absl::Status at_once = whole.Consume(stream);
-  H2FrameCheck bytewise(Rules(block));
+using Clock = std::chrono::steady_clock;
+
+// The whole stream in one call, and again a byte at a time, at one time:
+// the same answer.
+absl::Status Check(const std::string& stream, const H2Rules& rules) {
+  const Clock::time_point now = Clock::now();
+  H2FrameCheck whole(rules);
+  const absl::Status at_once = whole.Consume(stream, now);
+  H2FrameCheck bytewise(rules);
   absl::Status one_by_one;
   for (char c : stream) {
-    one_by_one = bytewise.Consume(std::string(1, c));
+    one_by_one = bytewise.Consume(std::string(1, c), now);
     if (!one_by_one.ok()) break;
   }
   EXPECT_EQ(at_once, one_by_one);
   return at_once;
+}
+absl::Status Check(const std::string& stream, int64_t block = 1000) {
+  return Check(stream, Rules(block));
 }
 
 // Frames of any length pass (gRPC checks them against the size it
@@ -110,8 +118,104 @@ TEST(H2FrameCheckTest, BoundsEachHeaderBlockAcrossItsContinuations) {
 
 TEST(H2FrameCheckTest, AnErrorSticks) {
   H2FrameCheck check(Rules(1000));
-  EXPECT_FALSE(check.Consume("GET").ok());
-  EXPECT_FALSE(check.Consume(kPreface).ok());
+  EXPECT_FALSE(check.Consume("GET", Clock::now()).ok());
+  EXPECT_FALSE(check.Consume(kPreface, Clock::now()).ok());
+}
+
+constexpr uint8_t kPriority = 0x2, kRstStream = 0x3, kPing = 0x6, kWindowUpdate = 0x8;
+constexpr uint8_t kEndStream = 0x1, kPadded = 0x8;
+
+H2Rules ControlRules(int64_t burst, int64_t per_second, int64_t per_frame_sent = 4) {
+  H2Rules rules = Rules(1000);
+  rules.control_frame_burst = burst;
+  rules.control_frames_per_second = per_second;
+  rules.control_frames_per_frame_sent = per_frame_sent;
+  return rules;
+}
+
+std::string Frames(uint8_t type, uint8_t flags, uint32_t stream, size_t length, int count) {
+  std::string frames;
+  for (int i = 0; i < count; ++i) frames += Frame(type, flags, stream, length);
+  return frames;
+}
+
+// Ten control frames of any kind pass a burst of ten; one more is a flood.
+TEST(H2FrameCheckTest, ControlFramesPastTheBurstAreAFlood) {
+  const H2Rules rules = ControlRules(10, 5);
+  for (const uint8_t type :
+       {kPing, kSettings, kRstStream, kWindowUpdate, kPriority, uint8_t{0x42}}) {
+    const std::string ten = kPreface + Frames(type, 0, type == kPing || type == kSettings ? 0 : 1,
+                                              type == kPing ? 8 : 4, 10);
+    EXPECT_TRUE(Check(ten, rules).ok()) << int{type};
+    const absl::Status flood = Check(ten + Frame(type, 0, 1, 4), rules);
+    EXPECT_EQ(flood.code(), absl::StatusCode::kResourceExhausted) << int{type};
+    EXPECT_NE(flood.message().find("a flood of control frames"), std::string::npos) << flood;
+    EXPECT_NE(flood.message().find("over 10 at once, or over 5 a second"), std::string::npos)
+        << flood;
+  }
+  // PING ACKs too, and one kind with another.
+  EXPECT_FALSE(
+      Check(kPreface + Frames(kPing, 1, 0, 8, 6) + Frames(kWindowUpdate, 0, 0, 4, 5), rules).ok());
+}
+
+// Data, and the empty DATA frame that ends a stream, are not control
+// frames; an empty DATA frame that does not end its stream is, and so is a
+// padded one with nothing but padding. Header blocks are not.
+TEST(H2FrameCheckTest, EmptyDataCountsAsControlButDataAndEndsOfStreamDoNot) {
+  const H2Rules rules = ControlRules(2, 0);
+  const std::string two = kPreface + Frame(kData, 0, 1, 0) + Frame(kPing, 0, 0, 8);
+  EXPECT_TRUE(Check(two + Frames(kData, 0, 1, 100, 20) + Frames(kData, kEndStream, 1, 0, 20) +
+                        Frames(kHeaders, kEndHeaders, 3, 10, 20),
+                    rules)
+                  .ok());
+  EXPECT_FALSE(Check(two + Frame(kData, 0, 1, 0), rules).ok());
+  // Padded: a pad length byte of 4 and 4 bytes of padding is empty; with 1
+  // byte of data it is not; ending the stream it is not counted either.
+  const std::string padding_only = Frame(kData, kPadded, 1, 5).replace(9, 1, 1, '\x04');
+  const std::string one_byte = Frame(kData, kPadded, 1, 6).replace(9, 1, 1, '\x04');
+  const std::string padded_end = Frame(kData, kPadded | kEndStream, 1, 5).replace(9, 1, 1, '\x04');
+  EXPECT_TRUE(Check(two + one_byte + one_byte + padded_end, rules).ok());
+  EXPECT_FALSE(Check(two + one_byte + padding_only, rules).ok());
+}
+
+// The bucket gains control_frames_per_second, up to the burst, and
+// control_frames_per_frame_sent for each frame sent to the client.
+TEST(H2FrameCheckTest, TheBucketFillsWithTimeAndWithFramesSent) {
+  const Clock::time_point start = Clock::now();
+  {
+    H2FrameCheck check(ControlRules(10, 5));
+    EXPECT_TRUE(check.Consume(kPreface + Frames(kPing, 0, 0, 8, 10), start).ok());
+    // Half a second later: 2.5 frames more, so two pass and the third does not.
+    const Clock::time_point later = start + std::chrono::milliseconds(500);
+    EXPECT_TRUE(check.Consume(Frames(kPing, 0, 0, 8, 2), later).ok());
+    EXPECT_FALSE(check.Consume(Frame(kPing, 0, 0, 8), later).ok());
+  }
+  {
+    H2FrameCheck check(ControlRules(10, 5));
+    EXPECT_TRUE(check.Consume(kPreface + Frames(kPing, 0, 0, 8, 10), start).ok());
+    // An hour later the bucket is full again, not fuller.
+    const Clock::time_point hour = start + std::chrono::hours(1);
+    EXPECT_TRUE(check.Consume(Frames(kPing, 0, 0, 8, 10), hour).ok());
+    EXPECT_FALSE(check.Consume(Frame(kPing, 0, 0, 8), hour).ok());
+  }
+  {
+    // Two frames earned per frame sent: the server's SETTINGS (cut in two
+    // sends) and a DATA frame of 100 bytes earn four, its 100 bytes no more.
+    H2FrameCheck check(ControlRules(4, 0, 2));
+    EXPECT_TRUE(check.Consume(kPreface + Frames(kWindowUpdate, 0, 0, 4, 4), start).ok());
+    const std::string settings = Frame(kSettings, 0, 0, 12);
+    check.Sent(settings.substr(0, 5));
+    check.Sent(settings.substr(5) + Frame(kData, 0, 1, 100).substr(0, 50));
+    check.Sent(Frame(kData, 0, 1, 100).substr(50));
+    EXPECT_TRUE(check.Consume(Frames(kWindowUpdate, 0, 1, 4, 4), start).ok());
+    EXPECT_FALSE(check.Consume(Frame(kWindowUpdate, 0, 1, 4), start).ok());
+  }
+  {
+    H2FrameCheck check(ControlRules(4, 0, 2));
+    check.Sent(Frames(kData, 0, 1, 10, 1000));  // no more than the burst
+    EXPECT_TRUE(check.Consume(kPreface + Frames(kPing, 0, 0, 8, 4), start).ok());
+    EXPECT_FALSE(check.Consume(Frame(kPing, 0, 0, 8), start).ok());
+  }
 }
 
 // receive_buffer > 0: SO_RCVBUF, set before connecting so the window is small.
@@ -213,8 +317,7 @@ class Cuts {
 class H2GuardTest : public ::testing::Test {
  protected:
   void StartGuard() { StartGuard(peers_.Handoff()); }
-  void StartGuard(H2Guard::Handoff handoff) {
-    H2GuardOptions options;
+  void StartGuard(H2Guard::Handoff handoff, H2GuardOptions options = {}) {
     options.flush_after_close = std::chrono::milliseconds(300);
     options.rules.max_header_block_bytes = 4096;
     options.buffer_bytes = 4096;
@@ -267,7 +370,9 @@ TEST_F(H2GuardTest, ACutClosesBothSidesAndNamesThePeerAndTheReason) {
   ASSERT_NO_FATAL_FAILURE(StartGuard());
   const int fd = Connect(guard_->port());
   ASSERT_GE(fd, 0);
-  std::string flood = kPreface + Frame(kHeaders, 0, 1, 1000);
+  ASSERT_TRUE(SendAll(fd, kPreface));
+  ASSERT_TRUE(WaitFor([&] { return peers_.handed_off() == 1; }));
+  std::string flood = Frame(kHeaders, 0, 1, 1000);
   for (int i = 0; i < 10; ++i) flood += Frame(kContinuation, 0, 1, 1000);
   SendAll(fd, flood);  // may fail part way: the guard closes the connection
   ReadAll(fd);         // ends: the connection is closed
@@ -335,6 +440,47 @@ TEST_F(H2GuardTest, AClientThatDoesNotTakeTheLastBytesIsClosedAfterAWhile) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   close(fd);
   EXPECT_EQ(guard_->connections_cut(), 0);
+}
+
+// Whether the guard closed `fd` within `timeout` (it reads what the echo
+// sends back meanwhile).
+bool ClosedWithin(int fd, std::chrono::milliseconds timeout) {
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+// 2,000 PINGs cut the connection after the burst (100 here), gRPC's side
+// included, and the cut names the flood; pings within the burst pass.
+TEST_F(H2GuardTest, APingFloodIsCut) {
+  H2GuardOptions options;
+  options.rules.control_frame_burst = 100;
+  options.rules.control_frames_per_second = 10;
+  ASSERT_NO_FATAL_FAILURE(StartGuard(peers_.Handoff(), options));
+  const int calm = Connect(guard_->port());
+  ASSERT_GE(calm, 0);
+  const std::string pings = kPreface + Frames(0x6, 0, 0, 8, 90);
+  ASSERT_TRUE(SendAll(calm, pings));
+  EXPECT_EQ(ReadAll(calm, pings.size()), pings);  // all relayed and echoed
+  const int flood = Connect(guard_->port());
+  ASSERT_GE(flood, 0);
+  ASSERT_TRUE(SendAll(flood, kPreface));
+  ASSERT_TRUE(WaitFor([&] { return peers_.handed_off() == 2; }));
+  SendAll(flood, Frames(0x6, 0, 0, 8, 2000));  // may fail part way
+  EXPECT_TRUE(ClosedWithin(flood, std::chrono::seconds(5)));
+  close(flood);
+  EXPECT_TRUE(WaitFor([&] { return peers_.closed() == 1; }));
+  EXPECT_EQ(guard_->connections_cut(), 1);
+  const std::vector<std::string> cuts = cuts_.Get();
+  ASSERT_EQ(cuts.size(), 1u);
+  EXPECT_NE(cuts[0].find("a flood of control frames"), std::string::npos) << cuts[0];
+  close(calm);
 }
 
 }  // namespace
