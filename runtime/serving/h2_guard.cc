@@ -14,8 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <system_error>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,21 +32,35 @@ constexpr uint8_t kEndStream = 0x1, kEndHeaders = 0x4, kPadded = 0x8;
 // After accept() fails for lack of descriptors or memory, wait this long
 // before trying again instead of spinning on the readable listening socket.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
+// Connections accepted per round of the loop at most: under a flood of
+// connections the listening socket is never empty, and the connections
+// already accepted (a caller's request among them) must be relayed too.
+constexpr int kAcceptsPerRound = 64;
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
-std::string PeerName(const sockaddr_storage& addr) {
-  char text[INET6_ADDRSTRLEN] = "?";
+// The peer for the log ("host:port"), and in *source who it counts as for
+// the caps on connections without a request: its IPv4 address, or its IPv6
+// /64 (one host's usual share, so that its addresses do not count apart).
+std::string PeerName(const sockaddr_storage& addr, std::string* source) {
+  char text[INET6_ADDRSTRLEN] = "";
   if (addr.ss_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
     inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    *source = text;
     return HostPort(text, ntohs(in->sin_port));
   }
   if (addr.ss_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
     inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    in6_addr prefix = in6->sin6_addr;
+    if (!IN6_IS_ADDR_V4MAPPED(&prefix)) std::memset(prefix.s6_addr + 8, 0, 8);
+    char prefix_text[INET6_ADDRSTRLEN] = "";
+    inet_ntop(AF_INET6, &prefix, prefix_text, sizeof(prefix_text));
+    *source = IN6_IS_ADDR_V4MAPPED(&prefix) ? prefix_text : absl::StrCat(prefix_text, "/64");
     return HostPort(text, ntohs(in6->sin6_port));
   }
+  *source = "";
   return "an unknown peer";
 }
 
@@ -129,6 +141,7 @@ absl::Status H2FrameCheck::OnFrameHeader() {
         absl::StrCat("a CONTINUATION frame on stream ", stream, " with no header block open"));
   } else if (type == kHeaders || type == kPushPromise) {
     in_block_ = true;
+    block_is_request_ = type == kHeaders;
     block_stream_ = stream;
     block_bytes_ = sizeof(header_) + length;
   } else if (type == kData) {
@@ -148,11 +161,16 @@ absl::Status H2FrameCheck::OnFrameHeader() {
           "a header block of over ", rules_.max_header_block_bytes, " bytes on stream ",
           block_stream_, " (its limit: twice --max-metadata-bytes, plus 16 KiB)"));
     }
-    if (flags & kEndHeaders) in_block_ = false;
+    if (flags & kEndHeaders) {
+      in_block_ = false;
+      requested_ |= block_is_request_;
+    }
   }
   payload_left_ = length;
   return absl::OkStatus();
 }
+
+bool H2FrameCheck::preface_received() const { return preface_matched_ == kPrefaceBytes; }
 
 absl::Status H2FrameCheck::OnControlFrame() {
   if (tokens_ < 1) {
@@ -208,39 +226,50 @@ struct H2Guard::Relay {
     size_t capacity, begin = 0, end = 0;
   };
 
-  Relay(int tcp, int inner, std::string peer, const H2GuardOptions& o)
+  Relay(int tcp, std::string peer, std::string source, const H2GuardOptions& o)
       : tcp(tcp),
-        inner(inner),
+        source(std::move(source)),
         peer(std::move(peer)),
+        accepted_at(Clock::now()),
         check(o.rules),
         up(o.buffer_bytes),
         down(o.buffer_bytes) {}
   ~Relay() {
     ::close(tcp);
-    ::close(inner);
+    if (inner >= 0) ::close(inner);
   }
 
   enum class State { kOpen, kEnded, kCut };
   // Moves bytes both ways until nothing moves: up (client to gRPC) through
-  // the check, down (gRPC to client) as it is. kEnded once gRPC has closed
-  // its end and the client has what it wrote, or either side failed;
-  // kCut (with *why) when the client broke a rule.
+  // the check, down (gRPC to client) as it is; before gRPC has the
+  // connection (inner < 0), only into `up`. kEnded once gRPC has closed
+  // its end and the client has what it wrote, or either side failed, or the
+  // client left before gRPC had it; kCut (with *why) when the client broke a
+  // rule.
   State Pump(absl::Status* why);
   // Whether gRPC has closed its end, also while bytes it wrote before still
   // wait in the socketpair behind a client that does not read.
   bool GrpcClosed() const {
     if (grpc_eof) return true;
+    if (inner < 0) return false;
     pollfd p{inner, POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP)) != 0;
   }
 
-  const int tcp, inner;
-  const std::string peer;
+  const int tcp;
+  // The guard's end of the socketpair to gRPC, made once the client preface
+  // has come (-1 until then): a socket that sends nothing costs gRPC nothing.
+  int inner = -1;
+  const std::string source;  // whom it counts as (PeerName)
+  const std::string peer;    // address and port, for the log
+  const Clock::time_point accepted_at;
   H2FrameCheck check;
   Buffer up, down;
   bool client_eof = false, grpc_eof = false, up_shut = false;
   bool queued = false;                                    // in this round's list of relays to pump
   Clock::time_point flush_by = Clock::time_point::max();  // set once GrpcClosed()
+  bool unrequested = true;                                // in unrequested_, at:
+  std::list<Relay*>::iterator unrequested_at;
 };
 
 H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
@@ -265,6 +294,10 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
       } else {
         moved |= errno == EINTR;
       }
+    }
+    if (inner < 0) {
+      if (client_eof) return State::kEnded;
+      continue;  // up holds what came, until gRPC has the connection
     }
     if (up.size() > 0) {
       const ssize_t n = ::send(inner, up.data.get() + up.begin, up.size(), MSG_NOSIGNAL);
@@ -315,7 +348,8 @@ absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& host
   if (options.max_connections < 1 || options.buffer_bytes < 1024 ||
       options.rules.max_header_block_bytes < 1 || options.rules.control_frame_burst < 1 ||
       options.rules.control_frames_per_second < 0 ||
-      options.rules.control_frames_per_frame_sent < 0) {
+      options.rules.control_frames_per_frame_sent < 0 || options.max_unrequested < 1 ||
+      options.max_unrequested_per_address < 1 || options.request_timeout.count() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the HTTP/2 guard's limits must be positive"));
   }
@@ -382,15 +416,143 @@ void H2Guard::Stop(std::chrono::milliseconds grace) {
   if (thread_.joinable()) thread_.join();
 }
 
+bool H2Guard::HandOff(Relay* relay) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+    return false;
+  }
+  {
+    // Under the lock: once StopAccepting has returned, no handoff runs.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!accepting_) {
+      ::close(pair[0]);
+      ::close(pair[1]);
+      return false;
+    }
+    handoff_(pair[0]);
+  }
+  relay->inner = pair[1];
+  Watch(epoll_fd_, EPOLL_CTL_ADD, relay->inner, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, relay);
+  return true;
+}
+
+bool H2Guard::PumpAndSettle(Relay* relay) {
+  absl::Status why;
+  Relay::State state = relay->Pump(&why);
+  if (state == Relay::State::kOpen && relay->inner < 0 && relay->check.preface_received()) {
+    if (!HandOff(relay)) {
+      Drop(relay);  // no descriptors, or the port is closing: the client may retry
+      return false;
+    }
+    state = relay->Pump(&why);
+  }
+  if (state == Relay::State::kOpen) {
+    if (relay->unrequested && relay->check.requested()) MarkRequested(relay);
+    if (!flushing_.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
+      flushing_.insert(relay);
+      relay->flush_by = Clock::now() + options_.flush_after_close;
+    }
+    return true;
+  }
+  if (state == Relay::State::kCut) {
+    cut_.fetch_add(1);
+    if (options_.on_cut) options_.on_cut(relay->peer, why);
+  }
+  Drop(relay);
+  return false;
+}
+
+void H2Guard::Drop(Relay* relay) {
+  if (relay->unrequested) MarkRequested(relay);
+  flushing_.erase(relay);
+  relays_.erase(relay);  // closes both sockets: gRPC sees its end close
+}
+
+void H2Guard::MarkRequested(Relay* relay) {
+  unrequested_.erase(relay->unrequested_at);
+  relay->unrequested = false;
+  const auto count = unrequested_by_source_.find(relay->source);
+  if (--count->second == 0) unrequested_by_source_.erase(count);
+}
+
+bool H2Guard::ReclaimOf(const std::string& source) {
+  for (auto it = unrequested_.begin(); it != unrequested_.end();) {
+    Relay* relay = *it++;  // Drop and MarkRequested invalidate only relay's place
+    if (relay->source != source) continue;
+    // Its request may be waiting in the socket still.
+    if (!PumpAndSettle(relay)) return true;
+    if (!relay->unrequested) continue;
+    reclaimed_.fetch_add(1);
+    if (options_.on_reclaim) options_.on_reclaim();
+    Drop(relay);
+    return true;
+  }
+  return false;
+}
+
+bool H2Guard::Reclaim() {
+  while (!unrequested_by_source_.empty()) {
+    // Of the source with the most: one client's slots do not go to another's
+    // flood. Pumped, they may all turn out to have sent requests; then the next.
+    const auto most =
+        std::max_element(unrequested_by_source_.begin(), unrequested_by_source_.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (ReclaimOf(std::string(most->first))) return true;
+  }
+  return false;
+}
+
+void H2Guard::AcceptAll(Clock::time_point* accept_resume) {
+  const size_t max_connections = static_cast<size_t>(options_.max_connections);
+  const size_t max_unrequested = static_cast<size_t>(options_.max_unrequested);
+  for (int accepted = 0;
+       accepted < kAcceptsPerRound && (relays_.size() < max_connections || !unrequested_.empty());
+       ++accepted) {
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    const int tcp = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_len,
+                              SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (tcp < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        *accept_resume = Clock::now() + kAcceptBackoff;
+      }
+      return;  // EAGAIN: none waiting; ECONNABORTED and the like: the next round
+    }
+    std::string source;
+    std::string peer = PeerName(addr, &source);
+    // Room for it: what waits longest without a request goes first, of its
+    // own source, else of the source with the most.
+    const auto same = unrequested_by_source_.find(source);
+    if (same != unrequested_by_source_.end() &&
+        same->second >= options_.max_unrequested_per_address) {
+      ReclaimOf(source);
+    }
+    if (unrequested_.size() >= max_unrequested) Reclaim();
+    if (relays_.size() >= max_connections && !Reclaim()) {
+      ::close(tcp);  // every connection sent a request meanwhile: none to give way
+      return;
+    }
+    const int one = 1;
+    ::setsockopt(tcp, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto owned = std::make_unique<Relay>(tcp, std::move(peer), std::move(source), options_);
+    Relay* relay = owned.get();
+    relays_.emplace(relay, std::move(owned));
+    relay->unrequested_at = unrequested_.insert(unrequested_.end(), relay);
+    ++unrequested_by_source_[relay->source];
+    // Edge-triggered: Pump moves bytes until a side would block, and
+    // adding a socket that is already readable reports it at once. gRPC's
+    // end comes once the client preface has (HandOff).
+    Watch(epoll_fd_, EPOLL_CTL_ADD, tcp, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, relay);
+  }
+}
+
 void H2Guard::Run() {
   const int epoll_fd = epoll_fd_;
   // The listening socket and the eventfd are told apart by these tags; a
   // connection's two sockets point at its Relay.
   char listen_tag = 0, wake_tag = 0;
   Watch(epoll_fd, EPOLL_CTL_ADD, wake_fd_, EPOLLIN, &wake_tag);
-  std::unordered_map<Relay*, std::unique_ptr<Relay>> relays;
-  std::unordered_set<Relay*> flushing;  // gRPC closed them; the client has till flush_by
-  bool listening = false;               // listen_fd_ is in the epoll set
+  bool listening = false;  // listen_fd_ is in the epoll set
   Clock::time_point accept_resume = Clock::time_point::min();
   const size_t max_connections = static_cast<size_t>(options_.max_connections);
   std::vector<epoll_event> events(256);
@@ -412,17 +574,26 @@ void H2Guard::Run() {
       ::close(listen_fd_);
       listen_fd_ = -1;
     }
-    if (stopping && (relays.empty() || now >= stop_by)) break;
-    for (auto it = flushing.begin(); it != flushing.end();) {
+    if (stopping && (relays_.empty() || now >= stop_by)) break;
+    for (auto it = flushing_.begin(); it != flushing_.end();) {
       Relay* relay = *it;
       if (now < relay->flush_by) {
         ++it;
         continue;
       }
-      it = flushing.erase(it);
-      relays.erase(relay);
+      it = flushing_.erase(it);
+      Drop(relay);
     }
-    const bool want = listen_fd_ >= 0 && relays.size() < max_connections && now >= accept_resume;
+    // Connections that sent no request in time (the list is in accept order).
+    while (!unrequested_.empty() &&
+           now - unrequested_.front()->accepted_at >= options_.request_timeout) {
+      reclaimed_.fetch_add(1);
+      if (options_.on_reclaim) options_.on_reclaim();
+      Drop(unrequested_.front());
+    }
+    const bool want = listen_fd_ >= 0 &&
+                      (relays_.size() < max_connections || !unrequested_.empty()) &&
+                      now >= accept_resume;
     if (want != listening) {
       Watch(epoll_fd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, EPOLLIN, &listen_tag);
       listening = want;
@@ -435,7 +606,8 @@ void H2Guard::Run() {
     };
     if (stopping) until(stop_by);
     if (listen_fd_ >= 0 && now < accept_resume) until(accept_resume);
-    for (Relay* relay : flushing) until(relay->flush_by);
+    for (Relay* relay : flushing_) until(relay->flush_by);
+    if (!unrequested_.empty()) until(unrequested_.front()->accepted_at + options_.request_timeout);
     const int n =
         ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -457,63 +629,14 @@ void H2Guard::Run() {
     }
     for (Relay* relay : ready) {
       relay->queued = false;
-      absl::Status why;
-      const Relay::State state = relay->Pump(&why);
-      if (state == Relay::State::kOpen) {
-        if (!flushing.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
-          flushing.insert(relay);
-          relay->flush_by = Clock::now() + options_.flush_after_close;
-        }
-        continue;
-      }
-      if (state == Relay::State::kCut) {
-        cut_.fetch_add(1);
-        if (options_.on_cut) options_.on_cut(relay->peer, why);
-      }
-      flushing.erase(relay);
-      relays.erase(relay);  // closes both sockets: gRPC sees its end close
+      PumpAndSettle(relay);
     }
-    // New connections, up to the cap.
-    while (listening && relays.size() < max_connections) {
-      sockaddr_storage addr{};
-      socklen_t addr_len = sizeof(addr);
-      const int tcp = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_len,
-                                SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (tcp < 0) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          accept_resume = Clock::now() + kAcceptBackoff;
-        }
-        break;  // EAGAIN: none waiting; ECONNABORTED and the like: the next round
-      }
-      const int one = 1;
-      ::setsockopt(tcp, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      int pair[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
-        ::close(tcp);
-        accept_resume = Clock::now() + kAcceptBackoff;
-        break;
-      }
-      {
-        // Under the lock: once StopAccepting has returned, no handoff runs.
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!accepting_) {
-          ::close(tcp);
-          ::close(pair[0]);
-          ::close(pair[1]);
-          break;
-        }
-        handoff_(pair[0]);
-      }
-      auto relay = std::make_unique<Relay>(tcp, pair[1], PeerName(addr), options_);
-      // Edge-triggered: Pump moves bytes until a side would block, and
-      // adding a socket that is already readable reports it at once.
-      const uint32_t all = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-      Watch(epoll_fd, EPOLL_CTL_ADD, tcp, all, relay.get());
-      Watch(epoll_fd, EPOLL_CTL_ADD, pair[1], all, relay.get());
-      relays.emplace(relay.get(), std::move(relay));
-    }
+    if (listening) AcceptAll(&accept_resume);
   }
-  relays.clear();
+  unrequested_.clear();
+  unrequested_by_source_.clear();
+  flushing_.clear();
+  relays_.clear();
 }
 
 }  // namespace deltaserve

@@ -13,6 +13,11 @@
 // connection that breaks a rule is closed on both sides: gRPC sees its end
 // close and frees what it held.
 //
+// The guard also shares out its connection slots: a connection that has not
+// yet sent a request (a whole HEADERS block) holds one only for a while, and
+// such connections, from one address and from all, have a cap of their own,
+// so that sockets which send nothing cannot lock out callers.
+//
 // One thread runs an epoll loop over the listening socket and every
 // connection. Each direction of a connection has a fixed buffer; a side that
 // cannot take more is not read from (backpressure: no buffer grows).
@@ -24,10 +29,13 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -82,6 +90,10 @@ class H2FrameCheck {
   // The next bytes that went to the client, in order: their frames earn
   // control frames (H2Rules).
   void Sent(absl::string_view bytes);
+  // Whether the client preface has come whole.
+  bool preface_received() const;
+  // Whether a request has come: a whole HEADERS block.
+  bool requested() const { return requested_; }
 
  private:
   absl::Status OnFrameHeader();
@@ -93,6 +105,8 @@ class H2FrameCheck {
   size_t header_bytes_ = 0;
   uint32_t payload_left_ = 0;
   bool in_block_ = false;
+  bool block_is_request_ = false;  // the open block began with HEADERS
+  bool requested_ = false;
   uint32_t block_stream_ = 0;
   int64_t block_bytes_ = 0;
   // A padded DATA frame whose pad length (its first payload byte) is next:
@@ -114,8 +128,20 @@ class H2FrameCheck {
 
 struct H2GuardOptions {
   H2Rules rules;
-  // Connections relayed at once; more wait in the listen backlog.
+  // Connections relayed at once. When all are taken, a new connection
+  // closes the oldest that has not sent a request, if there is one; else it
+  // waits in the listen backlog.
   int max_connections = 1024;
+  // Connections that have not sent a request yet, at most: in all (the rest
+  // of max_connections is kept for callers that have), and from one IPv4
+  // address or IPv6 /64. A new connection over the second closes the oldest
+  // of its own address's; over the first (or over max_connections), the
+  // oldest of the address that has the most. A real client sends its first
+  // request within a round trip of connecting.
+  int max_unrequested = 256;
+  int max_unrequested_per_address = 64;
+  // How long a connection may stay open without sending a request.
+  std::chrono::milliseconds request_timeout{10000};
   // Each direction's buffer, per connection.
   size_t buffer_bytes = 64 << 10;
   // Once gRPC has closed its end, how long the client has to take what gRPC
@@ -125,12 +151,17 @@ struct H2GuardOptions {
   // Called on the guard's thread for each connection closed for breaking a
   // rule, with the peer's address and why (for the log and a metric).
   std::function<void(const std::string& peer, const absl::Status& why)> on_cut;
+  // Called on the guard's thread for each connection closed to free its
+  // slot (no request within request_timeout, or over a max_unrequested):
+  // not logged per connection, as a flood of them is what it answers.
+  std::function<void()> on_reclaim;
 };
 
 class H2Guard {
  public:
   // Takes gRPC's end of a new connection's socketpair (non-blocking,
-  // close-on-exec); gRPC owns it from then on.
+  // close-on-exec), once the client preface has come; gRPC owns it from
+  // then on.
   using Handoff = std::function<void(int fd)>;
 
   // Listens on host:port (port 0: a free one; see port()); Start() begins
@@ -144,7 +175,8 @@ class H2Guard {
 
   int port() const { return port_; }
 
-  // Starts the thread; each accepted connection goes to `handoff`.
+  // Starts the thread; each accepted connection goes to `handoff` once its
+  // client preface has come.
   absl::Status Start(Handoff handoff);
   // Closes the listening socket; once it returns, `handoff` is not called
   // again (the gRPC server may shut down). Open connections are relayed on.
@@ -155,11 +187,31 @@ class H2Guard {
   void Stop(std::chrono::milliseconds grace);
 
   int64_t connections_cut() const { return cut_.load(); }
+  // Connections closed to free their slot (on_reclaim).
+  int64_t connections_reclaimed() const { return reclaimed_.load(); }
 
  private:
   struct Relay;
   H2Guard(int listen_fd, int wake_fd, int epoll_fd, int port, H2GuardOptions options);
   void Run();
+  // The rest run on the guard's thread.
+  // Gives gRPC a socketpair for `relay`: false if none could be made or the
+  // port no longer accepts.
+  bool HandOff(Relay* relay);
+  // Pumps `relay` (handing it to gRPC once its preface has come) and settles
+  // what that did: false if it is gone.
+  bool PumpAndSettle(Relay* relay);
+  // Forgets `relay` and closes its sockets.
+  void Drop(Relay* relay);
+  // Stops counting `relay` among the connections without a request.
+  void MarkRequested(Relay* relay);
+  // Closes the oldest connection without a request from `source` (of the
+  // source with the most such, for Reclaim()) that still has none once
+  // pumped: whether one was closed or ended.
+  bool ReclaimOf(const std::string& source);
+  bool Reclaim();
+  // Accepts what waits, within the caps.
+  void AcceptAll(std::chrono::steady_clock::time_point* accept_resume);
 
   int listen_fd_;       // closed by the thread once accepting stops
   const int wake_fd_;   // an eventfd: StopAccepting and Stop write it
@@ -173,7 +225,13 @@ class H2Guard {
   bool stopping_ = false;                          // guarded by mu_
   std::chrono::steady_clock::time_point stop_by_;  // guarded by mu_
   std::thread thread_;
-  std::atomic<int64_t> cut_{0};
+  std::atomic<int64_t> cut_{0}, reclaimed_{0};
+
+  // The guard thread's own.
+  std::unordered_map<Relay*, std::unique_ptr<Relay>> relays_;
+  std::unordered_set<Relay*> flushing_;  // gRPC closed them; the client has till flush_by
+  std::list<Relay*> unrequested_;        // no request yet, oldest first
+  std::unordered_map<std::string, int> unrequested_by_source_;  // address or /64: count
 };
 
 }  // namespace deltaserve

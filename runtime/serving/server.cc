@@ -6,6 +6,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_posix.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -490,13 +491,19 @@ void Configure(grpc::ServerBuilder& builder, const ServerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
+// The counters of the guards of both ports.
+struct GuardCounters {
+  Counter& cut;        // connections closed for breaking a rule
+  Counter& reclaimed;  // connections closed to free their slot
+};
+
 // Builds and starts `builder`'s server on host:port as `who` ("the client
 // port"): TLS (`tls`) through gRPC's own listener, plaintext behind an
-// H2Guard whose cut connections are logged and counted in `cut`.
+// H2Guard whose cut connections are logged and counted.
 absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOptions& options,
                                    int port, bool tls,
                                    const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                   const std::string& who, Counter& cut) {
+                                   const std::string& who, const GuardCounters& counters) {
   const std::string address = absl::StrCat(options.host, ":", port);
   GrpcPort out;
   if (tls) {
@@ -507,11 +514,14 @@ absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOpt
     // limit) still reaches it up to twice the limit, so a client sending too
     // much metadata gets that answer; past it the connection is cut.
     guard.rules.max_header_block_bytes = 2 * int64_t{options.max_metadata_bytes} + (16 << 10);
+    Counter& cut = counters.cut;
+    Counter& reclaimed = counters.reclaimed;
     guard.on_cut = [who, &cut](const std::string& peer, const absl::Status& why) {
       cut.Add();
       std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(),
                    peer.c_str(), std::string(why.message()).c_str());
     };
+    guard.on_reclaim = [&reclaimed] { reclaimed.Add(); };
     DELTASERVE_ASSIGN_OR_RETURN(out.guard,
                                 H2Guard::Listen(options.host, port, who, std::move(guard)));
     out.port = out.guard->port();
@@ -573,6 +583,28 @@ void WarnOfUnauthenticatedTls(const ServerOptions& o) {
                ports.c_str());
 }
 
+// Each guarded connection takes three descriptors (the client's socket and
+// both ends of its socketpair), up to 1024 connections per port: the soft
+// limit many systems start a process with (1024) would run out at about 330
+// and leave the guard unable to accept. Raised to the hard limit, as far as
+// that goes; a limit that stays low is said once.
+void RaiseDescriptorLimit() {
+  constexpr rlim_t kWanted = 8192;  // two ports' 3 x 1024, and room for the rest
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= kWanted) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? kWanted : std::min(kWanted, limit.rlim_max);
+  if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  if (limit.rlim_cur < kWanted) {
+    std::fprintf(stderr,
+                 "server: warning: at most %llu open files (RLIMIT_NOFILE): each plaintext "
+                 "connection takes three, so fewer than 1024 per port can be served; raise the "
+                 "hard limit (ulimit -Hn) to %llu\n",
+                 static_cast<unsigned long long>(limit.rlim_cur),
+                 static_cast<unsigned long long>(kWanted));
+  }
+}
+
 absl::Status CheckLimits(const ServerOptions& o) {
   if (o.max_connection_streams < 1) {
     return absl::InvalidArgumentError("max connection streams must be >= 1");
@@ -630,18 +662,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  Counter& cut = impl->metrics.AddCounter(
-      "deltaserve_http2_connections_cut_total",
-      "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
-      "(an endless or oversized header block, a flood of control frames, a bad preface or "
-      "frame).");
+  const GuardCounters counters{
+      impl->metrics.AddCounter(
+          "deltaserve_http2_connections_cut_total",
+          "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
+          "(an endless or oversized header block, a flood of control frames, a bad preface or "
+          "frame)."),
+      impl->metrics.AddCounter(
+          "deltaserve_http2_connections_reclaimed_total",
+          "Plaintext gRPC connections closed by the HTTP/2 guard before they sent a request, "
+          "to free their slot (none within 10 s, or too many such connections).")};
   const bool tls = !options.tls.cert_file.empty();
-  if (tls) WarnOfUnauthenticatedTls(options);
+  if (tls) {
+    WarnOfUnauthenticatedTls(options);
+  } else {
+    RaiseDescriptorLimit();
+  }
   grpc::ServerBuilder builder;
   Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());
-  DELTASERVE_ASSIGN_OR_RETURN(impl->client, StartPort(builder, options, options.port, tls,
-                                                      client_credentials, "the client port", cut));
+  DELTASERVE_ASSIGN_OR_RETURN(impl->client,
+                              StartPort(builder, options, options.port, tls, client_credentials,
+                                        "the client port", counters));
   if (options.worker_port >= 0) {
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
     grpc::ServerBuilder worker_builder;
@@ -651,7 +693,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     worker_builder.RegisterService(impl->worker_link.get());
     auto worker = StartPort(worker_builder, options, options.worker_port, tls, worker_credentials,
-                            "the worker port", cut);
+                            "the worker port", counters);
     if (!worker.ok()) {
       ShutdownPorts({&impl->client}, std::chrono::system_clock::now());
       return worker.status();

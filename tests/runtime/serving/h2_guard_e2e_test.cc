@@ -4,11 +4,18 @@
 // the CVE-2023-33953 class that gRPC 1.51 does not bound) on the client port
 // and on the worker port, with the coordinator's VmRSS watched throughout;
 // then a real worker attaches and a real client generates. A PING flood on
-// both ports, with VmRSS before and after. The settings the flags give reach
-// the SETTINGS frame of both ports, and streams over --max-connection-streams
-// on one connection wait while the allowed ones run.
+// both ports, with VmRSS before and after. Thousands of sockets that send
+// nothing, or only the preface, while authenticated calls go through. The
+// settings the flags give reach the SETTINGS frame of both ports, and
+// streams over --max-connection-streams on one connection wait while the
+// allowed ones run.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cerrno>
@@ -21,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/serving/credentials.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
 namespace deltaserve {
@@ -288,6 +296,144 @@ TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
   RawConnection fresh(worker_port, std::chrono::seconds(5));
   ASSERT_TRUE(fresh.Send(kPreface) && fresh.Send(Frame(kSettings, 0, 0, "")));
   EXPECT_FALSE(fresh.ReadSettings().empty());
+}
+
+// At least `want` descriptors for this process and the servers it starts.
+void RaiseDescriptorLimit(rlim_t want) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_cur >= want) return;
+  ASSERT_GE(limit.rlim_max, want) << "the hard limit on open files is too low for this test";
+  limit.rlim_cur = want;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &limit), 0);
+}
+
+// A TCP connection from `from` (any of 127.0.0.0/8) to 127.0.0.1:port that
+// sends the preface, or nothing at all; closing it resets it (no TIME_WAIT
+// to run out of ports with).
+int IdleSocket(int port, bool preface, const char* from = "127.0.0.1") {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+  const linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &local.sin_addr);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      (preface && send(fd, kPreface, sizeof(kPreface) - 1, MSG_NOSIGNAL) < 0)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// An authenticated GetServerStatus on a connection of its own, with a
+// deadline of a second: its status, and how long it took in *ms.
+grpc::Status TimedCall(const std::string& address, const ChannelSecurity& security, double* ms) {
+  grpc::ChannelArguments own;
+  own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = OpenChannel(address, security, own);
+  if (!channel.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, channel.status().ToString());
+  auto stub = v1::Generation::NewStub(*channel);
+  grpc::ClientContext context;
+  const auto start = std::chrono::steady_clock::now();
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  v1::ServerStatus status;
+  const grpc::Status s = stub->GetServerStatus(&context, v1::GetServerStatusRequest(), &status);
+  *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
+
+// Whether a raw client on `port` gets gRPC's SETTINGS within a second.
+bool SettingsWithinASecond(int port) {
+  const auto start = std::chrono::steady_clock::now();
+  RawConnection raw(port, std::chrono::seconds(1));
+  return raw.Send(kPreface) && raw.Send(Frame(kSettings, 0, 0, "")) &&
+         !raw.ReadSettings().empty() &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(1);
+}
+
+// 2,000 sockets on each port that send nothing (half of them) or only the
+// preface, from the caller's own address: an authenticated call on a new
+// connection completes within a second, and a raw client on the worker port
+// gets gRPC's SETTINGS within one. Then 2,000 more on each port from four
+// other addresses, each reopened by the attacker as soon as it is closed:
+// twelve such calls, one after another, each within a second. Without a
+// deadline and caps for connections that have sent no request, the sockets
+// filled the 1,024 slots of each port, and calls waited for gRPC to drop
+// idle connections (about 14 s).
+TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
+  constexpr int kIdle = 2000;
+  ASSERT_NO_FATAL_FAILURE(RaiseDescriptorLimit(16384));
+  const std::string dir = testing::TempDir("h2slots");
+  for (const std::string name : {"clients", "workers"}) {
+    std::ofstream(dir + "/" + name) << "alice:" << name << "-0123456789abcdef\n";
+    ASSERT_EQ(chmod((dir + "/" + name).c_str(), 0600), 0);
+  }
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
+                                          " --metrics-port 0 --client-tokens-file " + dir +
+                                          "/clients --worker-token-file " + dir + "/workers");
+  ASSERT_NE(coordinator.stub, nullptr);
+  const int ports[2] = {coordinator.port, std::stoi(coordinator.worker_address.substr(10))};
+  ChannelSecurity alice;
+  alice.token_file = dir + "/clients";
+  std::vector<int> idle;
+  for (int i = 0; i < 2 * kIdle; ++i) {
+    idle.push_back(IdleSocket(ports[i % 2], i % 4 >= 2));
+    ASSERT_GE(idle.back(), 0) << "socket " << i << ": " << std::strerror(errno);
+  }
+  double ms = 0;
+  grpc::Status s = TimedCall(coordinator.address, alice, &ms);
+  std::printf("with %d idle sockets of its own address: the call took %.0f ms\n", 2 * kIdle, ms);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(SettingsWithinASecond(ports[1]));
+  for (int& fd : idle) close(fd);
+
+  // The attacker reopens each socket the server closes, at once.
+  const char* const from[4] = {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"};
+  const auto open = [&](size_t i) { return IdleSocket(ports[i % 2], i % 4 >= 2, from[i / 2 % 4]); };
+  for (size_t i = 0; i < idle.size(); ++i) {
+    idle[i] = open(i);
+    ASSERT_GE(idle[i], 0) << "socket " << i << ": " << std::strerror(errno);
+  }
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> reopened{0};
+  std::thread churn([&] {
+    std::vector<pollfd> watched(idle.size());
+    while (!done.load()) {
+      for (size_t i = 0; i < idle.size(); ++i) watched[i] = {idle[i], POLLRDHUP, 0};
+      if (poll(watched.data(), watched.size(), 10) <= 0) continue;
+      for (size_t i = 0; i < idle.size(); ++i) {
+        if (watched[i].revents == 0) continue;
+        close(idle[i]);
+        idle[i] = open(i);
+        if (idle[i] >= 0) reopened.fetch_add(1);
+      }
+    }
+  });
+  for (int call = 0; call < 12; ++call) {
+    s = TimedCall(coordinator.address, alice, &ms);
+    std::printf("call %d while the attacker reopens: %.0f ms\n", call, ms);
+    EXPECT_TRUE(s.ok()) << "call " << call << ": " << s.error_message();
+  }
+  EXPECT_TRUE(SettingsWithinASecond(ports[1]));
+  done = true;
+  churn.join();
+  for (int fd : idle) close(fd);
+  // Nearly all the idle sockets were closed to free their slot; none counts
+  // as a rule broken.
+  const std::string metrics = testing::HttpGet(coordinator.metrics_port, "/metrics");
+  std::printf("%lld sockets reopened; %.0f reclaimed\n", static_cast<long long>(reopened.load()),
+              Metric(metrics, "deltaserve_http2_connections_reclaimed_total"));
+  EXPECT_GE(Metric(metrics, "deltaserve_http2_connections_reclaimed_total"), 2 * (kIdle - 64));
+  EXPECT_EQ(Metric(metrics, "deltaserve_http2_connections_cut_total"), 0);
 }
 
 // SETTINGS_MAX_CONCURRENT_STREAMS (3) and SETTINGS_MAX_HEADER_LIST_SIZE (6)

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -57,6 +58,7 @@ absl::Status Check(const std::string& stream, const H2Rules& rules) {
     if (!one_by_one.ok()) break;
   }
   EXPECT_EQ(at_once, one_by_one);
+  EXPECT_EQ(whole.requested(), bytewise.requested());
   return at_once;
 }
 absl::Status Check(const std::string& stream, int64_t block = 1000) {
@@ -218,11 +220,37 @@ TEST(H2FrameCheckTest, TheBucketFillsWithTimeAndWithFramesSent) {
   }
 }
 
-// receive_buffer > 0: SO_RCVBUF, set before connecting so the window is small.
-int Connect(int port, int receive_buffer = 0) {
+// A request is a whole HEADERS block; a preface, settings, pings or a
+// block not yet ended are not, nor a PUSH_PROMISE (which no client sends).
+TEST(H2FrameCheckTest, ARequestIsAWholeHeadersBlock) {
+  const Clock::time_point now = Clock::now();
+  H2FrameCheck check(Rules(1000));
+  ASSERT_TRUE(
+      check.Consume(kPreface + Frame(kSettings, 0, 0, 6) + Frame(kPing, 0, 0, 8), now).ok());
+  EXPECT_FALSE(check.requested());
+  ASSERT_TRUE(check.Consume(Frame(0x5, kEndHeaders, 1, 10), now).ok());
+  EXPECT_FALSE(check.requested());
+  ASSERT_TRUE(check.Consume(Frame(kHeaders, 0, 1, 10), now).ok());
+  EXPECT_FALSE(check.requested());
+  ASSERT_TRUE(check.Consume(Frame(kContinuation, kEndHeaders, 1, 10), now).ok());
+  EXPECT_TRUE(check.requested());
+}
+
+// receive_buffer > 0: SO_RCVBUF, set before connecting so the window is
+// small. `from`: the local address (any of 127.0.0.0/8 is loopback's).
+int Connect(int port, int receive_buffer = 0, const char* from = nullptr) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (receive_buffer > 0) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+  }
+  if (from != nullptr) {
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    inet_pton(AF_INET, from, &local.sin_addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
+      close(fd);
+      return -1;
+    }
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -456,6 +484,9 @@ bool ClosedWithin(int fd, std::chrono::milliseconds timeout) {
   }
 }
 
+// A request: the preface and a whole HEADERS block.
+const std::string kRequest = kPreface + Frame(kHeaders, kEndHeaders, 1, 20);
+
 // 2,000 PINGs cut the connection after the burst (100 here), gRPC's side
 // included, and the cut names the flood; pings within the burst pass.
 TEST_F(H2GuardTest, APingFloodIsCut) {
@@ -481,6 +512,151 @@ TEST_F(H2GuardTest, APingFloodIsCut) {
   ASSERT_EQ(cuts.size(), 1u);
   EXPECT_NE(cuts[0].find("a flood of control frames"), std::string::npos) << cuts[0];
   close(calm);
+}
+
+// gRPC gets a connection once its client preface has come: ten sockets
+// that send nothing, or part of it, cost it nothing, and leaving before the
+// rest closes them.
+TEST_F(H2GuardTest, ASocketReachesGrpcOnlyOnceItsPrefaceHasCome) {
+  ASSERT_NO_FATAL_FAILURE(StartGuard());
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) {
+    silent.push_back(Connect(guard_->port()));
+    ASSERT_GE(silent.back(), 0);
+  }
+  ASSERT_TRUE(SendAll(silent[0], kPreface.substr(0, 10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(peers_.handed_off(), 0);
+  ASSERT_TRUE(SendAll(silent[0], kPreface.substr(10)));
+  EXPECT_EQ(ReadAll(silent[0], kPreface.size()), kPreface);  // relayed and echoed
+  EXPECT_EQ(peers_.handed_off(), 1);
+  for (int fd : silent) close(fd);
+  EXPECT_TRUE(WaitFor([&] { return peers_.closed() == 1; }));
+  EXPECT_EQ(peers_.handed_off(), 1);
+}
+
+// Three idle connections from 127.0.0.2 and three from 127.0.0.3, with at
+// most three per address: a fourth from 127.0.0.2 closes the oldest of
+// 127.0.0.2's, and none of 127.0.0.3's.
+TEST_F(H2GuardTest, ANewConnectionClosesTheOldestIdleOneOfItsAddress) {
+  H2GuardOptions options;
+  options.max_unrequested_per_address = 3;
+  ASSERT_NO_FATAL_FAILURE(StartGuard(peers_.Handoff(), options));
+  std::vector<int> a, b;
+  // Each sends the preface (nothing more), so that its handoff says the
+  // guard has it.
+  const auto open = [&](std::vector<int>& into, const char* from) {
+    into.push_back(Connect(guard_->port(), 0, from));
+    ASSERT_GE(into.back(), 0);
+    ASSERT_TRUE(SendAll(into.back(), kPreface));
+    const int want = static_cast<int>(a.size() + b.size());
+    ASSERT_TRUE(WaitFor([&] { return peers_.handed_off() == want; }));
+  };
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_NO_FATAL_FAILURE(open(a, "127.0.0.2"));
+    ASSERT_NO_FATAL_FAILURE(open(b, "127.0.0.3"));
+  }
+  ASSERT_NO_FATAL_FAILURE(open(a, "127.0.0.2"));
+  EXPECT_TRUE(ClosedWithin(a[0], std::chrono::seconds(5)));
+  EXPECT_TRUE(WaitFor([&] { return peers_.closed() == 1; }));  // gRPC's side too
+  EXPECT_TRUE(WaitFor([&] { return guard_->connections_reclaimed() == 1; }));
+  for (size_t i = 1; i < a.size(); ++i) {
+    EXPECT_FALSE(ClosedWithin(a[i], std::chrono::milliseconds(100))) << i;
+  }
+  for (int fd : b) EXPECT_FALSE(ClosedWithin(fd, std::chrono::milliseconds(100)));
+  EXPECT_EQ(guard_->connections_reclaimed(), 1);
+  for (int fd : a) close(fd);
+  for (int fd : b) close(fd);
+}
+
+// With room for four idle connections: one from 127.0.0.3, the oldest,
+// then three from 127.0.0.2; a fifth from 127.0.0.4 closes the oldest of
+// 127.0.0.2's, the address with the most, and not 127.0.0.3's.
+TEST_F(H2GuardTest, OverTheCapTheAddressWithTheMostIdleConnectionsGivesWay) {
+  H2GuardOptions options;
+  options.max_unrequested = 4;
+  ASSERT_NO_FATAL_FAILURE(StartGuard(peers_.Handoff(), options));
+  std::vector<std::pair<int, const char*>> idle;
+  for (const char* from : {"127.0.0.3", "127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.4"}) {
+    idle.emplace_back(Connect(guard_->port(), 0, from), from);
+    ASSERT_GE(idle.back().first, 0);
+    ASSERT_TRUE(SendAll(idle.back().first, kPreface));
+    ASSERT_TRUE(WaitFor([&] { return peers_.handed_off() == static_cast<int>(idle.size()); }));
+  }
+  EXPECT_TRUE(ClosedWithin(idle[1].first, std::chrono::seconds(5)));
+  for (size_t i : {0, 2, 3, 4}) {
+    EXPECT_FALSE(ClosedWithin(idle[i].first, std::chrono::milliseconds(100))) << idle[i].second;
+  }
+  EXPECT_EQ(guard_->connections_reclaimed(), 1);
+  for (const auto& [fd, from] : idle) close(fd);
+}
+
+// With room for four connections, two of them without a request: a
+// connection that sent a request keeps its place and relays on while new
+// idle ones push out the oldest idle ones, and a guard full with three
+// callers and an idle connection takes a fourth caller in the idle one's
+// place.
+TEST_F(H2GuardTest, IdleConnectionsGiveWayToNewOnesAndRequestsKeepTheirPlace) {
+  H2GuardOptions options;
+  options.max_connections = 4;
+  options.max_unrequested = 2;
+  ASSERT_NO_FATAL_FAILURE(StartGuard(peers_.Handoff(), options));
+  const int caller = Connect(guard_->port());
+  ASSERT_GE(caller, 0);
+  ASSERT_TRUE(SendAll(caller, kRequest));
+  ASSERT_EQ(ReadAll(caller, kRequest.size()), kRequest);
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    idle.push_back(Connect(guard_->port()));
+    ASSERT_GE(idle.back(), 0);
+  }
+  EXPECT_TRUE(WaitFor([&] { return guard_->connections_reclaimed() == 18; }));
+  for (int i = 0; i < 18; ++i) EXPECT_TRUE(ClosedWithin(idle[i], std::chrono::seconds(5))) << i;
+  for (int i = 18; i < 20; ++i) EXPECT_FALSE(ClosedWithin(idle[i], std::chrono::milliseconds(100)));
+  // The second caller pushes out idle[18] (two idle at most); the third
+  // fills the guard; the fourth takes idle[19]'s place.
+  std::vector<int> callers = {caller};
+  for (int i = 0; i < 3; ++i) {
+    callers.push_back(Connect(guard_->port()));
+    ASSERT_GE(callers.back(), 0);
+    ASSERT_TRUE(SendAll(callers.back(), kRequest));
+    ASSERT_EQ(ReadAll(callers.back(), kRequest.size()), kRequest) << i;
+  }
+  EXPECT_TRUE(ClosedWithin(idle[18], std::chrono::seconds(5)));
+  EXPECT_TRUE(ClosedWithin(idle[19], std::chrono::seconds(5)));
+  const std::string ping = Frame(0x6, 0, 0, 8);
+  for (int fd : callers) {
+    ASSERT_TRUE(SendAll(fd, ping));
+    EXPECT_EQ(ReadAll(fd, ping.size()), ping);
+  }
+  EXPECT_EQ(guard_->connections_reclaimed(), 20);
+  EXPECT_EQ(guard_->connections_cut(), 0);
+  for (int fd : idle) close(fd);
+  for (int fd : callers) close(fd);
+}
+
+// A connection that sends no request within request_timeout (300 ms here)
+// is closed, the preface and pings notwithstanding; one that sent a
+// request stays.
+TEST_F(H2GuardTest, AConnectionWithoutARequestIsClosedAfterTheRequestTimeout) {
+  H2GuardOptions options;
+  options.request_timeout = std::chrono::milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(StartGuard(peers_.Handoff(), options));
+  const int idle = Connect(guard_->port());
+  const int caller = Connect(guard_->port());
+  ASSERT_GE(idle, 0);
+  ASSERT_GE(caller, 0);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(SendAll(idle, kPreface + Frame(0x6, 0, 0, 8)));
+  ASSERT_TRUE(SendAll(caller, kRequest));
+  EXPECT_TRUE(ClosedWithin(idle, std::chrono::seconds(5)));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  EXPECT_LT(waited, std::chrono::seconds(2));
+  EXPECT_FALSE(ClosedWithin(caller, std::chrono::milliseconds(500)));
+  EXPECT_EQ(guard_->connections_reclaimed(), 1);
+  close(idle);
+  close(caller);
 }
 
 }  // namespace
