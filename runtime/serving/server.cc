@@ -567,7 +567,8 @@ void ShutdownPorts(std::initializer_list<GrpcPort*> ports,
 
 // A TLS port whose peers need no certificate lets anyone who completes the
 // handshake send HTTP/2 frames to gRPC 1.51, which the guard cannot read
-// (they are encrypted); a bearer token is checked only after the headers.
+// (they are encrypted): header blocks that never end and floods of control
+// frames; a bearer token is checked only after the headers.
 void WarnOfUnauthenticatedTls(const ServerOptions& o) {
   std::string ports;
   if (o.tls.client_ca_file.empty()) ports = "the client port (--tls-client-ca)";
@@ -578,16 +579,18 @@ void WarnOfUnauthenticatedTls(const ServerOptions& o) {
   std::fprintf(stderr,
                "server: warning: TLS without client certificates on %s: any peer that completes "
                "the handshake reaches gRPC's HTTP/2 parser, which does not bound a header block "
-               "that never ends (CVE-2023-33953, gRPC 1.51); use mutual TLS, or keep the port "
-               "on a trusted network (docs/security.md)\n",
+               "that never ends (CVE-2023-33953, gRPC 1.51) nor keep the memory a PING flood "
+               "takes; use mutual TLS, or keep the port on a trusted network "
+               "(docs/security.md)\n",
                ports.c_str());
 }
 
 // Each guarded connection takes three descriptors (the client's socket and
 // both ends of its socketpair), up to 1024 connections per port: the soft
 // limit many systems start a process with (1024) would run out at about 330
-// and leave the guard unable to accept. Raised to the hard limit, as far as
-// that goes; a limit that stays low is said once.
+// and leave the guard unable to accept (a TLS port's connections take one
+// each, and there is no cap). Raised towards the hard limit; a limit that
+// stays low is said once.
 void RaiseDescriptorLimit() {
   constexpr rlim_t kWanted = 8192;  // two ports' 3 x 1024, and room for the rest
   rlimit limit{};
@@ -673,11 +676,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
           "Plaintext gRPC connections closed by the HTTP/2 guard before they sent a request, "
           "to free their slot (none within 10 s, or too many such connections).")};
   const bool tls = !options.tls.cert_file.empty();
-  if (tls) {
-    WarnOfUnauthenticatedTls(options);
-  } else {
-    RaiseDescriptorLimit();
-  }
+  RaiseDescriptorLimit();
+  if (tls) WarnOfUnauthenticatedTls(options);
   grpc::ServerBuilder builder;
   Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());

@@ -436,6 +436,33 @@ TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
   EXPECT_EQ(Metric(metrics, "deltaserve_http2_connections_cut_total"), 0);
 }
 
+// The soft limit on open files of process `pid` (-1: unknown).
+int64_t OpenFileLimit(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/limits");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Max open files", 0) == 0) return std::stoll(line.substr(26));
+  }
+  return -1;
+}
+
+// Started with the soft limit of 1,024 open files that many systems give,
+// the server raises it to 8,192 (the hard limit here allowing): each
+// guarded connection takes three, and 1,024 ran out at about 330
+// connections, after which the guard could accept none.
+TEST(H2SlotsTest, TheServerRaisesItsOpenFileLimit) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_GE(saved.rlim_max, 8192u) << "the hard limit on open files is too low for this test";
+  rlimit low = saved;
+  low.rlim_cur = 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --threads 1");
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_NE(server.stub, nullptr);
+  EXPECT_EQ(OpenFileLimit(server.process->pid()), 8192);
+}
+
 // SETTINGS_MAX_CONCURRENT_STREAMS (3) and SETTINGS_MAX_HEADER_LIST_SIZE (6)
 // are what the flags say, on both ports.
 TEST(Http2LimitsTest, TheFlagsReachTheSettingsOfBothPorts) {
