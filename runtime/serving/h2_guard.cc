@@ -27,7 +27,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 constexpr size_t kPrefaceBytes = sizeof(kPreface) - 1;
-constexpr uint8_t kData = 0x0, kHeaders = 0x1, kPushPromise = 0x5, kContinuation = 0x9;
+constexpr uint8_t kData = 0x0, kHeaders = 0x1, kSettings = 0x4, kPushPromise = 0x5, kPing = 0x6,
+                  kContinuation = 0x9;
 constexpr uint8_t kEndStream = 0x1, kEndHeaders = 0x4, kPadded = 0x8;
 // After accept() fails for lack of descriptors or memory, wait this long
 // before trying again instead of spinning on the readable listening socket.
@@ -198,8 +199,19 @@ void H2FrameCheck::Sent(absl::string_view bytes) {
       sent_header_bytes_ = 0;
       sent_payload_left_ =
           uint32_t{sent_header_[0]} << 16 | uint32_t{sent_header_[1]} << 8 | sent_header_[2];
+      // What the client answers: window updates and pings for the data and
+      // headers it reads, an ACK for a PING or SETTINGS. The server's own
+      // ACKs earn nothing, or a PING flood would pay for itself.
+      const uint8_t type = sent_header_[3];
+      const bool ack = (sent_header_[4] & 0x1) != 0;
+      int64_t earned = 0;
+      if (type == kData || type == kHeaders) {
+        earned = rules_.control_frames_per_frame_sent;
+      } else if ((type == kPing || type == kSettings) && !ack) {
+        earned = 1;
+      }
       tokens_ = std::min(static_cast<double>(rules_.control_frame_burst),
-                         tokens_ + static_cast<double>(rules_.control_frames_per_frame_sent));
+                         tokens_ + static_cast<double>(earned));
     }
   }
 }

@@ -52,17 +52,14 @@ struct H2Rules {
   // everything but request headers and data) go through a token bucket per
   // connection: it holds control_frame_burst frames, full at the start, and
   // gains control_frames_per_second, plus control_frames_per_frame_sent for
-  // each frame relayed to the client. A frame that finds it empty cuts the
-  // connection. Most of a real client's control frames answer the server's:
-  // gRPC's C++ client sends a stream and a connection WINDOW_UPDATE for a
-  // message it reads, BDP pings with them, and ACKs: up to 2 per frame it
-  // received and 2,450 a second in the e2e tests, which never took the
-  // bucket below 990. The rest are a few at the start and keepalive pings
-  // (at most one a second: gRPC's own limit on these ports). For
-  // comparison: nghttp2 closes a connection at 1,000 queued PING/SETTINGS
-  // ACKs and after a burst of 1,000 RST_STREAMs (then 33 a second), Go at
-  // 10,000 queued control frames, Envoy past 10 WINDOW_UPDATEs per DATA
-  // frame it sent.
+  // each DATA or HEADERS frame relayed to the client and one for each PING
+  // or SETTINGS (not for ACKs, or a PING flood would pay for itself). A
+  // frame that finds it empty cuts the connection. Most of a real client's
+  // control frames answer the server's: gRPC's C++ client sends a stream and
+  // a connection WINDOW_UPDATE for a message it reads, BDP pings with them,
+  // and ACKs. The rest are a few at the start and keepalive pings (at most
+  // one a second: gRPC's own limit on these ports). docs/security.md has
+  // what real clients used, and where other servers draw the line.
   int64_t control_frame_burst = 1000;
   int64_t control_frames_per_second = 100;
   int64_t control_frames_per_frame_sent = 4;

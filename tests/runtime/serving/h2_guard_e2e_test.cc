@@ -127,6 +127,13 @@ class RawConnection {
     }
   }
 
+  // Reads (and drops) what the server has sent so far.
+  void Drain() {
+    char buffer[4096];
+    while (recv(fd_, buffer, sizeof(buffer), MSG_DONTWAIT) > 0) {
+    }
+  }
+
   // Reads (and drops) what the server sends until it closes the connection
   // (true) or nothing comes for the timeout (false).
   bool ReadUntilClosed() {
@@ -243,54 +250,62 @@ double Metric(const std::string& page, const std::string& name) {
 }
 
 // `connections` connections one after another, each the preface, a SETTINGS
-// frame and then `pings` PING frames (17 bytes each) sent without reading,
-// until the server closes it: how many it closed, and VmRSS over the
-// baseline once they are gone.
-struct PingFloodResult {
+// frame and then `pings` PING frames (17 bytes each), `batch` to a send,
+// until the server closes it: how many it closed. Batches under 1,000 are
+// paced: what the server sent (its ACKs) is read, and 1 ms passes, before
+// the next.
+int PingFlood(int port, int connections, int pings, int batch) {
+  std::string burst;
+  for (int i = 0; i < batch; ++i) burst += Frame(kPing, 0, 0, std::string(8, static_cast<char>(i)));
   int closed = 0;
-  int64_t growth_after = 0;
-};
-PingFloodResult PingFlood(int port, pid_t server, int connections, int pings) {
-  PingFloodResult r;
-  const int64_t baseline = RssBytes(server);
-  std::string burst;  // 1,000 PINGs per send
-  for (int i = 0; i < 1000; ++i) burst += Frame(kPing, 0, 0, std::string(8, static_cast<char>(i)));
   for (int c = 0; c < connections; ++c) {
     RawConnection flood(port, std::chrono::seconds(5));
     EXPECT_TRUE(flood.connected());
     bool open = flood.Send(kPreface) && flood.Send(Frame(kSettings, 0, 0, ""));
-    for (int sent = 0; open && sent < pings; sent += 1000) open = flood.Send(burst);
-    if (!open ? errno == EPIPE || errno == ECONNRESET : flood.ReadUntilClosed()) ++r.closed;
+    for (int sent = 0; open && sent < pings; sent += batch) {
+      open = flood.Send(burst);
+      if (open && batch < 1000) {
+        flood.Drain();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    if (!open ? errno == EPIPE || errno == ECONNRESET : flood.ReadUntilClosed()) ++closed;
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  r.growth_after = RssBytes(server) - baseline;
-  return r;
+  return closed;
 }
 
-// 20,000 PINGs (340 KB) per connection, five connections on each port, the
-// coordinator's VmRSS read before and after: without a bound on control
-// frames, each such connection grew it by 64 to 140 MiB, which stayed after
-// the connection closed.
+// 20,000 PINGs (340 KB) per connection, five connections on each port: three
+// sent as fast as they go, two paced in batches of 50 with the server's ACKs
+// read in between; the coordinator's VmRSS read before and after. Without a
+// bound on control frames, each such connection grew it by 64 to 140 MiB,
+// which stayed after the connection closed. The guard cuts the fast ones
+// (gRPC, which closes a connection after a few pings too fast, reads a
+// whole burst first and keeps the memory); the paced ones gRPC may close
+// first.
 TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --metrics-port 0");
   ASSERT_NE(coordinator.stub, nullptr);
   testing::Status(*coordinator.stub);  // gRPC's own first allocations, before the baseline
   const int worker_port = std::stoi(coordinator.worker_address.substr(10));
   for (const int port : {coordinator.port, worker_port}) {
-    const PingFloodResult r = PingFlood(port, coordinator.process->pid(), 5, 20000);
+    const int64_t baseline = RssBytes(coordinator.process->pid());
+    const int closed = PingFlood(port, 3, 20000, 1000) + PingFlood(port, 2, 20000, 50);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const int64_t growth = RssBytes(coordinator.process->pid()) - baseline;
     std::printf("port %d: 5 connections of 20,000 PINGs; %d closed; VmRSS +%lld KiB after\n", port,
-                r.closed, static_cast<long long>(r.growth_after >> 10));
-    EXPECT_EQ(r.closed, 5) << "port " << port;
-    EXPECT_LE(r.growth_after, 8 * kMiB) << "port " << port;
+                closed, static_cast<long long>(growth >> 10));
+    EXPECT_EQ(closed, 5) << "port " << port;
+    EXPECT_LE(growth, 8 * kMiB) << "port " << port;
   }
   const std::string log = coordinator.process->Log();
   EXPECT_NE(log.find("a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, "
                      "PRIORITY, empty DATA): over 1000 at once, or over 100 a second"),
             std::string::npos)
       << log;
-  EXPECT_EQ(Metric(testing::HttpGet(coordinator.metrics_port, "/metrics"),
+  EXPECT_GE(Metric(testing::HttpGet(coordinator.metrics_port, "/metrics"),
                    "deltaserve_http2_connections_cut_total"),
-            10);
+            6)
+      << log;
   // Both ports serve on.
   EXPECT_EQ(testing::Status(*coordinator.stub).workers(), 0);
   RawConnection fresh(worker_port, std::chrono::seconds(5));

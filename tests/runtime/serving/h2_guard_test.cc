@@ -181,7 +181,8 @@ TEST(H2FrameCheckTest, EmptyDataCountsAsControlButDataAndEndsOfStreamDoNot) {
 }
 
 // The bucket gains control_frames_per_second, up to the burst, and
-// control_frames_per_frame_sent for each frame sent to the client.
+// control_frames_per_frame_sent for each DATA or HEADERS frame sent to the
+// client, one for each PING or SETTINGS, nothing for the server's ACKs.
 TEST(H2FrameCheckTest, TheBucketFillsWithTimeAndWithFramesSent) {
   const Clock::time_point start = Clock::now();
   {
@@ -201,15 +202,19 @@ TEST(H2FrameCheckTest, TheBucketFillsWithTimeAndWithFramesSent) {
     EXPECT_FALSE(check.Consume(Frame(kPing, 0, 0, 8), hour).ok());
   }
   {
-    // Two frames earned per frame sent: the server's SETTINGS (cut in two
-    // sends) and a DATA frame of 100 bytes earn four, its 100 bytes no more.
-    H2FrameCheck check(ControlRules(4, 0, 2));
-    EXPECT_TRUE(check.Consume(kPreface + Frames(kWindowUpdate, 0, 0, 4, 4), start).ok());
+    // Two frames earned per DATA or HEADERS frame sent, one per PING or
+    // SETTINGS, none for ACKs or other frames: the server's SETTINGS (cut
+    // in two sends), a DATA frame of 100 bytes (its bytes earn nothing), a
+    // PING ACK, a SETTINGS ACK, a RST_STREAM, a HEADERS and a PING earn six.
+    H2FrameCheck check(ControlRules(10, 0, 2));
+    EXPECT_TRUE(check.Consume(kPreface + Frames(kWindowUpdate, 0, 0, 4, 10), start).ok());
     const std::string settings = Frame(kSettings, 0, 0, 12);
     check.Sent(settings.substr(0, 5));
     check.Sent(settings.substr(5) + Frame(kData, 0, 1, 100).substr(0, 50));
-    check.Sent(Frame(kData, 0, 1, 100).substr(50));
-    EXPECT_TRUE(check.Consume(Frames(kWindowUpdate, 0, 1, 4, 4), start).ok());
+    check.Sent(Frame(kData, 0, 1, 100).substr(50) + Frame(kPing, 1, 0, 8) +
+               Frame(kSettings, 1, 0, 0) + Frame(kRstStream, 0, 1, 4));
+    check.Sent(Frame(kHeaders, kEndHeaders, 1, 30) + Frame(kPing, 0, 0, 8));
+    EXPECT_TRUE(check.Consume(Frames(kWindowUpdate, 0, 1, 4, 6), start).ok());
     EXPECT_FALSE(check.Consume(Frame(kWindowUpdate, 0, 1, 4), start).ok());
   }
   {
