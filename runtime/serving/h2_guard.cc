@@ -16,7 +16,10 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/listen_socket.h"
 
@@ -280,8 +283,10 @@ struct H2Guard::Relay {
   bool client_eof = false, grpc_eof = false, up_shut = false;
   bool queued = false;                                    // in this round's list of relays to pump
   Clock::time_point flush_by = Clock::time_point::max();  // set once GrpcClosed()
-  bool unrequested = true;                                // in unrequested_, at:
-  std::list<Relay*>::iterator unrequested_at;
+  int grpc_fd = -1;  // gRPC's end of the socketpair, once handed off
+  // In each Tier (kUnrequested, kUnauthenticated) or not, and where.
+  bool in_tier[2] = {false, false};
+  std::list<Relay*>::iterator tier_at[2];
 };
 
 H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
@@ -361,7 +366,8 @@ absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& host
       options.rules.max_header_block_bytes < 1 || options.rules.control_frame_burst < 1 ||
       options.rules.control_frames_per_second < 0 ||
       options.rules.control_frames_per_frame_sent < 0 || options.max_unrequested < 1 ||
-      options.max_unrequested_per_address < 1 || options.request_timeout.count() < 1) {
+      options.max_unrequested_per_address < 1 || options.max_unauthenticated < 1 ||
+      options.max_unauthenticated_per_address < 1 || options.request_timeout.count() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the HTTP/2 guard's limits must be positive"));
   }
@@ -443,6 +449,15 @@ bool H2Guard::HandOff(Relay* relay) {
     }
     handoff_(pair[0]);
   }
+  {
+    // A mark still waiting for an earlier connection that gRPC knew by this
+    // descriptor is not this one's.
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    marked_.erase(pair[0]);
+    marks_.erase(std::remove(marks_.begin(), marks_.end(), pair[0]), marks_.end());
+  }
+  relay->grpc_fd = pair[0];
+  by_grpc_fd_[pair[0]] = relay;
   relay->inner = pair[1];
   Watch(epoll_fd_, EPOLL_CTL_ADD, relay->inner, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, relay);
   return true;
@@ -459,7 +474,7 @@ bool H2Guard::PumpAndSettle(Relay* relay) {
     state = relay->Pump(&why);
   }
   if (state == Relay::State::kOpen) {
-    if (relay->unrequested && relay->check.requested()) MarkRequested(relay);
+    if (relay->in_tier[kUnrequested] && relay->check.requested()) Leave(unrequested_, relay);
     if (!flushing_.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
       flushing_.insert(relay);
       relay->flush_by = Clock::now() + options_.flush_after_close;
@@ -475,25 +490,69 @@ bool H2Guard::PumpAndSettle(Relay* relay) {
 }
 
 void H2Guard::Drop(Relay* relay) {
-  if (relay->unrequested) MarkRequested(relay);
+  Leave(unrequested_, relay);
+  Leave(unauthenticated_, relay);
+  if (relay->grpc_fd >= 0) {
+    if (const auto it = by_grpc_fd_.find(relay->grpc_fd);
+        it != by_grpc_fd_.end() && it->second == relay) {
+      by_grpc_fd_.erase(it);
+    }
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    marked_.erase(relay->grpc_fd);
+  }
   flushing_.erase(relay);
   relays_.erase(relay);  // closes both sockets: gRPC sees its end close
 }
 
-void H2Guard::MarkRequested(Relay* relay) {
-  unrequested_.erase(relay->unrequested_at);
-  relay->unrequested = false;
-  const auto count = unrequested_by_source_.find(relay->source);
-  if (--count->second == 0) unrequested_by_source_.erase(count);
+void H2Guard::Join(Tier& tier, Relay* relay) {
+  relay->in_tier[tier.index] = true;
+  relay->tier_at[tier.index] = tier.relays.insert(tier.relays.end(), relay);
+  ++tier.by_source[relay->source];
 }
 
-bool H2Guard::ReclaimOf(const std::string& source) {
-  for (auto it = unrequested_.begin(); it != unrequested_.end();) {
-    Relay* relay = *it++;  // Drop and MarkRequested invalidate only relay's place
+void H2Guard::Leave(Tier& tier, Relay* relay) {
+  if (!relay->in_tier[tier.index]) return;
+  tier.relays.erase(relay->tier_at[tier.index]);
+  relay->in_tier[tier.index] = false;
+  const auto count = tier.by_source.find(relay->source);
+  if (--count->second == 0) tier.by_source.erase(count);
+}
+
+void H2Guard::TakeMarks() {
+  std::vector<int> marks;
+  {
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    marks.swap(marks_);
+  }
+  for (const int fd : marks) {
+    const auto it = by_grpc_fd_.find(fd);
+    if (it == by_grpc_fd_.end()) continue;
+    Leave(unrequested_, it->second);  // it sent a request, which may be in flight still
+    Leave(unauthenticated_, it->second);
+  }
+}
+
+void H2Guard::MarkAuthenticated(absl::string_view grpc_peer) {
+  int fd = -1;
+  if (!absl::ConsumePrefix(&grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer, &fd) || fd < 0) {
+    return;  // not a connection of this guard's
+  }
+  {
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    if (!marked_.insert(fd).second) return;  // known already: the common case
+    marks_.push_back(fd);
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+bool H2Guard::ReclaimFrom(Tier& tier, const std::string& source) {
+  for (auto it = tier.relays.begin(); it != tier.relays.end();) {
+    Relay* relay = *it++;  // Drop and Leave invalidate only relay's place
     if (relay->source != source) continue;
     // Its request may be waiting in the socket still.
     if (!PumpAndSettle(relay)) return true;
-    if (!relay->unrequested) continue;
+    if (!relay->in_tier[tier.index]) continue;
     reclaimed_.fetch_add(1);
     if (options_.on_reclaim) options_.on_reclaim();
     Drop(relay);
@@ -502,14 +561,15 @@ bool H2Guard::ReclaimOf(const std::string& source) {
   return false;
 }
 
-bool H2Guard::Reclaim() {
-  while (!unrequested_by_source_.empty()) {
+bool H2Guard::ReclaimHeaviest(Tier& tier) {
+  while (!tier.by_source.empty()) {
     // Of the source with the most: one client's slots do not go to another's
-    // flood. Pumped, they may all turn out to have sent requests; then the next.
+    // flood. Pumped, they may all turn out to have left the tier; then the
+    // next.
     const auto most =
-        std::max_element(unrequested_by_source_.begin(), unrequested_by_source_.end(),
+        std::max_element(tier.by_source.begin(), tier.by_source.end(),
                          [](const auto& a, const auto& b) { return a.second < b.second; });
-    if (ReclaimOf(std::string(most->first))) return true;
+    if (ReclaimFrom(tier, std::string(most->first))) return true;
   }
   return false;
 }
@@ -517,8 +577,11 @@ bool H2Guard::Reclaim() {
 void H2Guard::AcceptAll(Clock::time_point* accept_resume) {
   const size_t max_connections = static_cast<size_t>(options_.max_connections);
   const size_t max_unrequested = static_cast<size_t>(options_.max_unrequested);
-  for (int accepted = 0;
-       accepted < kAcceptsPerRound && (relays_.size() < max_connections || !unrequested_.empty());
+  const size_t max_unauthenticated = static_cast<size_t>(options_.max_unauthenticated);
+  TakeMarks();
+  // Every connection without a request is one without an authenticated call.
+  for (int accepted = 0; accepted < kAcceptsPerRound &&
+                         (relays_.size() < max_connections || !unauthenticated_.relays.empty());
        ++accepted) {
     sockaddr_storage addr{};
     socklen_t addr_len = sizeof(addr);
@@ -532,16 +595,24 @@ void H2Guard::AcceptAll(Clock::time_point* accept_resume) {
     }
     std::string source;
     std::string peer = PeerName(addr, &source);
-    // Room for it: what waits longest without a request goes first, of its
-    // own source, else of the source with the most.
-    const auto same = unrequested_by_source_.find(source);
-    if (same != unrequested_by_source_.end() &&
-        same->second >= options_.max_unrequested_per_address) {
-      ReclaimOf(source);
+    // Room for it: what has waited longest without a request goes first,
+    // then what has authenticated no call; of its own source when that has
+    // its share, else of the source with the most.
+    const auto over = [&](const Tier& tier, int per_address) {
+      const auto same = tier.by_source.find(source);
+      return same != tier.by_source.end() && same->second >= per_address;
+    };
+    if (over(unrequested_, options_.max_unrequested_per_address)) {
+      ReclaimFrom(unrequested_, source);
     }
-    if (unrequested_.size() >= max_unrequested) Reclaim();
-    if (relays_.size() >= max_connections && !Reclaim()) {
-      ::close(tcp);  // every connection sent a request meanwhile: none to give way
+    if (unrequested_.relays.size() >= max_unrequested) ReclaimHeaviest(unrequested_);
+    if (over(unauthenticated_, options_.max_unauthenticated_per_address)) {
+      ReclaimFrom(unauthenticated_, source);
+    }
+    if (unauthenticated_.relays.size() >= max_unauthenticated) ReclaimHeaviest(unauthenticated_);
+    if (relays_.size() >= max_connections && !ReclaimHeaviest(unrequested_) &&
+        !ReclaimHeaviest(unauthenticated_)) {
+      ::close(tcp);  // every connection authenticated meanwhile: none to give way
       return;
     }
     const int one = 1;
@@ -549,8 +620,8 @@ void H2Guard::AcceptAll(Clock::time_point* accept_resume) {
     auto owned = std::make_unique<Relay>(tcp, std::move(peer), std::move(source), options_);
     Relay* relay = owned.get();
     relays_.emplace(relay, std::move(owned));
-    relay->unrequested_at = unrequested_.insert(unrequested_.end(), relay);
-    ++unrequested_by_source_[relay->source];
+    Join(unrequested_, relay);
+    Join(unauthenticated_, relay);
     // Edge-triggered: Pump moves bytes until a side would block, and
     // adding a socket that is already readable reports it at once. gRPC's
     // end comes once the client preface has (HandOff).
@@ -597,14 +668,15 @@ void H2Guard::Run() {
       Drop(relay);
     }
     // Connections that sent no request in time (the list is in accept order).
-    while (!unrequested_.empty() &&
-           now - unrequested_.front()->accepted_at >= options_.request_timeout) {
+    TakeMarks();
+    while (!unrequested_.relays.empty() &&
+           now - unrequested_.relays.front()->accepted_at >= options_.request_timeout) {
       reclaimed_.fetch_add(1);
       if (options_.on_reclaim) options_.on_reclaim();
-      Drop(unrequested_.front());
+      Drop(unrequested_.relays.front());
     }
     const bool want = listen_fd_ >= 0 &&
-                      (relays_.size() < max_connections || !unrequested_.empty()) &&
+                      (relays_.size() < max_connections || !unauthenticated_.relays.empty()) &&
                       now >= accept_resume;
     if (want != listening) {
       Watch(epoll_fd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, EPOLLIN, &listen_tag);
@@ -619,7 +691,9 @@ void H2Guard::Run() {
     if (stopping) until(stop_by);
     if (listen_fd_ >= 0 && now < accept_resume) until(accept_resume);
     for (Relay* relay : flushing_) until(relay->flush_by);
-    if (!unrequested_.empty()) until(unrequested_.front()->accepted_at + options_.request_timeout);
+    if (!unrequested_.relays.empty()) {
+      until(unrequested_.relays.front()->accepted_at + options_.request_timeout);
+    }
     const int n =
         ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -645,8 +719,11 @@ void H2Guard::Run() {
     }
     if (listening) AcceptAll(&accept_resume);
   }
-  unrequested_.clear();
-  unrequested_by_source_.clear();
+  for (Tier* tier : {&unrequested_, &unauthenticated_}) {
+    tier->relays.clear();
+    tier->by_source.clear();
+  }
+  by_grpc_fd_.clear();
   flushing_.clear();
   relays_.clear();
 }

@@ -36,6 +36,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -137,6 +138,13 @@ struct H2GuardOptions {
   // request within a round trip of connecting.
   int max_unrequested = 256;
   int max_unrequested_per_address = 64;
+  // Connections that have authenticated no call yet (MarkAuthenticated), at
+  // most, in all and from one address, so that connections which send a
+  // request that needs no credentials (a health check) and stay cannot fill
+  // the slots either: the rest is kept for callers that have. A new
+  // connection over either closes the oldest of them, as above.
+  int max_unauthenticated = 512;
+  int max_unauthenticated_per_address = 128;
   // How long a connection may stay open without sending a request.
   std::chrono::milliseconds request_timeout{10000};
   // Each direction's buffer, per connection.
@@ -183,6 +191,12 @@ class H2Guard {
   // the rest and joins the thread. Idempotent.
   void Stop(std::chrono::milliseconds grace);
 
+  // From any thread: the connection gRPC knows as `grpc_peer` (its
+  // ServerContext::peer(), "fd:N" for a socketpair this guard handed off)
+  // authenticated a call, so it no longer gives way to others. Other peers
+  // are ignored.
+  void MarkAuthenticated(absl::string_view grpc_peer);
+
   int64_t connections_cut() const { return cut_.load(); }
   // Connections closed to free their slot (on_reclaim).
   int64_t connections_reclaimed() const { return reclaimed_.load(); }
@@ -200,13 +214,25 @@ class H2Guard {
   bool PumpAndSettle(Relay* relay);
   // Forgets `relay` and closes its sockets.
   void Drop(Relay* relay);
-  // Stops counting `relay` among the connections without a request.
-  void MarkRequested(Relay* relay);
-  // Closes the oldest connection without a request from `source` (of the
-  // source with the most such, for Reclaim()) that still has none once
-  // pumped: whether one was closed or ended.
-  bool ReclaimOf(const std::string& source);
-  bool Reclaim();
+  // Connections that give way first, oldest first, with their count per
+  // source: those that have sent no request (kUnrequested), and those that
+  // have authenticated no call (kUnauthenticated; the first are among them).
+  static constexpr int kUnrequested = 0, kUnauthenticated = 1;
+  struct Tier {
+    explicit Tier(int index) : index(index) {}
+    const int index;
+    std::list<Relay*> relays;
+    std::unordered_map<std::string, int> by_source;  // address or /64: count
+  };
+  void Join(Tier& tier, Relay* relay);
+  void Leave(Tier& tier, Relay* relay);  // if it is in the tier
+  // The marks MarkAuthenticated queued, applied.
+  void TakeMarks();
+  // Closes the oldest connection of `tier` from `source` (of the source with
+  // the most, for ReclaimHeaviest) that is still in the tier once pumped:
+  // whether one was closed or ended.
+  bool ReclaimFrom(Tier& tier, const std::string& source);
+  bool ReclaimHeaviest(Tier& tier);
   // Accepts what waits, within the caps.
   void AcceptAll(std::chrono::steady_clock::time_point* accept_resume);
 
@@ -227,8 +253,13 @@ class H2Guard {
   // The guard thread's own.
   std::unordered_map<Relay*, std::unique_ptr<Relay>> relays_;
   std::unordered_set<Relay*> flushing_;  // gRPC closed them; the client has till flush_by
-  std::list<Relay*> unrequested_;        // no request yet, oldest first
-  std::unordered_map<std::string, int> unrequested_by_source_;  // address or /64: count
+  Tier unrequested_{kUnrequested};
+  Tier unauthenticated_{kUnauthenticated};
+  std::unordered_map<int, Relay*> by_grpc_fd_;  // gRPC's end of each relay handed off
+
+  std::mutex marks_mu_;
+  std::vector<int> marks_;          // guarded by marks_mu_: to apply
+  std::unordered_set<int> marked_;  // guarded by marks_mu_: queued or applied
 };
 
 }  // namespace deltaserve

@@ -499,11 +499,13 @@ struct GuardCounters {
 
 // Builds and starts `builder`'s server on host:port as `who` ("the client
 // port"): TLS (`tls`) through gRPC's own listener, plaintext behind an
-// H2Guard whose cut connections are logged and counted.
+// H2Guard whose cut connections are logged and counted, and which `auth`
+// tells of each connection that authenticated a call.
 absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOptions& options,
                                    int port, bool tls,
                                    const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                   const std::string& who, const GuardCounters& counters) {
+                                   const std::string& who, const GuardCounters& counters,
+                                   Authenticator& auth) {
   const std::string address = absl::StrCat(options.host, ":", port);
   GrpcPort out;
   if (tls) {
@@ -525,6 +527,10 @@ absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOpt
     DELTASERVE_ASSIGN_OR_RETURN(out.guard,
                                 H2Guard::Listen(options.host, port, who, std::move(guard)));
     out.port = out.guard->port();
+    // Calls end before the server, and the server before the guard, shuts down.
+    H2Guard* guarded = out.guard.get();
+    auth.SetOnAuthenticated(
+        [guarded](const std::string& peer) { guarded->MarkAuthenticated(peer); });
   }
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || out.port <= 0) {
@@ -683,7 +689,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(impl->generation.get());
   DELTASERVE_ASSIGN_OR_RETURN(impl->client,
                               StartPort(builder, options, options.port, tls, client_credentials,
-                                        "the client port", counters));
+                                        "the client port", counters, *impl->client_auth));
   if (options.worker_port >= 0) {
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
     grpc::ServerBuilder worker_builder;
@@ -693,7 +699,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     worker_builder.RegisterService(impl->worker_link.get());
     auto worker = StartPort(worker_builder, options, options.worker_port, tls, worker_credentials,
-                            "the worker port", counters);
+                            "the worker port", counters, *impl->worker_auth);
     if (!worker.ok()) {
       ShutdownPorts({&impl->client}, std::chrono::system_clock::now());
       return worker.status();

@@ -451,6 +451,70 @@ TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
   EXPECT_EQ(Metric(metrics, "deltaserve_http2_connections_cut_total"), 0);
 }
 
+// One whole unauthenticated request, as a raw client sends it: a health
+// check (HPACK: :method POST, :scheme http, then literal fields not indexed)
+// and its empty message, ending the stream.
+std::string HealthCheck() {
+  const auto literal = [](char name_index, const std::string& value) {
+    return std::string{name_index, static_cast<char>(value.size())} + value;
+  };
+  const std::string block = std::string("\x83\x86") +
+                            literal(0x04, "/grpc.health.v1.Health/Check") + literal(0x01, "x") +
+                            std::string("\x0f\x10") + std::string(1, 16) + "application/grpc" +
+                            std::string("\x00\x02te\x08trailers", 13);
+  return Frame(kHeaders, kEndHeaders, 1, block) + Frame(0x0, 0x1, 1, std::string(5, '\0'));
+}
+
+// 1,100 connections on each port that each send one health check (no
+// credentials needed) and stay, from the caller's own address, after the
+// caller's channel has authenticated a call: its connection stays open and
+// serves, and authenticated calls on new connections complete within a
+// second. Without telling connections that authenticated from those that
+// did not, such connections filled the 1,024 slots and new callers waited.
+TEST(H2SlotsTest, ConnectionsThatAuthenticatedNothingGiveWayToCallers) {
+  constexpr int kFlood = 1100;
+  ASSERT_NO_FATAL_FAILURE(RaiseDescriptorLimit(16384));
+  const std::string dir = testing::TempDir("h2auth");
+  for (const std::string name : {"clients", "workers"}) {
+    std::ofstream(dir + "/" + name) << "alice:" << name << "-0123456789abcdef\n";
+    ASSERT_EQ(chmod((dir + "/" + name).c_str(), 0600), 0);
+  }
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
+                                          " --metrics-port 0 --client-tokens-file " + dir +
+                                          "/clients --worker-token-file " + dir + "/workers");
+  ASSERT_NE(coordinator.stub, nullptr);
+  const int ports[2] = {coordinator.port, std::stoi(coordinator.worker_address.substr(10))};
+  ChannelSecurity alice;
+  alice.token_file = dir + "/clients";
+  auto channel = OpenChannel(coordinator.address, alice, grpc::ChannelArguments());
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto caller = v1::Generation::NewStub(*channel);
+  ASSERT_EQ(testing::Status(*caller).workers(), 0);
+  const std::string request = std::string(kPreface) + Frame(kSettings, 0, 0, "") + HealthCheck();
+  std::vector<int> flood;
+  for (int i = 0; i < 2 * kFlood; ++i) {
+    flood.push_back(IdleSocket(ports[i % 2], false));
+    ASSERT_GE(flood.back(), 0) << "socket " << i << ": " << std::strerror(errno);
+    ASSERT_EQ(send(flood.back(), request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+  }
+  for (int call = 0; call < 6; ++call) {
+    double ms = 0;
+    const grpc::Status s = TimedCall(coordinator.address, alice, &ms);
+    std::printf("call %d on a new connection: %.0f ms\n", call, ms);
+    EXPECT_TRUE(s.ok()) << "call " << call << ": " << s.error_message();
+  }
+  EXPECT_TRUE(SettingsWithinASecond(ports[1]));
+  // The caller's own connection was never given up: the channel is READY
+  // without having connected again, and serves.
+  EXPECT_EQ((*channel)->GetState(false), GRPC_CHANNEL_READY);
+  EXPECT_EQ(testing::Status(*caller).workers(), 0);
+  const std::string metrics = testing::HttpGet(coordinator.metrics_port, "/metrics");
+  std::printf("%.0f reclaimed\n", Metric(metrics, "deltaserve_http2_connections_reclaimed_total"));
+  EXPECT_GE(Metric(metrics, "deltaserve_http2_connections_reclaimed_total"), 2 * (kFlood - 128));
+  for (int fd : flood) close(fd);
+}
+
 // The soft limit on open files of process `pid` (-1: unknown).
 int64_t OpenFileLimit(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/limits");

@@ -302,8 +302,9 @@ class EchoPeers {
   }
   H2Guard::Handoff Handoff() {
     return [this](int fd) {
-      handed_off_.fetch_add(1);
       std::lock_guard<std::mutex> lock(mu_);
+      fds_.push_back(fd);
+      handed_off_.fetch_add(1);
       threads_.emplace_back([this, fd] {
         // Blocking, for a plain loop.
         const int flags = fcntl(fd, F_GETFL);
@@ -319,11 +320,17 @@ class EchoPeers {
     };
   }
   int handed_off() const { return handed_off_.load(); }
+  // The descriptor the i-th handed-off connection came on.
+  int fd(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fds_.at(i);
+  }
   int closed() const { return closed_.load(); }
 
  private:
   std::mutex mu_;
   std::vector<std::thread> threads_;
+  std::vector<int> fds_;
   std::atomic<int> handed_off_{0}, closed_{0};
 };
 
@@ -637,6 +644,36 @@ TEST_F(H2GuardTest, IdleConnectionsGiveWayToNewOnesAndRequestsKeepTheirPlace) {
   EXPECT_EQ(guard_->connections_reclaimed(), 20);
   EXPECT_EQ(guard_->connections_cut(), 0);
   for (int fd : idle) close(fd);
+  for (int fd : callers) close(fd);
+}
+
+// With room for two connections that have authenticated nothing: three
+// callers send a request, and gRPC says the first authenticated ("fd:N",
+// its peer); a fourth closes the oldest of the other two, not the first.
+// Peers that are not the guard's are ignored.
+TEST_F(H2GuardTest, AConnectionThatAuthenticatedKeepsItsPlace) {
+  H2GuardOptions options;
+  options.max_unauthenticated = 2;
+  ASSERT_NO_FATAL_FAILURE(StartGuard(peers_.Handoff(), options));
+  std::vector<int> callers;
+  for (int i = 0; i < 4; ++i) {
+    callers.push_back(Connect(guard_->port()));
+    ASSERT_GE(callers.back(), 0);
+    ASSERT_TRUE(SendAll(callers.back(), kRequest));
+    ASSERT_EQ(ReadAll(callers.back(), kRequest.size()), kRequest) << i;
+    if (i == 0) {
+      guard_->MarkAuthenticated("ipv4:127.0.0.1:1");
+      guard_->MarkAuthenticated("fd:x");
+      guard_->MarkAuthenticated("fd:" + std::to_string(peers_.fd(0)));
+    }
+  }
+  EXPECT_TRUE(ClosedWithin(callers[1], std::chrono::seconds(5)));
+  const std::string ping = Frame(0x6, 0, 0, 8);
+  for (int i : {0, 2, 3}) {
+    ASSERT_TRUE(SendAll(callers[i], ping));
+    EXPECT_EQ(ReadAll(callers[i], ping.size()), ping) << i;
+  }
+  EXPECT_EQ(guard_->connections_reclaimed(), 1);
   for (int fd : callers) close(fd);
 }
 
