@@ -173,6 +173,12 @@ Authenticator::Authenticator(std::optional<TokenSet> tokens, bool client_certs)
     : tokens_(std::move(tokens)), client_certs_(client_certs) {}
 
 absl::StatusOr<std::string> Authenticator::Authenticate(const grpc::ServerContext& context) const {
+  absl::StatusOr<std::string> principal = Check(context);
+  if (principal.ok() && on_authenticated_) on_authenticated_(context.peer());
+  return principal;
+}
+
+absl::StatusOr<std::string> Authenticator::Check(const grpc::ServerContext& context) const {
   if (tokens_.has_value()) {
     const auto& metadata = context.client_metadata();
     const auto it = metadata.find("authorization");

@@ -14,8 +14,10 @@
 
 #include <grpcpp/server_context.h>
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -78,14 +80,24 @@ class Authenticator {
   // identity ("x509:" and its common name or first SAN), else "" when this
   // listener authenticates no one. UNAUTHENTICATED, saying what is missing,
   // when tokens are required and the call has none that matches.
+  // Each call that passes is also reported to the hook, if set.
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+  // Called with the call's peer (grpc::ServerContext::peer) for each call
+  // that passes, from gRPC's threads: the HTTP/2 guard keeps the slots of
+  // connections that authenticated. Set before the listener serves.
+  void SetOnAuthenticated(std::function<void(const std::string& peer)> hook) {
+    on_authenticated_ = std::move(hook);
+  }
 
   // Whether callers are told apart (tokens or certificates).
   bool enabled() const { return tokens_.has_value() || client_certs_; }
 
  private:
+  absl::StatusOr<std::string> Check(const grpc::ServerContext& context) const;
+
   std::optional<TokenSet> tokens_;
   bool client_certs_;
+  std::function<void(const std::string& peer)> on_authenticated_;
 };
 
 // The request id the coordinator knows a client's request by: the id within

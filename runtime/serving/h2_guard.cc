@@ -14,11 +14,12 @@
 #include <cstdio>
 #include <cstring>
 #include <system_error>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/listen_socket.h"
 
@@ -29,26 +30,41 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 constexpr size_t kPrefaceBytes = sizeof(kPreface) - 1;
-constexpr uint8_t kHeaders = 0x1, kPushPromise = 0x5, kContinuation = 0x9;
-constexpr uint8_t kEndHeaders = 0x4;
+constexpr uint8_t kData = 0x0, kHeaders = 0x1, kSettings = 0x4, kPushPromise = 0x5, kPing = 0x6,
+                  kContinuation = 0x9;
+constexpr uint8_t kEndStream = 0x1, kEndHeaders = 0x4, kPadded = 0x8;
 // After accept() fails for lack of descriptors or memory, wait this long
 // before trying again instead of spinning on the readable listening socket.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
+// Connections accepted per round of the loop at most: under a flood of
+// connections the listening socket is never empty, and the connections
+// already accepted (a caller's request among them) must be relayed too.
+constexpr int kAcceptsPerRound = 64;
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
-std::string PeerName(const sockaddr_storage& addr) {
-  char text[INET6_ADDRSTRLEN] = "?";
+// The peer for the log ("host:port"), and in *source who it counts as for
+// the caps on connections without a request: its IPv4 address, or its IPv6
+// /64 (one host's usual share, so that its addresses do not count apart).
+std::string PeerName(const sockaddr_storage& addr, std::string* source) {
+  char text[INET6_ADDRSTRLEN] = "";
   if (addr.ss_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
     inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    *source = text;
     return HostPort(text, ntohs(in->sin_port));
   }
   if (addr.ss_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
     inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    in6_addr prefix = in6->sin6_addr;
+    if (!IN6_IS_ADDR_V4MAPPED(&prefix)) std::memset(prefix.s6_addr + 8, 0, 8);
+    char prefix_text[INET6_ADDRSTRLEN] = "";
+    inet_ntop(AF_INET6, &prefix, prefix_text, sizeof(prefix_text));
+    *source = IN6_IS_ADDR_V4MAPPED(&prefix) ? prefix_text : absl::StrCat(prefix_text, "/64");
     return HostPort(text, ntohs(in6->sin6_port));
   }
+  *source = "";
   return "an unknown peer";
 }
 
@@ -62,7 +78,19 @@ void Watch(int epoll_fd, int op, int fd, uint32_t events, void* tag) {
 
 }  // namespace
 
-absl::Status H2FrameCheck::Consume(absl::string_view bytes) {
+H2FrameCheck::H2FrameCheck(const H2Rules& rules)
+    : rules_(rules), tokens_(static_cast<double>(rules.control_frame_burst)) {}
+
+absl::Status H2FrameCheck::Consume(absl::string_view bytes, Clock::time_point now) {
+  if (!started_) {
+    started_ = true;
+    filled_at_ = now;
+  } else if (now > filled_at_) {
+    const double seconds = std::chrono::duration<double>(now - filled_at_).count();
+    tokens_ = std::min(static_cast<double>(rules_.control_frame_burst),
+                       tokens_ + seconds * static_cast<double>(rules_.control_frames_per_second));
+    filled_at_ = now;
+  }
   size_t i = 0;
   while (error_.ok() && i < bytes.size()) {
     if (preface_matched_ < kPrefaceBytes) {
@@ -75,6 +103,15 @@ absl::Status H2FrameCheck::Consume(absl::string_view bytes) {
       preface_matched_ += n;
       i += n;
     } else if (payload_left_ > 0) {
+      if (pad_length_next_) {
+        // A padded DATA frame of nothing but padding is an empty one.
+        pad_length_next_ = false;
+        const uint32_t pad = static_cast<unsigned char>(bytes[i]);
+        if (!padded_ends_stream_ && padded_length_ <= 1 + pad) {
+          error_ = OnControlFrame();
+          if (!error_.ok()) break;
+        }
+      }
       const size_t n = std::min<size_t>(payload_left_, bytes.size() - i);
       payload_left_ -= static_cast<uint32_t>(n);
       i += n;
@@ -108,8 +145,19 @@ absl::Status H2FrameCheck::OnFrameHeader() {
         absl::StrCat("a CONTINUATION frame on stream ", stream, " with no header block open"));
   } else if (type == kHeaders || type == kPushPromise) {
     in_block_ = true;
+    block_is_request_ = type == kHeaders;
     block_stream_ = stream;
     block_bytes_ = sizeof(header_) + length;
+  } else if (type == kData) {
+    if ((flags & kPadded) != 0 && length > 0) {
+      pad_length_next_ = true;
+      padded_length_ = length;
+      padded_ends_stream_ = (flags & kEndStream) != 0;
+    } else if (length == 0 && (flags & kEndStream) == 0) {
+      DELTASERVE_RETURN_IF_ERROR(OnControlFrame());
+    }
+  } else {
+    DELTASERVE_RETURN_IF_ERROR(OnControlFrame());
   }
   if (in_block_) {
     if (block_bytes_ > rules_.max_header_block_bytes) {
@@ -117,10 +165,58 @@ absl::Status H2FrameCheck::OnFrameHeader() {
           "a header block of over ", rules_.max_header_block_bytes, " bytes on stream ",
           block_stream_, " (its limit: twice --max-metadata-bytes, plus 16 KiB)"));
     }
-    if (flags & kEndHeaders) in_block_ = false;
+    if (flags & kEndHeaders) {
+      in_block_ = false;
+      requested_ |= block_is_request_;
+    }
   }
   payload_left_ = length;
   return absl::OkStatus();
+}
+
+bool H2FrameCheck::preface_received() const { return preface_matched_ == kPrefaceBytes; }
+
+absl::Status H2FrameCheck::OnControlFrame() {
+  if (tokens_ < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, PRIORITY, "
+        "empty DATA): over ",
+        rules_.control_frame_burst, " at once, or over ", rules_.control_frames_per_second,
+        " a second after that"));
+  }
+  tokens_ -= 1;
+  return absl::OkStatus();
+}
+
+void H2FrameCheck::Sent(absl::string_view bytes) {
+  size_t i = 0;
+  while (i < bytes.size()) {
+    if (sent_payload_left_ > 0) {
+      const size_t n = std::min<size_t>(sent_payload_left_, bytes.size() - i);
+      sent_payload_left_ -= static_cast<uint32_t>(n);
+      i += n;
+      continue;
+    }
+    sent_header_[sent_header_bytes_++] = static_cast<unsigned char>(bytes[i++]);
+    if (sent_header_bytes_ == sizeof(sent_header_)) {
+      sent_header_bytes_ = 0;
+      sent_payload_left_ =
+          uint32_t{sent_header_[0]} << 16 | uint32_t{sent_header_[1]} << 8 | sent_header_[2];
+      // What the client answers: window updates and pings for the data and
+      // headers it reads, an ACK for a PING or SETTINGS. The server's own
+      // ACKs earn nothing, or a PING flood would pay for itself.
+      const uint8_t type = sent_header_[3];
+      const bool ack = (sent_header_[4] & 0x1) != 0;
+      int64_t earned = 0;
+      if (type == kData || type == kHeaders) {
+        earned = rules_.control_frames_per_frame_sent;
+      } else if ((type == kPing || type == kSettings) && !ack) {
+        earned = 1;
+      }
+      tokens_ = std::min(static_cast<double>(rules_.control_frame_burst),
+                         tokens_ + static_cast<double>(earned));
+    }
+  }
 }
 
 // One relayed connection: the client's TCP socket and the guard's end of
@@ -145,39 +241,52 @@ struct H2Guard::Relay {
     size_t capacity, begin = 0, end = 0;
   };
 
-  Relay(int tcp, int inner, std::string peer, const H2GuardOptions& o)
+  Relay(int tcp, std::string peer, std::string source, const H2GuardOptions& o)
       : tcp(tcp),
-        inner(inner),
+        source(std::move(source)),
         peer(std::move(peer)),
+        accepted_at(Clock::now()),
         check(o.rules),
         up(o.buffer_bytes),
         down(o.buffer_bytes) {}
   ~Relay() {
     ::close(tcp);
-    ::close(inner);
+    if (inner >= 0) ::close(inner);
   }
 
   enum class State { kOpen, kEnded, kCut };
   // Moves bytes both ways until nothing moves: up (client to gRPC) through
-  // the check, down (gRPC to client) as it is. kEnded once gRPC has closed
-  // its end and the client has what it wrote, or either side failed;
-  // kCut (with *why) when the client broke a rule.
+  // the check, down (gRPC to client) as it is; before gRPC has the
+  // connection (inner < 0), only into `up`. kEnded once gRPC has closed
+  // its end and the client has what it wrote, or either side failed, or the
+  // client left before gRPC had it; kCut (with *why) when the client broke a
+  // rule.
   State Pump(absl::Status* why);
   // Whether gRPC has closed its end, also while bytes it wrote before still
   // wait in the socketpair behind a client that does not read.
   bool GrpcClosed() const {
     if (grpc_eof) return true;
+    if (inner < 0) return false;
     pollfd p{inner, POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP)) != 0;
   }
 
-  const int tcp, inner;
-  const std::string peer;
+  const int tcp;
+  // The guard's end of the socketpair to gRPC, made once the client preface
+  // has come (-1 until then): a socket that sends nothing costs gRPC nothing.
+  int inner = -1;
+  const std::string source;  // whom it counts as (PeerName)
+  const std::string peer;    // address and port, for the log
+  const Clock::time_point accepted_at;
   H2FrameCheck check;
   Buffer up, down;
   bool client_eof = false, grpc_eof = false, up_shut = false;
   bool queued = false;                                    // in this round's list of relays to pump
   Clock::time_point flush_by = Clock::time_point::max();  // set once GrpcClosed()
+  int grpc_fd = -1;  // gRPC's end of the socketpair, once handed off
+  // In each Tier (kUnrequested, kUnauthenticated) or not, and where.
+  bool in_tier[2] = {false, false};
+  std::list<Relay*>::iterator tier_at[2];
 };
 
 H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
@@ -187,7 +296,8 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
     if (const size_t room = up.room(); !client_eof && room > 0) {
       const ssize_t n = ::recv(tcp, up.data.get() + up.end, room, 0);
       if (n > 0) {
-        if (absl::Status ok = check.Consume({up.data.get() + up.end, static_cast<size_t>(n)});
+        if (absl::Status ok =
+                check.Consume({up.data.get() + up.end, static_cast<size_t>(n)}, Clock::now());
             !ok.ok()) {
           *why = std::move(ok);
           return State::kCut;
@@ -201,6 +311,10 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
       } else {
         moved |= errno == EINTR;
       }
+    }
+    if (inner < 0) {
+      if (client_eof) return State::kEnded;
+      continue;  // up holds what came, until gRPC has the connection
     }
     if (up.size() > 0) {
       const ssize_t n = ::send(inner, up.data.get() + up.begin, up.size(), MSG_NOSIGNAL);
@@ -231,6 +345,7 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
     if (down.size() > 0) {
       const ssize_t n = ::send(tcp, down.data.get() + down.begin, down.size(), MSG_NOSIGNAL);
       if (n > 0) {
+        check.Sent({down.data.get() + down.begin, static_cast<size_t>(n)});
         down.begin += static_cast<size_t>(n);
         moved = true;
       } else if (!WouldBlock(errno)) {
@@ -248,7 +363,11 @@ absl::StatusOr<std::unique_ptr<H2Guard>> H2Guard::Listen(const std::string& host
                                                          absl::string_view who,
                                                          H2GuardOptions options) {
   if (options.max_connections < 1 || options.buffer_bytes < 1024 ||
-      options.rules.max_header_block_bytes < 1) {
+      options.rules.max_header_block_bytes < 1 || options.rules.control_frame_burst < 1 ||
+      options.rules.control_frames_per_second < 0 ||
+      options.rules.control_frames_per_frame_sent < 0 || options.max_unrequested < 1 ||
+      options.max_unrequested_per_address < 1 || options.max_unauthenticated < 1 ||
+      options.max_unauthenticated_per_address < 1 || options.request_timeout.count() < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the HTTP/2 guard's limits must be positive"));
   }
@@ -315,15 +434,208 @@ void H2Guard::Stop(std::chrono::milliseconds grace) {
   if (thread_.joinable()) thread_.join();
 }
 
+bool H2Guard::HandOff(Relay* relay) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+    return false;
+  }
+  {
+    // Under the lock: once StopAccepting has returned, no handoff runs.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!accepting_) {
+      ::close(pair[0]);
+      ::close(pair[1]);
+      return false;
+    }
+    handoff_(pair[0]);
+  }
+  {
+    // A mark still waiting for an earlier connection that gRPC knew by this
+    // descriptor is not this one's.
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    marked_.erase(pair[0]);
+    marks_.erase(std::remove(marks_.begin(), marks_.end(), pair[0]), marks_.end());
+  }
+  relay->grpc_fd = pair[0];
+  by_grpc_fd_[pair[0]] = relay;
+  relay->inner = pair[1];
+  Watch(epoll_fd_, EPOLL_CTL_ADD, relay->inner, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, relay);
+  return true;
+}
+
+bool H2Guard::PumpAndSettle(Relay* relay) {
+  absl::Status why;
+  Relay::State state = relay->Pump(&why);
+  if (state == Relay::State::kOpen && relay->inner < 0 && relay->check.preface_received()) {
+    if (!HandOff(relay)) {
+      Drop(relay);  // no descriptors, or the port is closing: the client may retry
+      return false;
+    }
+    state = relay->Pump(&why);
+  }
+  if (state == Relay::State::kOpen) {
+    if (relay->in_tier[kUnrequested] && relay->check.requested()) Leave(unrequested_, relay);
+    if (!flushing_.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
+      flushing_.insert(relay);
+      relay->flush_by = Clock::now() + options_.flush_after_close;
+    }
+    return true;
+  }
+  if (state == Relay::State::kCut) {
+    cut_.fetch_add(1);
+    if (options_.on_cut) options_.on_cut(relay->peer, why);
+  }
+  Drop(relay);
+  return false;
+}
+
+void H2Guard::Drop(Relay* relay) {
+  Leave(unrequested_, relay);
+  Leave(unauthenticated_, relay);
+  if (relay->grpc_fd >= 0) {
+    if (const auto it = by_grpc_fd_.find(relay->grpc_fd);
+        it != by_grpc_fd_.end() && it->second == relay) {
+      by_grpc_fd_.erase(it);
+    }
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    marked_.erase(relay->grpc_fd);
+  }
+  flushing_.erase(relay);
+  relays_.erase(relay);  // closes both sockets: gRPC sees its end close
+}
+
+void H2Guard::Join(Tier& tier, Relay* relay) {
+  relay->in_tier[tier.index] = true;
+  relay->tier_at[tier.index] = tier.relays.insert(tier.relays.end(), relay);
+  ++tier.by_source[relay->source];
+}
+
+void H2Guard::Leave(Tier& tier, Relay* relay) {
+  if (!relay->in_tier[tier.index]) return;
+  tier.relays.erase(relay->tier_at[tier.index]);
+  relay->in_tier[tier.index] = false;
+  const auto count = tier.by_source.find(relay->source);
+  if (--count->second == 0) tier.by_source.erase(count);
+}
+
+void H2Guard::TakeMarks() {
+  std::vector<int> marks;
+  {
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    marks.swap(marks_);
+  }
+  for (const int fd : marks) {
+    const auto it = by_grpc_fd_.find(fd);
+    if (it == by_grpc_fd_.end()) continue;
+    Leave(unrequested_, it->second);  // it sent a request, which may be in flight still
+    Leave(unauthenticated_, it->second);
+  }
+}
+
+void H2Guard::MarkAuthenticated(absl::string_view grpc_peer) {
+  int fd = -1;
+  if (!absl::ConsumePrefix(&grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer, &fd) || fd < 0) {
+    return;  // not a connection of this guard's
+  }
+  {
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    if (!marked_.insert(fd).second) return;  // known already: the common case
+    marks_.push_back(fd);
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+bool H2Guard::ReclaimFrom(Tier& tier, const std::string& source) {
+  for (auto it = tier.relays.begin(); it != tier.relays.end();) {
+    Relay* relay = *it++;  // Drop and Leave invalidate only relay's place
+    if (relay->source != source) continue;
+    // Its request may be waiting in the socket still.
+    if (!PumpAndSettle(relay)) return true;
+    if (!relay->in_tier[tier.index]) continue;
+    reclaimed_.fetch_add(1);
+    if (options_.on_reclaim) options_.on_reclaim();
+    Drop(relay);
+    return true;
+  }
+  return false;
+}
+
+bool H2Guard::ReclaimHeaviest(Tier& tier) {
+  while (!tier.by_source.empty()) {
+    // Of the source with the most: one client's slots do not go to another's
+    // flood. Pumped, they may all turn out to have left the tier; then the
+    // next.
+    const auto most =
+        std::max_element(tier.by_source.begin(), tier.by_source.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (ReclaimFrom(tier, std::string(most->first))) return true;
+  }
+  return false;
+}
+
+void H2Guard::AcceptAll(Clock::time_point* accept_resume) {
+  const size_t max_connections = static_cast<size_t>(options_.max_connections);
+  const size_t max_unrequested = static_cast<size_t>(options_.max_unrequested);
+  const size_t max_unauthenticated = static_cast<size_t>(options_.max_unauthenticated);
+  TakeMarks();
+  // Every connection without a request is one without an authenticated call.
+  for (int accepted = 0; accepted < kAcceptsPerRound &&
+                         (relays_.size() < max_connections || !unauthenticated_.relays.empty());
+       ++accepted) {
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    const int tcp = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_len,
+                              SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (tcp < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        *accept_resume = Clock::now() + kAcceptBackoff;
+      }
+      return;  // EAGAIN: none waiting; ECONNABORTED and the like: the next round
+    }
+    std::string source;
+    std::string peer = PeerName(addr, &source);
+    // Room for it: what has waited longest without a request goes first,
+    // then what has authenticated no call; of its own source when that has
+    // its share, else of the source with the most.
+    const auto over = [&](const Tier& tier, int per_address) {
+      const auto same = tier.by_source.find(source);
+      return same != tier.by_source.end() && same->second >= per_address;
+    };
+    if (over(unrequested_, options_.max_unrequested_per_address)) {
+      ReclaimFrom(unrequested_, source);
+    }
+    if (unrequested_.relays.size() >= max_unrequested) ReclaimHeaviest(unrequested_);
+    if (over(unauthenticated_, options_.max_unauthenticated_per_address)) {
+      ReclaimFrom(unauthenticated_, source);
+    }
+    if (unauthenticated_.relays.size() >= max_unauthenticated) ReclaimHeaviest(unauthenticated_);
+    if (relays_.size() >= max_connections && !ReclaimHeaviest(unrequested_) &&
+        !ReclaimHeaviest(unauthenticated_)) {
+      ::close(tcp);  // every connection authenticated meanwhile: none to give way
+      return;
+    }
+    const int one = 1;
+    ::setsockopt(tcp, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto owned = std::make_unique<Relay>(tcp, std::move(peer), std::move(source), options_);
+    Relay* relay = owned.get();
+    relays_.emplace(relay, std::move(owned));
+    Join(unrequested_, relay);
+    Join(unauthenticated_, relay);
+    // Edge-triggered: Pump moves bytes until a side would block, and
+    // adding a socket that is already readable reports it at once. gRPC's
+    // end comes once the client preface has (HandOff).
+    Watch(epoll_fd_, EPOLL_CTL_ADD, tcp, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, relay);
+  }
+}
+
 void H2Guard::Run() {
   const int epoll_fd = epoll_fd_;
   // The listening socket and the eventfd are told apart by these tags; a
   // connection's two sockets point at its Relay.
   char listen_tag = 0, wake_tag = 0;
   Watch(epoll_fd, EPOLL_CTL_ADD, wake_fd_, EPOLLIN, &wake_tag);
-  std::unordered_map<Relay*, std::unique_ptr<Relay>> relays;
-  std::unordered_set<Relay*> flushing;  // gRPC closed them; the client has till flush_by
-  bool listening = false;               // listen_fd_ is in the epoll set
+  bool listening = false;  // listen_fd_ is in the epoll set
   Clock::time_point accept_resume = Clock::time_point::min();
   const size_t max_connections = static_cast<size_t>(options_.max_connections);
   std::vector<epoll_event> events(256);
@@ -345,17 +657,27 @@ void H2Guard::Run() {
       ::close(listen_fd_);
       listen_fd_ = -1;
     }
-    if (stopping && (relays.empty() || now >= stop_by)) break;
-    for (auto it = flushing.begin(); it != flushing.end();) {
+    if (stopping && (relays_.empty() || now >= stop_by)) break;
+    for (auto it = flushing_.begin(); it != flushing_.end();) {
       Relay* relay = *it;
       if (now < relay->flush_by) {
         ++it;
         continue;
       }
-      it = flushing.erase(it);
-      relays.erase(relay);
+      it = flushing_.erase(it);
+      Drop(relay);
     }
-    const bool want = listen_fd_ >= 0 && relays.size() < max_connections && now >= accept_resume;
+    // Connections that sent no request in time (the list is in accept order).
+    TakeMarks();
+    while (!unrequested_.relays.empty() &&
+           now - unrequested_.relays.front()->accepted_at >= options_.request_timeout) {
+      reclaimed_.fetch_add(1);
+      if (options_.on_reclaim) options_.on_reclaim();
+      Drop(unrequested_.relays.front());
+    }
+    const bool want = listen_fd_ >= 0 &&
+                      (relays_.size() < max_connections || !unauthenticated_.relays.empty()) &&
+                      now >= accept_resume;
     if (want != listening) {
       Watch(epoll_fd, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, EPOLLIN, &listen_tag);
       listening = want;
@@ -368,7 +690,10 @@ void H2Guard::Run() {
     };
     if (stopping) until(stop_by);
     if (listen_fd_ >= 0 && now < accept_resume) until(accept_resume);
-    for (Relay* relay : flushing) until(relay->flush_by);
+    for (Relay* relay : flushing_) until(relay->flush_by);
+    if (!unrequested_.relays.empty()) {
+      until(unrequested_.relays.front()->accepted_at + options_.request_timeout);
+    }
     const int n =
         ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -390,63 +715,17 @@ void H2Guard::Run() {
     }
     for (Relay* relay : ready) {
       relay->queued = false;
-      absl::Status why;
-      const Relay::State state = relay->Pump(&why);
-      if (state == Relay::State::kOpen) {
-        if (!flushing.count(relay) && relay->down.size() > 0 && relay->GrpcClosed()) {
-          flushing.insert(relay);
-          relay->flush_by = Clock::now() + options_.flush_after_close;
-        }
-        continue;
-      }
-      if (state == Relay::State::kCut) {
-        cut_.fetch_add(1);
-        if (options_.on_cut) options_.on_cut(relay->peer, why);
-      }
-      flushing.erase(relay);
-      relays.erase(relay);  // closes both sockets: gRPC sees its end close
+      PumpAndSettle(relay);
     }
-    // New connections, up to the cap.
-    while (listening && relays.size() < max_connections) {
-      sockaddr_storage addr{};
-      socklen_t addr_len = sizeof(addr);
-      const int tcp = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_len,
-                                SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (tcp < 0) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          accept_resume = Clock::now() + kAcceptBackoff;
-        }
-        break;  // EAGAIN: none waiting; ECONNABORTED and the like: the next round
-      }
-      const int one = 1;
-      ::setsockopt(tcp, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      int pair[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
-        ::close(tcp);
-        accept_resume = Clock::now() + kAcceptBackoff;
-        break;
-      }
-      {
-        // Under the lock: once StopAccepting has returned, no handoff runs.
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!accepting_) {
-          ::close(tcp);
-          ::close(pair[0]);
-          ::close(pair[1]);
-          break;
-        }
-        handoff_(pair[0]);
-      }
-      auto relay = std::make_unique<Relay>(tcp, pair[1], PeerName(addr), options_);
-      // Edge-triggered: Pump moves bytes until a side would block, and
-      // adding a socket that is already readable reports it at once.
-      const uint32_t all = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-      Watch(epoll_fd, EPOLL_CTL_ADD, tcp, all, relay.get());
-      Watch(epoll_fd, EPOLL_CTL_ADD, pair[1], all, relay.get());
-      relays.emplace(relay.get(), std::move(relay));
-    }
+    if (listening) AcceptAll(&accept_resume);
   }
-  relays.clear();
+  for (Tier* tier : {&unrequested_, &unauthenticated_}) {
+    tier->relays.clear();
+    tier->by_source.clear();
+  }
+  by_grpc_fd_.clear();
+  flushing_.clear();
+  relays_.clear();
 }
 
 }  // namespace deltaserve

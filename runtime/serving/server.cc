@@ -6,6 +6,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_posix.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -492,13 +493,21 @@ void Configure(grpc::ServerBuilder& builder, const ServerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
+// The counters of the guards of both ports.
+struct GuardCounters {
+  Counter& cut;        // connections closed for breaking a rule
+  Counter& reclaimed;  // connections closed to free their slot
+};
+
 // Builds and starts `builder`'s server on host:port as `who` ("the client
 // port"): TLS (`tls`) through gRPC's own listener, plaintext behind an
-// H2Guard whose cut connections are logged and counted in `cut`.
+// H2Guard whose cut connections are logged and counted, and which `auth`
+// tells of each connection that authenticated a call.
 absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOptions& options,
                                    int port, bool tls,
                                    const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                   const std::string& who, Counter& cut) {
+                                   const std::string& who, const GuardCounters& counters,
+                                   Authenticator& auth) {
   const std::string address = absl::StrCat(options.host, ":", port);
   GrpcPort out;
   if (tls) {
@@ -509,14 +518,21 @@ absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOpt
     // limit) still reaches it up to twice the limit, so a client sending too
     // much metadata gets that answer; past it the connection is cut.
     guard.rules.max_header_block_bytes = 2 * int64_t{options.max_metadata_bytes} + (16 << 10);
+    Counter& cut = counters.cut;
+    Counter& reclaimed = counters.reclaimed;
     guard.on_cut = [who, &cut](const std::string& peer, const absl::Status& why) {
       cut.Add();
       std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(),
                    peer.c_str(), std::string(why.message()).c_str());
     };
+    guard.on_reclaim = [&reclaimed] { reclaimed.Add(); };
     DELTASERVE_ASSIGN_OR_RETURN(out.guard,
                                 H2Guard::Listen(options.host, port, who, std::move(guard)));
     out.port = out.guard->port();
+    // Calls end before the server, and the server before the guard, shuts down.
+    H2Guard* guarded = out.guard.get();
+    auth.SetOnAuthenticated(
+        [guarded](const std::string& peer) { guarded->MarkAuthenticated(peer); });
   }
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || out.port <= 0) {
@@ -559,7 +575,8 @@ void ShutdownPorts(std::initializer_list<GrpcPort*> ports,
 
 // A TLS port whose peers need no certificate lets anyone who completes the
 // handshake send HTTP/2 frames to gRPC 1.51, which the guard cannot read
-// (they are encrypted); a bearer token is checked only after the headers.
+// (they are encrypted): header blocks that never end and floods of control
+// frames; a bearer token is checked only after the headers.
 void WarnOfUnauthenticatedTls(const ServerOptions& o) {
   std::string ports;
   if (o.tls.client_ca_file.empty()) ports = "the client port (--tls-client-ca)";
@@ -570,9 +587,33 @@ void WarnOfUnauthenticatedTls(const ServerOptions& o) {
   std::fprintf(stderr,
                "server: warning: TLS without client certificates on %s: any peer that completes "
                "the handshake reaches gRPC's HTTP/2 parser, which does not bound a header block "
-               "that never ends (CVE-2023-33953, gRPC 1.51); use mutual TLS, or keep the port "
-               "on a trusted network (docs/security.md)\n",
+               "that never ends (CVE-2023-33953, gRPC 1.51) nor keep the memory a PING flood "
+               "takes; use mutual TLS, or keep the port on a trusted network "
+               "(docs/security.md)\n",
                ports.c_str());
+}
+
+// Each guarded connection takes three descriptors (the client's socket and
+// both ends of its socketpair), up to 1024 connections per port: the soft
+// limit many systems start a process with (1024) would run out at about 330
+// and leave the guard unable to accept (a TLS port's connections take one
+// each, and there is no cap). Raised towards the hard limit; a limit that
+// stays low is said once.
+void RaiseDescriptorLimit() {
+  constexpr rlim_t kWanted = 8192;  // two ports' 3 x 1024, and room for the rest
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= kWanted) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? kWanted : std::min(kWanted, limit.rlim_max);
+  if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  if (limit.rlim_cur < kWanted) {
+    std::fprintf(stderr,
+                 "server: warning: at most %llu open files (RLIMIT_NOFILE): each plaintext "
+                 "connection takes three, so fewer than 1024 per port can be served; raise the "
+                 "hard limit (ulimit -Hn) to %llu\n",
+                 static_cast<unsigned long long>(limit.rlim_cur),
+                 static_cast<unsigned long long>(kWanted));
+  }
 }
 
 absl::Status CheckLimits(const ServerOptions& o) {
@@ -632,17 +673,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  Counter& cut = impl->metrics.AddCounter(
-      "deltaserve_http2_connections_cut_total",
-      "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
-      "(an endless or oversized header block, a bad preface or frame).");
+  const GuardCounters counters{
+      impl->metrics.AddCounter(
+          "deltaserve_http2_connections_cut_total",
+          "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
+          "(an endless or oversized header block, a flood of control frames, a bad preface or "
+          "frame)."),
+      impl->metrics.AddCounter(
+          "deltaserve_http2_connections_reclaimed_total",
+          "Plaintext gRPC connections closed by the HTTP/2 guard before they sent a request, "
+          "to free their slot (none within 10 s, or too many such connections).")};
   const bool tls = !options.tls.cert_file.empty();
+  RaiseDescriptorLimit();
   if (tls) WarnOfUnauthenticatedTls(options);
   grpc::ServerBuilder builder;
   Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());
-  DELTASERVE_ASSIGN_OR_RETURN(impl->client, StartPort(builder, options, options.port, tls,
-                                                      client_credentials, "the client port", cut));
+  DELTASERVE_ASSIGN_OR_RETURN(impl->client,
+                              StartPort(builder, options, options.port, tls, client_credentials,
+                                        "the client port", counters, *impl->client_auth));
   if (options.worker_port >= 0) {
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
     grpc::ServerBuilder worker_builder;
@@ -652,7 +701,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     worker_builder.RegisterService(impl->worker_link.get());
     auto worker = StartPort(worker_builder, options, options.worker_port, tls, worker_credentials,
-                            "the worker port", cut);
+                            "the worker port", counters, *impl->worker_auth);
     if (!worker.ok()) {
       ShutdownPorts({&impl->client}, std::chrono::system_clock::now());
       return worker.status();
