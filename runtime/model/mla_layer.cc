@@ -2,6 +2,7 @@
 // tokens materialises per-head keys and values from the latent cache; a
 // decode token, or a short chunk after a long prefix, uses the absorbed form,
 // attending over the cached latents directly (whichever costs less).
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/convert.h"
@@ -12,6 +13,7 @@
 #include "kernels/paged_cache.h"
 #include "kernels/workspace.h"
 #include "runtime/model/layers.h"
+#include "runtime/model/state_pool.h"
 
 namespace deltaserve {
 namespace {
@@ -27,14 +29,32 @@ struct MlaDims {
   int64_t CacheWidth() const { return C + R; }
 };
 
-// o [t, n, Vd] for t >= 2 new tokens: kv_b over the whole cache `rows`
-// [S, C + R], then causal attention of the new queries q [t, n, P + R].
+// Cached rows gathered from the pages at a time when keys and values are
+// materialised: the copy stays a block, not the whole cache beside the keys
+// and values made from it (which are larger: n (P + Vd) values a row).
+constexpr int64_t kGatherRows = 16 * kCachePageTokens;
+
+// o [t, n, Vd] for t >= 2 new tokens after `prefix` cached ones: keys and
+// values from every cached row (kv_b over the latent part, a block of rows
+// gathered from the pages and widened from bf16 at a time), then causal
+// attention of the new queries q [t, n, P + R].
 void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, const kernels::Tensor& q,
-                   const kernels::Tensor& rows, float scale, const kernels::MutableTensor& o) {
+                   const kernels::PagedCache& cache, float scale, const kernels::MutableTensor& o) {
   using namespace kernels;
-  const int64_t S = rows.rows;
-  const Temp kv(rows.device, kernels::DType::kF32, S, m.n * (m.P + m.Vd));
-  Linear(rows.Columns(0, m.C), w.kv_b, kv);
+  const Device dev = q.device;
+  const int64_t S = prefix + q.rows;
+  const Temp kv(dev, kernels::DType::kF32, S, m.n * (m.P + m.Vd)),
+      k_rope(dev, kernels::DType::kF32, S, m.R);
+  {
+    const Temp block(dev, kernels::DType::kF32, std::min(S, kGatherRows), m.CacheWidth());
+    for (int64_t s0 = 0; s0 < S; s0 += kGatherRows) {
+      const int64_t n = std::min(kGatherRows, S - s0);
+      const MutableTensor rows = block.view().Rows(0, n);
+      PagedCacheRead(cache, s0, rows);
+      Linear(rows.Columns(0, m.C), w.kv_b, kv.view().Rows(s0, n));
+      Convert(rows.Columns(m.C, m.R), k_rope.view().Rows(s0, n));
+    }
+  }
   MlaPrefillArgs args;
   args.t = q.rows;
   args.prefix = prefix;
@@ -44,7 +64,7 @@ void AttendPrefill(const MlaWeights& w, const MlaDims& m, int64_t prefix, const 
   args.v_dim = m.Vd;
   args.q = q;
   args.kv = kv;
-  args.k_rope = rows.Columns(m.C, m.R);
+  args.k_rope = k_rope;
   args.scale = scale;
   args.o = o;
   MlaPrefillAttention(args);
@@ -144,11 +164,7 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
     if (AbsorbedIsCheaper(m, prefix, t)) {
       AttendAbsorbed(w, m, prefix, qb, cache, scale, ob);
     } else {
-      // Keys and values are materialised from every cached row, gathered
-      // from the pages (and widened from bf16) into one [S, C + R] block.
-      const Temp cached(dev, kernels::DType::kF32, prefix + t, m.CacheWidth());
-      PagedCacheRead(cache, 0, cached);
-      AttendPrefill(w, m, prefix, qb, cached, scale, ob);
+      AttendPrefill(w, m, prefix, qb, cache, scale, ob);
     }
   }
 
