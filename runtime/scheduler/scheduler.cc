@@ -503,6 +503,14 @@ absl::Status Scheduler::CheckResult(const StepResult& result) const {
       return mismatch("logits", out.logits.size(), 0);
     }
   }
+  if (result.error.empty()) {
+    for (const auto& [id, item] : expected) {
+      if (!seen.contains(id)) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", result.step_id, ", sequence ", id,
+                                                       ": no output where the step asked for one"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

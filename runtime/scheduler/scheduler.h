@@ -173,7 +173,8 @@ class Scheduler {
   // they come in; one for a step not in flight is ignored.
   Update TakeResult(StepResult result);
   // Whether a result from an untrusted worker matches the step it answers:
-  // outputs only for that step's sequences that expect one, each once, with
+  // an output for each of that step's sequences that expects one (unless the
+  // replica refused the step) and for no other, each once, with
   // the counts the step asked for (one token in the vocabulary per sampled
   // row; per scored token one target log-prob and its alternatives; no
   // logits unless asked). OK for a result of a step not in flight, which

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/model/tp_split.h"
 #include "runtime/tokenizer/text_stream.h"
 
 namespace deltaserve {
@@ -28,6 +29,22 @@ constexpr int kMaxWorkersLost = 3;
 // lines or drive the terminal.
 std::string Quoted(const std::string& text) {
   return absl::StrCat("\"", absl::CHexEscape(text.substr(0, 256)), "\"");
+}
+
+// A worker's error text as it reaches a client's status and the log: its
+// first kMaxPeerErrorBytes, with control characters, quotes and bytes past
+// ASCII escaped (a status message must stay one readable line).
+constexpr size_t kMaxPeerErrorBytes = 1024;
+std::string PeerError(const std::string& text) {
+  if (text.size() <= kMaxPeerErrorBytes &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
+    return text;
+  }
+  std::string out = absl::CHexEscape(text.substr(0, kMaxPeerErrorBytes));
+  if (text.size() > kMaxPeerErrorBytes) {
+    absl::StrAppend(&out, "... (", text.size() - kMaxPeerErrorBytes, " more bytes)");
+  }
+  return out;
 }
 
 }  // namespace
@@ -443,10 +460,22 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
                      " layers, hidden ", theirs.hidden_size, ", vocab ", theirs.vocab_size,
                      ") is not the coordinator's: start both with the same --model"));
   }
-  if (info.pipeline_stages < 1 || info.tensor_parallel < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("the worker's layout (", info.pipeline_stages,
-                                                   " stages x ", info.tensor_parallel,
-                                                   " tensor-parallel ranks) is not valid"));
+  // A layout the model can have: one replica, a stage per layer at most, and
+  // a tensor-parallel size that divides what it splits (a hello is untrusted:
+  // the scheduler keeps state per stage).
+  const auto bad_layout = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the worker's layout (", info.replicas, " replicas of ", info.pipeline_stages, " stages x ",
+        info.tensor_parallel, " tensor-parallel ranks) is not valid: ", why));
+  };
+  if (info.replicas != 1) return bad_layout("a worker is one replica");
+  if (info.pipeline_stages < 1 || info.pipeline_stages > config_.num_layers) {
+    return bad_layout(
+        absl::StrCat("the model's ", config_.num_layers, " layers make 1 to that many stages"));
+  }
+  if (info.tensor_parallel < 1) return bad_layout("it needs a tensor-parallel rank");
+  if (absl::Status tp = CheckTensorParallel(config_, info.tensor_parallel); !tp.ok()) {
+    return bad_layout(std::string(tp.message()));
   }
   if (info.cache_pages < 0 || info.cache_pages > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("the worker's MLA cache of ", info.cache_pages,
@@ -501,7 +530,9 @@ absl::Status CheckPeerResult(const StepResult& result, int64_t vocab_size) {
           absl::StrCat("stage_compute_s[", i, "] is ", result.stage_compute_s[i]));
     }
   }
-  const auto bad_logprob = [](float p) { return std::isnan(p) || p == INFINITY; };
+  // A log-prob is at most 0 (a probability of at most 1); -infinity is one
+  // the model gives no chance.
+  const auto bad_logprob = [](float p) { return !(p <= 0.0f); };
   for (size_t o = 0; o < result.outputs.size(); ++o) {
     const SequenceResult& r = result.outputs[o];
     const std::string where = absl::StrCat("output ", o, " (sequence ", r.sequence_id, ")");
@@ -539,6 +570,8 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
   if (it == workers_.end()) return absl::OkStatus();
   absl::Status ok = CheckPeerResult(result, config_.vocab_size);
   if (ok.ok()) ok = it->second->scheduler.CheckResult(result);
+  result.error = PeerError(result.error);
+  for (SequenceResult& out : result.outputs) out.error = PeerError(out.error);
   if (!ok.ok()) {
     LoseWorkerLocked(it->second, absl::StrCat("it sent a malformed result: ", ok.message()),
                      /*end_link=*/false, /*leaving=*/false);

@@ -622,6 +622,13 @@ TEST(SchedulerTest, CheckResultRefusesAnswersThatDoNotMatchTheStep) {
   refused([&](StepResult& r) { output(r, 2).target_logprobs.resize(1 << 20); },
           "1048576 target log-probs");
   refused([&](StepResult& r) { output(r, 2).logits.assign(4, 0.0f); }, "4 logits");
+  // Every output the step asked for is there, unless the replica refused the step.
+  refused([&](StepResult& r) { r.outputs.pop_back(); }, "no output where the step asked for one");
+  refused([&](StepResult& r) { r.outputs.clear(); }, "no output where the step asked for one");
+  StepResult refused_step = good;
+  refused_step.outputs.clear();
+  refused_step.error = "refused";
+  EXPECT_TRUE(h.scheduler.CheckResult(refused_step).ok());
   // A failed sequence carries no outputs, and that matches.
   StepResult failed = good;
   for (uint64_t id : {1, 2}) {

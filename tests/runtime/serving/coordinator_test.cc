@@ -6,7 +6,10 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -283,6 +286,80 @@ void LoseABrokenWorker(Coordinator& coordinator) {
   ASSERT_EQ(coordinator.Status().workers, 0);
 }
 
+// A hello is untrusted: a layout the model cannot have, or a state pool
+// that makes no sense, is refused by name and nothing is attached.
+TEST_F(CoordinatorTest, AHelloTheModelCannotHaveIsRefused) {
+  Coordinator coordinator(model_->config(), nullptr, CoordinatorOptions{}, metrics_);
+  const WorkerInfo good = MakeWorkerInfo(coordinator.config(), *WorldLayout::Make(1, 1, 1), "h");
+  auto refused = [&](auto change, const std::string& text) {
+    WorkerInfo info = good;
+    change(info);
+    const auto id = coordinator.AttachWorker(info, std::make_shared<BrokenLink>());
+    ASSERT_FALSE(id.ok()) << text;
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(id.status().message().find(text), std::string::npos) << id.status();
+  };
+  // k3-tiny: 9 layers, 4 KDA and 4 MLA heads.
+  refused([](WorkerInfo& i) { i.pipeline_stages = INT32_MAX; },
+          "the model's 9 layers make 1 to that many stages");
+  refused([](WorkerInfo& i) { i.pipeline_stages = 0; }, "1 to that many stages");
+  refused([](WorkerInfo& i) { i.tensor_parallel = 3; }, "3 tensor-parallel ranks) is not valid");
+  refused([](WorkerInfo& i) { i.tensor_parallel = INT32_MAX; }, "tensor-parallel ranks");
+  refused([](WorkerInfo& i) { i.replicas = 2; }, "a worker is one replica");
+  refused([](WorkerInfo& i) { i.cache_pages = -1; }, "MLA cache of -1 pages is not valid");
+  refused([](WorkerInfo& i) { i.state_slots = 1; }, "1 state slots are not valid");
+  EXPECT_EQ(coordinator.Status().workers, 0);
+}
+
+// A remote link: steps wait in a queue for the test, which answers them
+// through Coordinator::OnStepResult as a worker's link reader would.
+class QueuedLink final : public WorkerConnection {
+ public:
+  absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_.push_back(step);
+    cv_.notify_all();
+    return std::optional<StepResult>();
+  }
+  Step Take() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !steps_.empty(); });
+    Step step = std::move(steps_.front());
+    steps_.pop_front();
+    return step;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Step> steps_;
+};
+
+// A worker's error text reaches the client as one bounded line: control
+// characters escaped, the rest cut, whatever the worker sent.
+TEST_F(CoordinatorTest, AWorkersErrorReachesTheClientEscapedAndBounded) {
+  coordinator_ =
+      std::make_unique<Coordinator>(model_->config(), nullptr, CoordinatorOptions{}, metrics_);
+  auto link = std::make_shared<QueuedLink>();
+  const auto id = coordinator_->AttachWorker(
+      MakeWorkerInfo(model_->config(), *WorldLayout::Make(1, 1, 1), "erring"), link);
+  ASSERT_TRUE(id.ok()) << id.status();
+  RequestHandle handle = Submit({1, 2, 3}, 4);
+  StepResult result;
+  result.step_id = link->Take().id;
+  result.error = "refused\n\x1b[2Jcoordinator: ok" + std::string(20000, 'x');
+  ASSERT_TRUE(coordinator_->OnStepResult(*id, result).ok());
+  std::vector<TokenEvent> events;
+  std::optional<RequestOutcome> outcome;
+  while (!outcome) outcome = coordinator_->Poll(handle, &events, std::chrono::milliseconds(100));
+  EXPECT_EQ(outcome->status.code(), absl::StatusCode::kInternal);
+  const std::string message(outcome->status.message());
+  EXPECT_NE(message.find("refused\\n\\x1b[2Jcoordinator: ok"), std::string::npos) << message;
+  EXPECT_NE(message.find("... (19003 more bytes)"), std::string::npos) << message.substr(0, 200);
+  EXPECT_LT(message.size(), 1200u);
+  EXPECT_TRUE(std::all_of(message.begin(), message.end(), [](char c) { return c >= 0x20; }));
+}
+
 // A request whose worker breaks under it runs again on the next, and after
 // two such losses still completes with its own tokens.
 TEST_F(CoordinatorTest, ARequestRunsAgainOnTheNextWorkerAfterLosingTwo) {
@@ -486,6 +563,8 @@ TEST(CheckPeerResultTest, RefusesEachMalformedField) {
       {[](StepResult& r) { r.outputs[0].top_ids[1] = -1; }, "top id -1"},
       {[](StepResult& r) { r.outputs[0].logprob = NAN; }, "logprob is nan"},
       {[](StepResult& r) { r.outputs[1].target_logprobs[0] = INFINITY; }, "a log-prob is inf"},
+      {[](StepResult& r) { r.outputs[0].logprob = 1e30f; }, "logprob is 1e+30"},
+      {[](StepResult& r) { r.outputs[0].top_logprobs[1] = 0.5f; }, "a log-prob is 0.5"},
       {[](StepResult& r) { r.wall_s = -1; }, "wall_s is -1"},
       {[](StepResult& r) { r.stage_compute_s[1] = NAN; }, "stage_compute_s[1] is nan"},
   };
