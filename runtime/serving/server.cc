@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weight_spec.h"
 #include "runtime/serving/auth.h"
@@ -29,6 +30,28 @@
 
 namespace deltaserve {
 namespace {
+
+// With mutual TLS on both ports, a certificate of the client CA must not be
+// enough to attach as a worker (a worker reads every prompt and writes every
+// output): the worker port needs a CA of its own, or worker tokens as well.
+// The CAs are compared by content, so a copy of one file counts as the same.
+absl::Status CheckWorkerRole(const ServerOptions& options) {
+  if (options.tls.client_ca_file.empty() || options.worker_ca_file.empty() ||
+      !options.worker_tokens_file.empty()) {
+    return absl::OkStatus();
+  }
+  constexpr int64_t kMaxCaBytes = 1 << 20;
+  DELTASERVE_ASSIGN_OR_RETURN(std::string client_ca,
+                              ReadRegularFile(options.tls.client_ca_file, kMaxCaBytes));
+  DELTASERVE_ASSIGN_OR_RETURN(std::string worker_ca,
+                              ReadRegularFile(options.worker_ca_file, kMaxCaBytes));
+  if (client_ca != worker_ca) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--tls-client-ca ", options.tls.client_ca_file, " and --tls-worker-ca ",
+      options.worker_ca_file,
+      " are the same CA: any client certificate it signs could attach as a worker and read every "
+      "prompt; give workers a CA of their own, or a --worker-token-file as well"));
+}
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 // A hello is the model's config.json and a short description.
@@ -650,6 +673,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                 TokensFrom(options.worker_tokens_file));
     impl->worker_auth =
         std::make_unique<Authenticator>(std::move(worker_tokens), !options.worker_ca_file.empty());
+    DELTASERVE_RETURN_IF_ERROR(CheckWorkerRole(options));
   } else if (!options.worker_ca_file.empty() || !options.worker_tokens_file.empty()) {
     return absl::InvalidArgumentError(
         "worker credentials are for a worker port: this server runs its worker in-process");

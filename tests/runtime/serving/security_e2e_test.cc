@@ -43,15 +43,16 @@ void Shell(const std::string& command) {
 }
 
 // Made once for the suite: a CA, a server certificate for 127.0.0.1 and
-// localhost, client certificates of that CA, and a second CA that the
-// servers do not trust with a client certificate of its own; token files.
+// localhost, client certificates of that CA, a CA of the workers with a
+// worker certificate, and a CA that the servers do not trust with a client
+// certificate of its own; token files.
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(testing::TempDir("security"));
     const std::string& d = *dir_;
     const std::string key = "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
-    for (const std::string ca : {"ca", "rogue-ca"}) {
+    for (const std::string ca : {"ca", "worker-ca", "rogue-ca"}) {
       Shell("cd " + d + " && openssl req -x509 " + key.substr(12) + "-keyout " + ca + ".key -out " +
             ca + ".pem -days 2 -subj /CN=deltaserve-test-" + ca + " 2>&1");
     }
@@ -66,7 +67,8 @@ class SecurityTest : public ::testing::Test {
     };
     sign("server", "ca", "server.ext");
     sign("alice", "ca", "client.ext");
-    sign("worker", "ca", "client.ext");
+    sign("carol", "ca", "client.ext");
+    sign("worker", "worker-ca", "client.ext");
     sign("mallory", "rogue-ca", "client.ext");
     WriteSecret(d + "/clients",
                 "# principal:token\nalice:alice-0123456789abcdef\n"
@@ -343,7 +345,7 @@ TEST_F(SecurityTest, ARequestIsAbortedOnlyByThePrincipalThatSentIt) {
 TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertificate) {
   const std::string tls = " --tls-cert " + File("server.pem") + " --tls-key " + File("server.key") +
                           " --tls-client-ca " + File("ca.pem") + " --tls-worker-ca " +
-                          File("ca.pem");
+                          File("worker-ca.pem");
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + tls);
   ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
   auto alice = Client(coordinator.address, Tls("ca", "alice"));
@@ -368,13 +370,17 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
         << refused.ca_file << " " << refused.cert_file << ": " << s.error_message();
   }
 
-  // Workers: none without a certificate of the CA.
+  // Workers: none without a certificate of the workers' CA; a client's
+  // certificate is not one.
   const std::string ca = " --tls-ca " + File("ca.pem");
   ExpectRefused(coordinator.worker_address, "", "plain-worker.log", *alice, "cannot reach");
   ExpectRefused(coordinator.worker_address, ca, "certless-worker.log", *alice, "cannot reach");
   ExpectRefused(coordinator.worker_address,
                 ca + " --tls-cert " + File("mallory.pem") + " --tls-key " + File("mallory.key"),
                 "rogue-worker.log", *alice, "cannot reach");
+  ExpectRefused(coordinator.worker_address,
+                ca + " --tls-cert " + File("alice.pem") + " --tls-key " + File("alice.key"),
+                "client-cert-worker.log", *alice, "cannot reach");
 
   // One with it attaches, and a client with its certificate is served.
   auto worker = StartWorker(
@@ -388,7 +394,7 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   EXPECT_EQ(served.ids.size(), 8u);
   // With certificates and no tokens, the certificate names the principal:
   // another certificate of the same CA cannot abort alice's request.
-  ExpectAbortOnlyByOwner(*alice, *Client(coordinator.address, Tls("ca", "worker")));
+  ExpectAbortOnlyByOwner(*alice, *Client(coordinator.address, Tls("ca", "carol")));
 
   // The same with `deltaserve client` and the Python example.
   std::string output;
@@ -411,6 +417,32 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   EXPECT_NE(output.find("UNAVAILABLE"), std::string::npos) << output;
 }
 
+// One CA for clients and workers would let any client certificate attach as
+// a worker and read every prompt: the server refuses to start that way (the
+// same file, or a copy) unless workers also need a token.
+TEST_F(SecurityTest, OneCaForClientsAndWorkersNeedsWorkerTokens) {
+  std::filesystem::copy_file(File("ca.pem"), File("ca-copy.pem"),
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string tls = " --tls-cert " + File("server.pem") + " --tls-key " + File("server.key") +
+                          " --tls-client-ca " + File("ca.pem");
+  for (const std::string& worker_ca : {File("ca.pem"), File("ca-copy.pem")}) {
+    std::string output;
+    EXPECT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " coordinator --model " +
+                                      K3Tiny() + tls + " --tls-worker-ca " + worker_ca,
+                                  &output),
+              1)
+        << output;
+    EXPECT_NE(output.find("are the same CA: any client certificate it signs could attach as a "
+                          "worker and read every prompt"),
+              std::string::npos)
+        << output;
+  }
+  auto coordinator =
+      testing::StartServer("coordinator --model " + K3Tiny() + tls + " --tls-worker-ca " +
+                           File("ca.pem") + " --worker-token-file " + File("workers"));
+  ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
+}
+
 // A TLS port without client certificates is gRPC's own listener, which the
 // HTTP/2 guard cannot read for: the server warns, naming the ports and the
 // flag that closes it; with mutual TLS on both it does not. It serves either
@@ -428,7 +460,8 @@ TEST_F(SecurityTest, TlsWithoutClientCertificatesWarnsOfItsHttp2Exposure) {
              "the client port (--tls-client-ca) and the worker port (--tls-worker-ca)"},
         Case{tls + tokens + " --tls-client-ca " + File("ca.pem"),
              "the worker port (--tls-worker-ca)"},
-        Case{tls + " --tls-client-ca " + File("ca.pem") + " --tls-worker-ca " + File("ca.pem"),
+        Case{tls + " --tls-client-ca " + File("ca.pem") + " --tls-worker-ca " +
+                 File("worker-ca.pem"),
              ""}}) {
     auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + c.flags);
     ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
