@@ -103,6 +103,18 @@ inline v1::GenerateRequest TokensRequest(const std::vector<int32_t>& prompt, int
   return req;
 }
 
+// A sampled request with a seed: a run that moves to another replica goes
+// on with the tokens of an undisturbed run (each draw is keyed by the seed and
+// the position), and, unlike greedy decoding, a rounding difference in the
+// replayed prompt's logits does not flip a near tie.
+inline v1::GenerateRequest SeededRequest(const std::vector<int32_t>& prompt, int max_tokens) {
+  v1::GenerateRequest req = TokensRequest(prompt, max_tokens);
+  req.mutable_sampling()->set_temperature(0.9f);
+  req.mutable_sampling()->set_top_k(50);
+  req.mutable_sampling()->set_seed(1234);
+  return req;
+}
+
 inline v1::ServerStatus Status(v1::Generation::Stub& stub) {
   grpc::ClientContext context;
   v1::ServerStatus status;

@@ -85,14 +85,6 @@ std::shared_ptr<grpc::Channel> StallingChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-v1::GenerateRequest Seeded(const std::vector<int32_t>& prompt, int max_tokens) {
-  v1::GenerateRequest req = TokensRequest(prompt, max_tokens);
-  req.mutable_sampling()->set_temperature(0.9f);
-  req.mutable_sampling()->set_top_k(50);
-  req.mutable_sampling()->set_seed(1234);
-  return req;
-}
-
 TEST(WorkerLossTest, AttachDetachCyclesLeaveThreadsMappingsAndMemoryFlat) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
   ASSERT_NE(coordinator.stub, nullptr);
@@ -297,8 +289,9 @@ TEST(WorkerLossTest, AWorkerThatNeverAnswersIsDroppedAfterTheStepTimeout) {
       *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
       std::chrono::seconds(10)));
   const auto submitted = std::chrono::steady_clock::now();
-  auto held = std::async(std::launch::async,
-                         [&] { return GenerateAll(*coordinator.stub, Seeded(prompt, 30), 120); });
+  auto held = std::async(std::launch::async, [&] {
+    return GenerateAll(*coordinator.stub, testing::SeededRequest(prompt, 30), 120);
+  });
   // The step went out and is never answered: after 2 s the link is dropped
   // (its stream ends) and the request waits for another worker.
   v1::CoordinatorMessage message;
@@ -320,7 +313,7 @@ TEST(WorkerLossTest, AWorkerThatNeverAnswersIsDroppedAfterTheStepTimeout) {
       StartWorker(coordinator.worker_address, testing::TempDir("step_timeout") + "/worker.log");
   const Streamed served = held.get();
   ASSERT_TRUE(served.status.ok()) << served.status.error_message() << worker->Log();
-  const Streamed again = GenerateAll(*coordinator.stub, Seeded(prompt, 30), 60);
+  const Streamed again = GenerateAll(*coordinator.stub, testing::SeededRequest(prompt, 30), 60);
   ASSERT_TRUE(again.status.ok());
   EXPECT_EQ(served.ids, again.ids);
 }
@@ -375,12 +368,13 @@ void SurvivesTheLossOfItsReplica(const StartFn& start_first,
   // Enough to outlast the second replica's start, 8,000 tokens in build/;
   // under AddressSanitizer a tenth of the rate makes 3,000 last longer.
   constexpr int kTokens = kernels::kAddressSanitizer ? 3000 : 8000;
-  const Streamed undisturbed = GenerateAll(*coordinator.stub, Seeded(prompt, kTokens));
+  const Streamed undisturbed =
+      GenerateAll(*coordinator.stub, testing::SeededRequest(prompt, kTokens));
   ASSERT_TRUE(undisturbed.status.ok()) << undisturbed.status.error_message();
   ASSERT_EQ(undisturbed.ids.size(), static_cast<size_t>(kTokens));
 
   grpc::ClientContext context;
-  auto reader = coordinator.stub->Generate(&context, Seeded(prompt, kTokens));
+  auto reader = coordinator.stub->Generate(&context, testing::SeededRequest(prompt, kTokens));
   std::vector<int32_t> ids;
   v1::GenerateResponse response;
   v1::Completion completion;

@@ -117,12 +117,12 @@ TEST(WorkerJobTest, ServesThroughAnMpiWorkerAndSurvivesItsDeath) {
     EXPECT_LE(testing::RelL2(got, expected), 5e-5);
   }
 
-  // Kill the whole worker job while a stream is running: the stream waits
-  // in the queue, with a new request behind it.
-  const Streamed whole = GenerateAll(*coordinator.stub, TokensRequest({1, 2, 3}, 2000));
+  // Kill the whole worker job while a seeded stream is running: the stream
+  // waits in the queue, with a new request behind it.
+  const Streamed whole = GenerateAll(*coordinator.stub, testing::SeededRequest({1, 2, 3}, 2000));
   ASSERT_TRUE(whole.status.ok());
   grpc::ClientContext context;
-  auto reader = coordinator.stub->Generate(&context, TokensRequest({1, 2, 3}, 2000));
+  auto reader = coordinator.stub->Generate(&context, testing::SeededRequest({1, 2, 3}, 2000));
   v1::GenerateResponse response;
   std::vector<int32_t> streamed;
   ASSERT_TRUE(reader->Read(&response));
