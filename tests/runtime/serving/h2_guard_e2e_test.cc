@@ -377,6 +377,29 @@ bool SettingsWithinASecond(int port) {
          std::chrono::steady_clock::now() - start < std::chrono::seconds(1);
 }
 
+// A coordinator whose client and worker ports take tokens, the numbers of
+// those two ports, and a client's credentials for the first.
+struct TokenCoordinator {
+  testing::ServerUnderTest server;
+  int ports[2] = {0, 0};
+  ChannelSecurity alice;
+};
+
+void StartTokenCoordinator(const std::string& name, TokenCoordinator* c) {
+  const std::string dir = testing::TempDir(name);
+  for (const std::string file : {"clients", "workers"}) {
+    std::ofstream(dir + "/" + file) << "alice:" << file << "-0123456789abcdef\n";
+    ASSERT_EQ(chmod((dir + "/" + file).c_str(), 0600), 0);
+  }
+  c->server = testing::StartServer("coordinator --model " + K3Tiny() +
+                                   " --metrics-port 0 --client-tokens-file " + dir +
+                                   "/clients --worker-token-file " + dir + "/workers");
+  ASSERT_NE(c->server.stub, nullptr);
+  c->ports[0] = c->server.port;
+  c->ports[1] = std::stoi(c->server.worker_address.substr(10));
+  c->alice.token_file = dir + "/clients";
+}
+
 // 2,000 sockets on each port that send nothing (half of them) or only the
 // preface, from the caller's own address: an authenticated call on a new
 // connection completes within a second, and a raw client on the worker port
@@ -390,18 +413,11 @@ bool SettingsWithinASecond(int port) {
 TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
   constexpr int kIdle = 2000;
   ASSERT_NO_FATAL_FAILURE(RaiseDescriptorLimit(16384));
-  const std::string dir = testing::TempDir("h2slots");
-  for (const std::string name : {"clients", "workers"}) {
-    std::ofstream(dir + "/" + name) << "alice:" << name << "-0123456789abcdef\n";
-    ASSERT_EQ(chmod((dir + "/" + name).c_str(), 0600), 0);
-  }
-  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
-                                          " --metrics-port 0 --client-tokens-file " + dir +
-                                          "/clients --worker-token-file " + dir + "/workers");
-  ASSERT_NE(coordinator.stub, nullptr);
-  const int ports[2] = {coordinator.port, std::stoi(coordinator.worker_address.substr(10))};
-  ChannelSecurity alice;
-  alice.token_file = dir + "/clients";
+  TokenCoordinator c;
+  ASSERT_NO_FATAL_FAILURE(StartTokenCoordinator("h2slots", &c));
+  testing::ServerUnderTest& coordinator = c.server;
+  const int* ports = c.ports;
+  const ChannelSecurity& alice = c.alice;
   std::vector<int> idle;
   for (int i = 0; i < 2 * kIdle; ++i) {
     idle.push_back(IdleSocket(ports[i % 2], i % 4 >= 2));
@@ -477,18 +493,11 @@ std::string HealthCheck() {
 TEST(H2SlotsTest, ConnectionsThatAuthenticatedNothingGiveWayToCallers) {
   constexpr int kFlood = 1100;
   ASSERT_NO_FATAL_FAILURE(RaiseDescriptorLimit(16384));
-  const std::string dir = testing::TempDir("h2auth");
-  for (const std::string name : {"clients", "workers"}) {
-    std::ofstream(dir + "/" + name) << "alice:" << name << "-0123456789abcdef\n";
-    ASSERT_EQ(chmod((dir + "/" + name).c_str(), 0600), 0);
-  }
-  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() +
-                                          " --metrics-port 0 --client-tokens-file " + dir +
-                                          "/clients --worker-token-file " + dir + "/workers");
-  ASSERT_NE(coordinator.stub, nullptr);
-  const int ports[2] = {coordinator.port, std::stoi(coordinator.worker_address.substr(10))};
-  ChannelSecurity alice;
-  alice.token_file = dir + "/clients";
+  TokenCoordinator c;
+  ASSERT_NO_FATAL_FAILURE(StartTokenCoordinator("h2auth", &c));
+  testing::ServerUnderTest& coordinator = c.server;
+  const int* ports = c.ports;
+  const ChannelSecurity& alice = c.alice;
   auto channel = OpenChannel(coordinator.address, alice, grpc::ChannelArguments());
   ASSERT_TRUE(channel.ok()) << channel.status();
   auto caller = v1::Generation::NewStub(*channel);
