@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/scratch.h"
 #include "runtime/serving/credentials.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
@@ -295,7 +296,10 @@ TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
     std::printf("port %d: 5 connections of 20,000 PINGs; %d closed; VmRSS +%lld KiB after\n", port,
                 closed, static_cast<long long>(growth >> 10));
     EXPECT_EQ(closed, 5) << "port " << port;
-    EXPECT_LE(growth, 8 * kMiB) << "port " << port;
+    // Without the bound each port grew by 100 to 610 MiB and kept it. ASan's
+    // quarantine holds freed memory back (10-12 MiB here), so its build gets
+    // more room.
+    EXPECT_LE(growth, (kernels::kAddressSanitizer ? 32 : 8) * kMiB) << "port " << port;
   }
   const std::string log = coordinator.process->Log();
   EXPECT_NE(log.find("a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, "
@@ -349,11 +353,17 @@ int IdleSocket(int port, bool preface, const char* from = "127.0.0.1") {
   return fd;
 }
 
+// How long a new connection may wait for the server's answer beside the
+// idle sockets: a second; three under ASan, whose build runs the guard's
+// loop several times slower (its calls took twice as long, the SETTINGS
+// past a second once).
+const std::chrono::seconds kAnswerWithin(kernels::kAddressSanitizer ? 3 : 1);
+
 // An authenticated GetServerStatus on a connection of its own, with a
-// deadline of `deadline` (a second by default): its status, and how long it
+// deadline of `deadline` (kAnswerWithin by default): its status, and how long it
 // took in *ms.
 grpc::Status TimedCall(const std::string& address, const ChannelSecurity& security, double* ms,
-                       std::chrono::milliseconds deadline = std::chrono::seconds(1)) {
+                       std::chrono::milliseconds deadline = kAnswerWithin) {
   grpc::ChannelArguments own;
   own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = OpenChannel(address, security, own);
@@ -368,13 +378,12 @@ grpc::Status TimedCall(const std::string& address, const ChannelSecurity& securi
   return s;
 }
 
-// Whether a raw client on `port` gets gRPC's SETTINGS within a second.
-bool SettingsWithinASecond(int port) {
+// Whether a raw client on `port` gets gRPC's SETTINGS within kAnswerWithin.
+bool SettingsInTime(int port) {
   const auto start = std::chrono::steady_clock::now();
-  RawConnection raw(port, std::chrono::seconds(1));
+  RawConnection raw(port, kAnswerWithin);
   return raw.Send(kPreface) && raw.Send(Frame(kSettings, 0, 0, "")) &&
-         !raw.ReadSettings().empty() &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(1);
+         !raw.ReadSettings().empty() && std::chrono::steady_clock::now() - start < kAnswerWithin;
 }
 
 // A coordinator whose client and worker ports take tokens, the numbers of
@@ -409,7 +418,8 @@ void StartTokenCoordinator(const std::string& name, TokenCoordinator* c) {
 // attacker's thread shares the server's cores here; calls took up to 660 ms
 // on two). Without a deadline and caps for connections that have sent no
 // request, the sockets filled the 1,024 slots of each port, and calls waited
-// for gRPC to drop idle connections (about 14 s).
+// for gRPC to drop idle connections (about 14 s). Under ASan each bound is
+// three times longer (kAnswerWithin).
 TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
   constexpr int kIdle = 2000;
   ASSERT_NO_FATAL_FAILURE(RaiseDescriptorLimit(16384));
@@ -427,7 +437,7 @@ TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
   grpc::Status s = TimedCall(coordinator.address, alice, &ms);
   std::printf("with %d idle sockets of its own address: the call took %.0f ms\n", 2 * kIdle, ms);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  EXPECT_TRUE(SettingsWithinASecond(ports[1]));
+  EXPECT_TRUE(SettingsInTime(ports[1]));
   for (int& fd : idle) close(fd);
 
   // The attacker reopens each socket the server closes, at once.
@@ -453,11 +463,11 @@ TEST(H2SlotsTest, IdleSocketsDoNotDelayAuthenticatedCalls) {
     }
   });
   for (int call = 0; call < 12; ++call) {
-    s = TimedCall(coordinator.address, alice, &ms, std::chrono::seconds(2));
+    s = TimedCall(coordinator.address, alice, &ms, 2 * kAnswerWithin);
     std::printf("call %d while the attacker reopens: %.0f ms\n", call, ms);
     EXPECT_TRUE(s.ok()) << "call " << call << ": " << s.error_message();
   }
-  EXPECT_TRUE(SettingsWithinASecond(ports[1]));
+  EXPECT_TRUE(SettingsInTime(ports[1]));
   done = true;
   churn.join();
   for (int fd : idle) close(fd);
@@ -516,7 +526,7 @@ TEST(H2SlotsTest, ConnectionsThatAuthenticatedNothingGiveWayToCallers) {
     std::printf("call %d on a new connection: %.0f ms\n", call, ms);
     EXPECT_TRUE(s.ok()) << "call " << call << ": " << s.error_message();
   }
-  EXPECT_TRUE(SettingsWithinASecond(ports[1]));
+  EXPECT_TRUE(SettingsInTime(ports[1]));
   // The caller's own connection was never given up: the channel is READY
   // without having connected again, and serves.
   EXPECT_EQ((*channel)->GetState(false), GRPC_CHANNEL_READY);
