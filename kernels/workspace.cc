@@ -1,7 +1,6 @@
 #include "kernels/workspace.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "kernels/check.h"
@@ -124,12 +123,6 @@ Buffer::Buffer(Device device, DType dtype, int64_t rows, int64_t cols)
     : bytes_(BytesOf(dtype, rows, cols)) {
   void* data = bytes_ > 0 ? Workspace::Of(device).Allocate(bytes_) : nullptr;
   view_ = ViewOf(data, device, dtype, rows, cols);
-}
-
-Buffer Buffer::Zeros(Device device, DType dtype, int64_t rows, int64_t cols) {
-  Buffer b(device, dtype, rows, cols);
-  if (b.bytes_ > 0) std::memset(b.view_.data, 0, b.bytes_);  // the host's memory: Of() checked
-  return b;
 }
 
 Buffer::Buffer(Buffer&& other) noexcept

@@ -89,8 +89,6 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(Device device, DType dtype, int64_t rows, int64_t cols);
-  // The same, every byte zero (a recurrent state's start).
-  static Buffer Zeros(Device device, DType dtype, int64_t rows, int64_t cols);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;

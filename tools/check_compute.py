@@ -13,7 +13,7 @@ those files (comments and string literals left out):
     std::isfinite, FloatToBf16, Bf16ToFloat, and element copies (std::memcpy,
     std::copy, std::copy_n), max_element, partial_sort;
   - a write to an element of a float array the file declares (ScratchFloats,
-    std::vector<float>, Floats, float*): `name[i] = ...`, `name[i] += ...`.
+    std::vector<float>, float*): `name[i] = ...`, `name[i] += ...`.
 
 And at the boundaries between layers (runtime/model/layers.h, model.h,
 arch/architecture.h, runtime/engine/stage_runner.h) no declaration takes or
@@ -54,7 +54,7 @@ SCALAR_MATH = re.compile(
     r"\b(std::(exp|log|tanh|isfinite|memcpy|copy|copy_n|max_element|partial_sort)|"
     r"FloatToBf16|Bf16ToFloat)\s*\(")
 FLOAT_DECL = re.compile(
-    r"\b(?:ScratchFloats|std::vector<float>|Floats|float\s*\*)\s*&?\s*(\w+)")
+    r"\b(?:ScratchFloats|std::vector<float>|float\s*\*)\s*&?\s*(\w+)")
 RAW_FLOAT_PTR = re.compile(r"\bfloat\s*\*")
 
 
