@@ -10,7 +10,7 @@
 // a null CUDA handle is the legacy default stream.
 #pragma once
 
-#include "kernels/tensor.h"
+#include "kernels/device.h"
 
 namespace deltaserve::kernels {
 
@@ -23,7 +23,9 @@ struct Stream {
 
   bool on_cpu() const { return device == Device::kCpu; }
 
-  friend bool operator==(const Stream&, const Stream&) = default;
+  friend bool operator==(const Stream& a, const Stream& b) {
+    return a.device == b.device && a.handle == b.handle;
+  }
 };
 
 }  // namespace deltaserve::kernels

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "kernels/check.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/mxfp4.h"
 
 namespace deltaserve::kernels {
@@ -122,12 +123,28 @@ bool Overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
-void CheckView(const char* file, int line, const char* name, const Tensor& view, DType dtype,
-               int64_t rows, int64_t cols, bool strided) {
-  char what[160];
-  if (view.device != Device::kCpu) {
-    std::snprintf(what, sizeof(what), "device %s, but only the cpu backend is built",
+Device OpDevice(const char* file, int line, const char* name, const Tensor& view, bool has_cuda) {
+  if (view.device == Device::kCpu) return Device::kCpu;
+  char what[320];
+  if (view.device != Device::kCuda || !has_cuda) {
+    std::snprintf(what, sizeof(what), "device %s, but this op runs only on the cpu",
                   DeviceName(view.device));
+    Fail(file, line, name, what);
+  }
+  if (cuda::ActiveBackend() == cuda::Backend::kNone) {
+    std::snprintf(what, sizeof(what), "device cuda, but no CUDA backend is active: %s",
+                  cuda::BackendProblem().c_str());
+    Fail(file, line, name, what);
+  }
+  return Device::kCuda;
+}
+
+void CheckView(const char* file, int line, const char* name, const Tensor& view, DType dtype,
+               int64_t rows, int64_t cols, bool strided, Device device) {
+  char what[160];
+  if (view.device != device) {
+    std::snprintf(what, sizeof(what), "device %s, but the op runs on the %s",
+                  DeviceName(view.device), DeviceName(device));
     Fail(file, line, name, what);
   }
   if (view.dtype != dtype) {
@@ -150,14 +167,14 @@ void CheckView(const char* file, int line, const char* name, const Tensor& view,
 }
 
 void CheckWeight(const char* file, int line, const char* name, const Tensor& view, int64_t rows,
-                 int64_t cols) {
+                 int64_t cols, Device device) {
   if (view.dtype != DType::kF32 && view.dtype != DType::kBF16 && view.dtype != DType::kMxfp4) {
     char what[80];
     std::snprintf(what, sizeof(what), "dtype %s, but a weight is f32, bf16 or mxfp4",
                   DTypeName(view.dtype));
     Fail(file, line, name, what);
   }
-  CheckView(file, line, name, view, view.dtype, rows, cols, false);
+  CheckView(file, line, name, view, view.dtype, rows, cols, false, device);
   if (view.dtype == DType::kMxfp4 && !view.empty() &&
       (view.cols % kMxfp4Group != 0 || view.scales == nullptr)) {
     Fail(file, line, name, "mxfp4 needs cols a multiple of 32 and scales");

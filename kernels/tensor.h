@@ -16,23 +16,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/device.h"
+
 namespace deltaserve::kernels {
-
-enum class DType : uint8_t {
-  kF32,
-  kBF16,
-  // OCP MXFP4 as K3 publishes its routed experts (kernels/mxfp4.h): two 4-bit
-  // E2M1 codes per byte, even column in the low nibble, and one E8M0 scale
-  // byte per 32 consecutive values of a row, held apart in `scales`.
-  kMxfp4,
-  kI32,  // token ids, expert indices
-  kF64,  // sampling probabilities
-};
-
-enum class Device : uint8_t { kCpu, kCuda };
-
-const char* DTypeName(DType dtype);
-const char* DeviceName(Device device);
 
 // A row-major [rows, cols] matrix (a vector is one row; [T, heads, dim]
 // activations are [T, heads * dim]) that the view does not own. Row r starts
@@ -119,15 +105,21 @@ extern template struct BasicTensor<true>;
 // Whether the bytes two views span share any address (empty views never do).
 bool Overlaps(const Tensor& a, const Tensor& b);
 
-// The contract check of one view at an op's entry point: on the CPU (the only
-// backend built), of `dtype`, shape [rows, cols], contiguous unless
-// `strided`, and with data unless empty. On a violation it prints where, the
-// op's argument name and what is wrong, and aborts (kernels/check.h).
+// The device an op runs on: that of `view` (its output), which must be the
+// CPU or, for an op with a CUDA variant (`has_cuda`), a CUDA device whose
+// backend is active (kernels/cuda/ops.h). Otherwise it prints where, the
+// argument and why, and aborts (kernels/check.h).
+Device OpDevice(const char* file, int line, const char* name, const Tensor& view, bool has_cuda);
+
+// The contract check of one view at an op's entry point: on `device` (the
+// op's), of `dtype`, shape [rows, cols], contiguous unless `strided`, and
+// with data unless empty. On a violation it prints where, the op's argument
+// name and what is wrong, and aborts (kernels/check.h).
 void CheckView(const char* file, int line, const char* name, const Tensor& view, DType dtype,
-               int64_t rows, int64_t cols, bool strided);
+               int64_t rows, int64_t cols, bool strided, Device device);
 // The same for a weight, which may be f32, bf16 or mxfp4 (with its scales,
 // cols a multiple of 32), never strided.
 void CheckWeight(const char* file, int line, const char* name, const Tensor& view, int64_t rows,
-                 int64_t cols);
+                 int64_t cols, Device device);
 
 }  // namespace deltaserve::kernels

@@ -1,9 +1,13 @@
 #include "kernels/workspace.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <utility>
 
 #include "kernels/check.h"
+#include "kernels/cuda/ops.h"
 
 #if DELTASERVE_ASAN
 #include <sanitizer/asan_interface.h>
@@ -61,9 +65,63 @@ size_t BytesOf(DType dtype, int64_t rows, int64_t cols) {
 }  // namespace
 
 Workspace& Workspace::Of(Device device) {
-  DELTASERVE_CHECK(device == Device::kCpu);  // the only backend built
-  static Workspace* const cpu = new Workspace(Device::kCpu);
-  return *cpu;
+  if (device == Device::kCpu) {
+    static Workspace* const cpu = new Workspace(Device::kCpu);
+    return *cpu;
+  }
+  // The views' checks refuse a CUDA device without a backend first.
+  DELTASERVE_CHECK(device == Device::kCuda && cuda::ActiveBackend() != cuda::Backend::kNone);
+  static Workspace* const gpu = new Workspace(Device::kCuda);
+  return *gpu;
+}
+
+Workspace::Workspace(Device device)
+    : device_(device),
+      stream_(device == Device::kCpu ? Stream::Cpu() : Stream::Cuda(nullptr)),
+      host_memory_(device == Device::kCpu || cuda::ActiveBackend() == cuda::Backend::kSim) {}
+
+void* Workspace::FreshBlock(size_t bytes) {
+  if (device_ == Device::kCpu) {
+    void* data = std::aligned_alloc(kAlign, bytes);
+    DELTASERVE_CHECK(data != nullptr);
+    return data;
+  }
+  void* data = nullptr;
+  const std::string error = DELTASERVE_CUDA_DISPATCH(DeviceMalloc)(bytes, &data);
+  if (!error.empty()) {
+    std::fprintf(stderr, "deltaserve: device allocation of %zu bytes failed: %s\n", bytes,
+                 error.c_str());
+    std::abort();
+  }
+  return data;
+}
+
+void Workspace::ReleaseBlock(void* data) {
+  if (device_ == Device::kCpu) {
+    std::free(data);
+  } else {
+    DELTASERVE_CUDA_DISPATCH(DeviceFree)(data);
+  }
+}
+
+void Workspace::CopyFromHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device_ == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const std::string error = DELTASERVE_CUDA_DISPATCH(CopyToDevice)(dst, src, bytes, stream_);
+  if (!error.empty()) ReportError("CopyFromHost", error);
+}
+
+void Workspace::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device_ == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const std::string error = DELTASERVE_CUDA_DISPATCH(CopyToHost)(dst, src, bytes, stream_);
+  if (!error.empty()) ReportError("CopyToHost", error);
 }
 
 void* Workspace::Allocate(size_t bytes) {
@@ -77,14 +135,12 @@ void* Workspace::Allocate(size_t bytes) {
       cached_.erase(it);
       stats_.cached_bytes -= size;
       ++stats_.reuses;
-      MarkCached(data, size, false);
+      if (host_memory_) MarkCached(data, size, false);
       return data;
     }
     ++stats_.allocations;
   }
-  void* data = std::aligned_alloc(kAlign, size);
-  DELTASERVE_CHECK(data != nullptr);
-  return data;
+  return FreshBlock(size);
 }
 
 void Workspace::Free(void* data, size_t bytes) {
@@ -94,13 +150,13 @@ void Workspace::Free(void* data, size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.in_use_bytes -= size;
     if (stats_.cached_bytes + size <= kMaxCachedBytes) {
-      MarkCached(data, size, true);
+      if (host_memory_) MarkCached(data, size, true);
       cached_.emplace(size, data);
       stats_.cached_bytes += size;
       return;
     }
   }
-  std::free(data);
+  ReleaseBlock(data);
 }
 
 Workspace::Stats Workspace::stats() const {
@@ -115,6 +171,10 @@ void Workspace::ReportError(const char* op, std::string message) {
 
 DeviceError Workspace::Synchronize() {
   // The CPU's ops complete before they return: nothing is in flight.
+  if (device_ != Device::kCpu) {
+    const std::string error = DELTASERVE_CUDA_DISPATCH(StreamSynchronize)(stream_);
+    if (!error.empty()) ReportError("Synchronize", error);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   return std::exchange(error_, DeviceError{});
 }

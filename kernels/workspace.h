@@ -38,9 +38,10 @@ struct DeviceError {
 
 class Workspace {
  public:
-  // The workspace of `device` (one per process and device). Only the CPU's
-  // exists in this build; asking for another is a broken invariant (the
-  // views' checks refuse other devices first).
+  // The workspace of `device` (one per process and device): the CPU's, or
+  // the CUDA device's when a CUDA backend is active (kernels/cuda/ops.h);
+  // asking for a device without one is a broken invariant (the views'
+  // checks refuse it first).
   static Workspace& Of(Device device);
 
   Device device() const { return device_; }
@@ -63,6 +64,12 @@ class Workspace {
   };
   Stats stats() const;
 
+  // Copies `bytes` from the host into this device's memory, or back, in the
+  // stream's order; CopyToHost waits for the copy. A failure is reported
+  // (ReportError) and comes back from Synchronize. On the CPU, memcpy.
+  void CopyFromHost(void* dst, const void* src, size_t bytes);
+  void CopyToHost(void* dst, const void* src, size_t bytes);
+
   // Records that `op`'s kernel failed asynchronously; the first report since
   // the last Synchronize is the one returned.
   void ReportError(const char* op, std::string message);
@@ -71,11 +78,18 @@ class Workspace {
   DeviceError Synchronize();
 
  private:
-  explicit Workspace(Device device) : device_(device), stream_(Stream::Cpu()) {}
+  explicit Workspace(Device device);
   ~Workspace() = delete;  // lives as long as the process
+
+  // A block from the device itself, and back.
+  void* FreshBlock(size_t bytes);
+  void ReleaseBlock(void* data);
 
   const Device device_;
   const Stream stream_;
+  // Whether blocks are host memory (the CPU, or the SIMT harness's device),
+  // which AddressSanitizer poisons while they are cached.
+  const bool host_memory_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> cached_;  // by size class
   Stats stats_;

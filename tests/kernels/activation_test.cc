@@ -142,7 +142,7 @@ TEST_P(GatedActivationTest, EmptyIsNoOp) {
   EXPECT_TRUE(out.GuardsIntact());
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(GatedActivationTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(GatedActivationTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -157,7 +157,7 @@ TEST_P(AttnResMixTest, EqualScoresAverage) {
   EXPECT_TRUE(buffer.GuardsIntact());
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(AttnResMixTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(AttnResMixTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -197,7 +197,7 @@ TEST_P(ConvertTest, RefusesOverlapAndOtherDtypes) {
                "src.dtype");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(ConvertTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(ConvertTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

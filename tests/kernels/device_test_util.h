@@ -23,17 +23,26 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/tensor.h"
+#include "kernels/workspace.h"
 
 namespace deltaserve::testing {
 
-// The devices the kernel tests run on: the CPU. The CUDA backend adds
-// kernels::Device::kCuda here when it is built and a GPU is present, and
-// GuardedBuffer then allocates there.
-inline std::vector<kernels::Device> AvailableDevices() { return {kernels::Device::kCpu}; }
+// The devices a kernel test is instantiated for: the CPU and CUDA. A CUDA
+// case runs on the active backend (kernels/cuda/ops.h: a GPU, or the SIMT
+// harness with DELTASERVE_CUDA_BACKEND=sim) and is skipped without one;
+// ctest runs the CUDA cases apart from the CPU levels, labelled cuda-sim
+// (on the harness) and gpu. An op with no CUDA variant yet instantiates
+// its tests with DELTASERVE_INSTANTIATE_CPU_TEST.
+inline std::vector<kernels::Device> AvailableDevices() {
+  return {kernels::Device::kCpu, kernels::Device::kCuda};
+}
+inline std::vector<kernels::Device> CpuOnly() { return {kernels::Device::kCpu}; }
 
 inline std::string DeviceTestName(const ::testing::TestParamInfo<kernels::Device>& info) {
   return kernels::DeviceName(info.param);
@@ -102,23 +111,39 @@ class GuardedBuffer {
   static constexpr int64_t kGuard = 64;  // elements in each band
 
   GuardedBuffer(kernels::Device device, int64_t n) : device_(device), n_(n) {
-    // A CUDA build allocates the bands and body on the device here.
-    if (device != kernels::Device::kCpu) {
-      ADD_FAILURE() << "GuardedBuffer: no allocation on " << kernels::DeviceName(device);
-    }
     storage_.resize(static_cast<size_t>(n + 2 * kGuard));
     for (int64_t i = 0; i < kGuard; ++i) {
       SetBits(&storage_[i], GuardTraits<T>::kGuard);
       SetBits(&storage_[kGuard + n + i], GuardTraits<T>::kGuard);
     }
     for (int64_t i = 0; i < n; ++i) SetBits(&storage_[kGuard + i], GuardTraits<T>::kPoison);
+    if (device != kernels::Device::kCpu) {
+      device_storage_ = static_cast<T*>(Workspace().Allocate(Bytes()));
+      Upload();
+    }
+  }
+  GuardedBuffer(GuardedBuffer&& other) noexcept
+      : device_(other.device_),
+        n_(other.n_),
+        storage_(std::move(other.storage_)),
+        device_storage_(std::exchange(other.device_storage_, nullptr)) {}
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
+  ~GuardedBuffer() {
+    if (device_storage_ != nullptr) Workspace().Free(device_storage_, Bytes());
   }
 
   int64_t size() const { return n_; }
   kernels::Device device() const { return device_; }
   // The body, for a test that fills an in-place operand or writes into a
-  // guard on purpose (data()[-1], data()[size()]). Host memory on the CPU.
+  // guard on purpose (data()[-1], data()[size()]): host memory, which on
+  // another device reaches the buffer at Upload().
   T* data() { return storage_.data() + kGuard; }
+  void Upload() {
+    if (device_storage_ != nullptr) {
+      Workspace().CopyFromHost(device_storage_, storage_.data(), Bytes());
+    }
+  }
 
   // [rows, cols] at row stride `stride` (0: contiguous) over the body, which
   // must hold it.
@@ -128,7 +153,7 @@ class GuardedBuffer {
     EXPECT_LE(span, n_) << "GuardedBuffer: a [" << rows << ", " << cols << "] view at stride "
                         << row_stride << " outgrows its " << n_ << " elements";
     kernels::MutableTensor view;
-    view.data = data();
+    view.data = (device_storage_ != nullptr ? device_storage_ : storage_.data()) + kGuard;
     view.dtype = GuardTraits<T>::kDType;
     view.device = device_;
     view.rows = rows;
@@ -141,21 +166,24 @@ class GuardedBuffer {
   void Fill(const std::vector<T>& values) {
     EXPECT_LE(static_cast<int64_t>(values.size()), n_);
     std::copy(values.begin(), values.end(), data());
+    Upload();
   }
 
   // The body, copied to the host.
   std::vector<T> Values() const {
-    return std::vector<T>(storage_.begin() + kGuard, storage_.begin() + kGuard + n_);
+    const std::vector<T> all = Downloaded();
+    return std::vector<T>(all.begin() + kGuard, all.begin() + kGuard + n_);
   }
 
   // Success when every guard element still holds its pattern; otherwise
   // names the first overwritten one (in address order) and how many were.
   ::testing::AssertionResult GuardsIntact() const {
+    const std::vector<T> all = Downloaded();
     int64_t first = -1, count = 0;
-    for (int64_t i = 0; i < static_cast<int64_t>(storage_.size()); ++i) {
+    for (int64_t i = 0; i < static_cast<int64_t>(all.size()); ++i) {
       if (i == kGuard) i += n_;  // skip the body
-      if (i >= static_cast<int64_t>(storage_.size())) break;
-      if (Bits(storage_[i]) != static_cast<Uint>(GuardTraits<T>::kGuard)) {
+      if (i >= static_cast<int64_t>(all.size())) break;
+      if (Bits(all[i]) != static_cast<Uint>(GuardTraits<T>::kGuard)) {
         if (first < 0) first = i;
         ++count;
       }
@@ -169,7 +197,7 @@ class GuardedBuffer {
     }
     char bits[32];
     std::snprintf(bits, sizeof(bits), "0x%0*llx", static_cast<int>(2 * sizeof(T)),
-                  static_cast<unsigned long long>(Bits(storage_[first])));
+                  static_cast<unsigned long long>(Bits(all[first])));
     return ::testing::AssertionFailure()
            << "guard overwritten: the element " << where << " of a " << n_
            << "-element buffer holds " << bits << " (" << count << " guard elements changed)";
@@ -189,21 +217,54 @@ class GuardedBuffer {
     std::memcpy(x, &u, sizeof(u));
   }
 
+  size_t Bytes() const { return storage_.size() * sizeof(T); }
+  kernels::Workspace& Workspace() const { return kernels::Workspace::Of(device_); }
+
+  // The whole storage as the device holds it, after the work issued so far;
+  // a kernel's failure fails the test.
+  std::vector<T> Downloaded() const {
+    if (device_storage_ == nullptr) return storage_;
+    std::vector<T> host(storage_.size());
+    const kernels::DeviceError error = Workspace().Synchronize();
+    EXPECT_TRUE(error.ok()) << error.op << ": " << error.message;
+    Workspace().CopyToHost(host.data(), device_storage_, Bytes());
+    return host;
+  }
+
   kernels::Device device_;
   int64_t n_;
-  std::vector<T> storage_;  // [kGuard | n | kGuard]
+  std::vector<T> storage_;       // [kGuard | n | kGuard] on the host
+  T* device_storage_ = nullptr;  // the same on another device
 };
 
 // A kernel test run once per device of AvailableDevices(): TEST_P on a
 // subclass, then DELTASERVE_INSTANTIATE_DEVICE_TEST(subclass). The test names
 // end in /cpu, /cuda.
+// Skips a CUDA case where no CUDA backend is active.
+#define DELTASERVE_SKIP_WITHOUT_BACKEND(device)                                             \
+  do {                                                                                      \
+    if ((device) == ::deltaserve::kernels::Device::kCuda &&                                 \
+        ::deltaserve::kernels::cuda::ActiveBackend() ==                                     \
+            ::deltaserve::kernels::cuda::Backend::kNone) {                                  \
+      GTEST_SKIP() << "no CUDA backend: " << ::deltaserve::kernels::cuda::BackendProblem(); \
+    }                                                                                       \
+  } while (0)
+
 class DeviceTest : public ::testing::TestWithParam<kernels::Device> {
  protected:
+  void SetUp() override { DELTASERVE_SKIP_WITHOUT_BACKEND(device()); }
   kernels::Device device() const { return GetParam(); }
   // A poisoned, guarded output of n elements on the device under test.
   template <typename T>
   GuardedBuffer<T> Output(int64_t n) const {
     return GuardedBuffer<T>(device(), n);
+  }
+  // `values` on the device under test, guarded: an input.
+  template <typename T>
+  GuardedBuffer<T> Input(const std::vector<T>& values) const {
+    GuardedBuffer<T> buffer(device(), static_cast<int64_t>(values.size()));
+    buffer.Fill(values);
+    return buffer;
   }
 };
 
@@ -211,28 +272,42 @@ class DeviceTest : public ::testing::TestWithParam<kernels::Device> {
   INSTANTIATE_TEST_SUITE_P(, suite,                                                        \
                            ::testing::ValuesIn(::deltaserve::testing::AvailableDevices()), \
                            ::deltaserve::testing::DeviceTestName)
+// The same for an op that runs only on the CPU so far.
+#define DELTASERVE_INSTANTIATE_CPU_TEST(suite)                                             \
+  INSTANTIATE_TEST_SUITE_P(, suite, ::testing::ValuesIn(::deltaserve::testing::CpuOnly()), \
+                           ::deltaserve::testing::DeviceTestName)
 
 // The same for a test with a parameter of its own: the parameter is a
 // (device, P) tuple; Param() is the P.
 template <typename P>
 class DeviceTestWithParam : public ::testing::TestWithParam<std::tuple<kernels::Device, P>> {
  protected:
+  void SetUp() override { DELTASERVE_SKIP_WITHOUT_BACKEND(device()); }
   kernels::Device device() const { return std::get<0>(this->GetParam()); }
   const P& Param() const { return std::get<1>(this->GetParam()); }
   template <typename T>
   GuardedBuffer<T> Output(int64_t n) const {
     return GuardedBuffer<T>(device(), n);
   }
+  template <typename T>
+  GuardedBuffer<T> Input(const std::vector<T>& values) const {
+    GuardedBuffer<T> buffer(device(), static_cast<int64_t>(values.size()));
+    buffer.Fill(values);
+    return buffer;
+  }
 };
 
 // `values` is the generator of the P values, `name(P)` a gtest-name string.
-#define DELTASERVE_INSTANTIATE_DEVICE_TEST_WITH_PARAM(suite, values, name)                        \
-  INSTANTIATE_TEST_SUITE_P(                                                                       \
-      , suite,                                                                                    \
-      ::testing::Combine(::testing::ValuesIn(::deltaserve::testing::AvailableDevices()), values), \
-      [](const auto& info) {                                                                      \
-        return std::string(name(std::get<1>(info.param))) + "_" +                                 \
-               ::deltaserve::kernels::DeviceName(std::get<0>(info.param));                        \
-      })
+#define DELTASERVE_INSTANTIATE_DEVICE_TEST_WITH_PARAM(suite, values, name)                    \
+  DELTASERVE_INSTANTIATE_TEST_WITH_PARAM_ON(suite, ::deltaserve::testing::AvailableDevices(), \
+                                            values, name)
+#define DELTASERVE_INSTANTIATE_CPU_TEST_WITH_PARAM(suite, values, name) \
+  DELTASERVE_INSTANTIATE_TEST_WITH_PARAM_ON(suite, ::deltaserve::testing::CpuOnly(), values, name)
+#define DELTASERVE_INSTANTIATE_TEST_WITH_PARAM_ON(suite, devices, values, name)                 \
+  INSTANTIATE_TEST_SUITE_P(, suite, ::testing::Combine(::testing::ValuesIn(devices), values),   \
+                           [](const auto& info) {                                               \
+                             return std::string(name(std::get<1>(info.param))) + "_" +          \
+                                    ::deltaserve::kernels::DeviceName(std::get<0>(info.param)); \
+                           })
 
 }  // namespace deltaserve::testing

@@ -1,5 +1,6 @@
 // tests/kernels/device_test_util.h: guard bands catch a write just outside
-// a buffer, on either side, and leave the body as the kernel wrote it.
+// a buffer, on either side, and leave the body as the kernel wrote it, on
+// each device.
 #include "tests/kernels/device_test_util.h"
 
 #include <cmath>
@@ -33,7 +34,8 @@ TEST_P(GuardedBufferTest, WritesInsideKeepTheGuards) {
   const MutableTensor v = f.View(7, 1);
   EXPECT_EQ(v.device, device());
   EXPECT_EQ(v.dtype, DType::kF32);
-  for (int64_t k = 0; k < 7; ++k) v.As<float>()[k] = static_cast<float>(k);
+  for (int64_t k = 0; k < 7; ++k) f.data()[k] = static_cast<float>(k);
+  f.Upload();
   EXPECT_TRUE(f.GuardsIntact());
   EXPECT_EQ(f.Values()[6], 6.0f);
 }
@@ -41,6 +43,7 @@ TEST_P(GuardedBufferTest, WritesInsideKeepTheGuards) {
 TEST_P(GuardedBufferTest, CatchesOnePastTheEnd) {
   auto f = Output<float>(16);
   f.data()[16] = 0.0f;
+  f.Upload();
   const ::testing::AssertionResult intact = f.GuardsIntact();
   EXPECT_FALSE(intact);
   EXPECT_NE(std::string(intact.message()).find("1 past the end"), std::string::npos)
@@ -50,6 +53,7 @@ TEST_P(GuardedBufferTest, CatchesOnePastTheEnd) {
 TEST_P(GuardedBufferTest, CatchesOneBeforeTheStart) {
   auto f = Output<float>(16);
   f.data()[-1] = 1.0f;
+  f.Upload();
   const ::testing::AssertionResult intact = f.GuardsIntact();
   EXPECT_FALSE(intact);
   EXPECT_NE(std::string(intact.message()).find("1 before the start"), std::string::npos)
@@ -59,12 +63,15 @@ TEST_P(GuardedBufferTest, CatchesOneBeforeTheStart) {
 TEST_P(GuardedBufferTest, CatchesFarWritesAndOtherTypes) {
   auto i = Output<int32_t>(5);
   i.data()[5 + GuardedBuffer<int32_t>::kGuard - 1] = 0;  // the last guard element
+  i.Upload();
   EXPECT_FALSE(i.GuardsIntact());
   auto h = Output<uint16_t>(5);
   h.data()[-GuardedBuffer<uint16_t>::kGuard] = 0x7fc0;  // the first, with a NaN
+  h.Upload();
   EXPECT_FALSE(h.GuardsIntact());
   auto d = Output<double>(0);  // an empty body: the two bands touch
   d.data()[0] = 0.0;
+  d.Upload();
   EXPECT_FALSE(d.GuardsIntact());
 }
 

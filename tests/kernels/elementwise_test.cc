@@ -199,7 +199,7 @@ TEST_P(ElementwiseTest, RefusesPartialOverlap) {
                "Overlaps\\(gate, out\\)");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(ElementwiseTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(ElementwiseTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -87,8 +87,8 @@ TEST_P(EmbeddingDeathTest, OutOfRangeTokenAborts) {
       "check failed");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(EmbeddingTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(EmbeddingDeathTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(EmbeddingTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(EmbeddingDeathTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

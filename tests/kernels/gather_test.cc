@@ -183,7 +183,7 @@ TEST_P(GatherTest, RefusesBadIndices) {
                "ScatterRows: rows\\[0\\] = -1 is outside \\[0, 4\\)");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(GatherTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(GatherTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

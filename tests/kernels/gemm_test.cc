@@ -345,14 +345,14 @@ TEST_P(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
 }
 
 // LinearTest's names end in the weight dtype and the device (/f32_cpu).
-DELTASERVE_INSTANTIATE_DEVICE_TEST_WITH_PARAM(
+DELTASERVE_INSTANTIATE_CPU_TEST_WITH_PARAM(
     LinearTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4), DTypeName);
 INSTANTIATE_TEST_SUITE_P(, LinearCpuTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
-DELTASERVE_INSTANTIATE_DEVICE_TEST(LinearBf16ComputeTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(LinearBf16ComputeTest);
 
 // SmallGemm: c = (accumulate ? c : 0) + alpha · a · b with a in either layout
 // (a_rs, a_cs), b and c at row strides wider than n (the extra columns of c

@@ -159,7 +159,7 @@ TEST_P(KdaGateTest, SoftplusMatchesGolden) {
   EXPECT_GE(files, 6);
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaGateTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(KdaGateTest);
 
 }  // namespace
 }  // namespace deltaserve

@@ -433,9 +433,9 @@ TEST(KdaDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
       "Overlaps");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaRecurrentTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaChunkTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaGoldenTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(KdaRecurrentTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(KdaChunkTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(KdaGoldenTest);
 
 }  // namespace
 }  // namespace deltaserve

@@ -280,7 +280,7 @@ TEST_P(LogSoftmaxTest, RefusesBadArguments) {
   EXPECT_DEATH(LogSoftmaxTopK(args), "target_logprobs: dtype f64, expected f32|shape");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(LogSoftmaxTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(LogSoftmaxTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

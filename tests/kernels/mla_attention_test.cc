@@ -482,8 +482,8 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   EXPECT_DEATH(MlaAbsorbedAttention(gpu_cache), "a.cache: device cuda");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(MlaPrefillAttentionTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(MlaAbsorbedAttentionTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(MlaPrefillAttentionTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(MlaAbsorbedAttentionTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

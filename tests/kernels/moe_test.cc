@@ -388,8 +388,8 @@ TEST_P(MoeExpertsTest, NoTokensIsNoOp) {
   EXPECT_TRUE(out.empty());
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeRouteTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeExpertsTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(MoeRouteTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(MoeExpertsTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

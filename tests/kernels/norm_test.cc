@@ -39,8 +39,9 @@ TEST_P(RmsNormTest, MatchesReference) {
         const auto w = RandomFloats(dim, ++seed, 0.5f, 1.5f);
         const float eps = 1e-6f;
         auto y = Output<float>(rows * dim);
-        RmsNorm(Tensor::F32(x.data(), rows, dim),
-                Tensor::F32(gain ? w.data() : nullptr, gain ? 1 : 0, dim), eps, y.View(rows, dim));
+        auto xd = Input(x), w_device = Input(w);
+        RmsNorm(xd.View(rows, dim), gain ? Tensor(w_device.View(1, dim)) : Tensor{}, eps,
+                y.View(rows, dim));
         std::vector<double> want(rows * dim);
         const auto wd = ToDouble(w);
         ref::RmsNorm(ToDouble(x).data(), gain ? wd.data() : nullptr, rows, dim, eps, want.data());
@@ -58,9 +59,10 @@ TEST_P(RmsNormTest, InPlaceAndThreaded) {
     auto x = Output<float>(rows * dim);  // in place: guarded as an output
     x.Fill(RandomFloats(rows * dim, 7 + rows));
     const auto w = RandomFloats(dim, 8 + dim, 0.5f, 1.5f);
+    auto wd = Input(w);
     std::vector<double> want(rows * dim);
     ref::RmsNorm(ToDouble(x.Values()).data(), ToDouble(w).data(), rows, dim, 1e-5f, want.data());
-    RmsNorm(x.View(rows, dim), Tensor::F32(w.data(), 1, dim), 1e-5f, x.View(rows, dim));
+    RmsNorm(x.View(rows, dim), wd.View(1, dim), 1e-5f, x.View(rows, dim));
     const double tol = ReductionTolerance(dim);
     EXPECT_TRUE(AllClose(x.Values(), want, tol, tol));
     EXPECT_TRUE(x.GuardsIntact());
@@ -76,16 +78,17 @@ TEST_P(RmsNormTest, StridedColumnBlockInPlace) {
     auto x = Output<float>(rows * width);
     const std::vector<float> given = RandomFloats(rows * width, 40 + rows);
     x.Fill(given);
-    const auto w = RandomFloats(dim, 41, 0.5f, 1.5f);
+    auto wd = Input(RandomFloats(dim, 41, 0.5f, 1.5f));
     const MutableTensor block = x.View(rows, width).Columns(0, dim);
-    RmsNorm(block, Tensor::F32(w.data(), 1, dim), 1e-6f, block);
+    RmsNorm(block, wd.View(1, dim), 1e-6f, block);
     const std::vector<float> got = x.Values();
     for (int64_t r = 0; r < rows; ++r) {
-      std::vector<float> alone(given.begin() + r * width, given.begin() + r * width + dim);
-      RmsNorm(Tensor::F32(alone.data(), 1, dim), Tensor::F32(w.data(), 1, dim), 1e-6f,
-              MutableTensor::F32(alone.data(), 1, dim));
+      auto alone =
+          Input(std::vector<float>(given.begin() + r * width, given.begin() + r * width + dim));
+      RmsNorm(alone.View(1, dim), wd.View(1, dim), 1e-6f, alone.View(1, dim));
+      const std::vector<float> normalised = alone.Values();
       for (int64_t c = 0; c < width; ++c) {
-        const float want = c < dim ? alone[c] : given[r * width + c];
+        const float want = c < dim ? normalised[c] : given[r * width + c];
         ASSERT_EQ(got[r * width + c], want) << "row " << r << " column " << c;
       }
     }
@@ -100,7 +103,8 @@ TEST_P(RmsNormTest, HugeAndTinyRows) {
     auto x = RandomFloats(dim, 3);
     for (float& v : x) v *= scale;
     auto y = Output<float>(dim);
-    RmsNorm(Tensor::F32(x.data(), 1, dim), Tensor{}, 0.0f, y.View(1, dim));
+    auto xd = Input(x);
+    RmsNorm(xd.View(1, dim), Tensor{}, 0.0f, y.View(1, dim));
     std::vector<double> want(dim);
     ref::RmsNorm(ToDouble(x).data(), nullptr, 1, dim, 0.0, want.data());
     const double tol = ReductionTolerance(dim);
@@ -111,9 +115,9 @@ TEST_P(RmsNormTest, HugeAndTinyRows) {
 
 // An all-zero row normalises to zeros (eps keeps it finite).
 TEST_P(RmsNormTest, ZeroRowIsZero) {
-  const std::vector<float> x(5, 0.0f);
+  auto x = Input(std::vector<float>(5, 0.0f));
   auto y = Output<float>(5);
-  RmsNorm(Tensor::F32(x.data(), 1, 5), Tensor{}, 1e-6f, y.View(1, 5));
+  RmsNorm(x.View(1, 5), Tensor{}, 1e-6f, y.View(1, 5));
   for (float v : y.Values()) EXPECT_EQ(v, 0.0f);
   EXPECT_TRUE(y.GuardsIntact());
 }
@@ -127,7 +131,8 @@ TEST_P(L2NormTest, MatchesReference) {
                      << "rows " << rows << " dim " << dim << " scale " << scale);
         const auto x = RandomFloats(rows * dim, ++seed);
         auto y = Output<float>(rows * dim);
-        L2Norm(Tensor::F32(x.data(), rows, dim), 1e-6f, scale, y.View(rows, dim));
+        auto xd = Input(x);
+        L2Norm(xd.View(rows, dim), 1e-6f, scale, y.View(rows, dim));
         std::vector<double> want(rows * dim);
         ref::L2Norm(ToDouble(x).data(), rows, dim, static_cast<double>(1e-6f), scale, want.data());
         // Outputs are O(scale / sqrt(dim)): the absolute part scales too.
@@ -156,28 +161,29 @@ TEST_P(L2NormTest, InPlaceAndThreaded) {
 // The entry point checks the whole contract before any variant runs: each
 // wrong argument aborts with a message naming it and what is wrong.
 TEST_P(NormDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
-  std::vector<float> x = RandomFloats(3 * 8, 1), w = RandomFloats(8, 2), y(3 * 8);
-  const Tensor xv = Tensor::F32(x.data(), 3, 8), wv = Tensor::F32(w.data(), 1, 8);
+  auto x = Input(RandomFloats(3 * 8, 1)), w = Input(RandomFloats(8, 2));
+  auto big = Output<float>(4 * 8);
+  const Tensor xv = x.View(3, 8), wv = w.View(1, 8);
   auto guarded = Output<float>(3 * 8);
   const MutableTensor yv = guarded.View(3, 8);
   RmsNorm(xv, wv, 1e-6f, yv);  // the valid call, for contrast
   EXPECT_TRUE(guarded.GuardsIntact());
-  EXPECT_DEATH(RmsNorm(xv, Tensor::F32(w.data(), 1, 7), 1e-6f, yv),
-               "w: shape \\[1, 7\\], expected \\[1, 8\\]");
-  EXPECT_DEATH(RmsNorm(Tensor::F32(x.data(), 2, 8), wv, 1e-6f, yv), "x: shape \\[2, 8\\]");
+  EXPECT_DEATH(RmsNorm(xv, w.View(1, 7), 1e-6f, yv), "w: shape \\[1, 7\\], expected \\[1, 8\\]");
+  EXPECT_DEATH(RmsNorm(x.View(2, 8), wv, 1e-6f, yv), "x: shape \\[2, 8\\]");
   Tensor bf16 = xv;
   bf16.dtype = DType::kBF16;
   EXPECT_DEATH(RmsNorm(bf16, wv, 1e-6f, yv), "x: dtype bf16, expected f32");
-  MutableTensor on_gpu = yv;
-  on_gpu.device = Device::kCuda;
-  EXPECT_DEATH(RmsNorm(xv, wv, 1e-6f, on_gpu), "y: device cuda, but only the cpu backend");
-  EXPECT_DEATH(L2Norm(xv, 1e-6f, 1.0f, MutableTensor::F32(y.data(), 3, 8, 9)), "y: row stride 9");
+  // A view on the other device: refused by name, and on the CPU a CUDA
+  // output without a backend says so.
+  MutableTensor elsewhere = yv;
+  elsewhere.device = device() == Device::kCpu ? Device::kCuda : Device::kCpu;
+  EXPECT_DEATH(RmsNorm(xv, wv, 1e-6f, elsewhere),
+               "(y: device cuda, but no CUDA backend is active|x: device (cpu|cuda), but the op "
+               "runs on the (cuda|cpu))");
+  EXPECT_DEATH(L2Norm(xv, 1e-6f, 1.0f, big.View(3, 8, 9)), "y: row stride 9");
   // In place is allowed; a shifted overlap is not.
-  RmsNorm(xv, wv, 1e-6f, MutableTensor::F32(x.data(), 3, 8));
-  std::vector<float> big(4 * 8);
-  EXPECT_DEATH(
-      RmsNorm(Tensor::F32(big.data(), 3, 8), wv, 1e-6f, MutableTensor::F32(big.data() + 8, 3, 8)),
-      "Overlaps");
+  RmsNorm(xv, wv, 1e-6f, x.View(3, 8));
+  EXPECT_DEATH(RmsNorm(big.View(3, 8), wv, 1e-6f, big.View(4, 8).Rows(1, 3)), "Overlaps");
 }
 
 DELTASERVE_INSTANTIATE_DEVICE_TEST(RmsNormTest);

@@ -206,7 +206,7 @@ TEST(PagedCacheDeathTest, EntryPointRefusesAPageOutsideThePool) {
       "page_table.cols >= pages");
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(PagedCacheTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(PagedCacheTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

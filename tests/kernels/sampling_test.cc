@@ -341,9 +341,9 @@ TEST_P(SamplingTest, NonFiniteLogitsFollowTheReference) {
   }
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(SamplingTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(SamplingDistributionTest);
-DELTASERVE_INSTANTIATE_DEVICE_TEST(SampleTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(SamplingTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(SamplingDistributionTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(SampleTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -121,7 +121,7 @@ TEST_P(ShortConvTest, ShortInputShiftsState) {
   EXPECT_TRUE(state.GuardsIntact());
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(ShortConvTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(ShortConvTest);
 
 }  // namespace
 }  // namespace deltaserve

@@ -77,7 +77,7 @@ TEST_P(WorkspaceTest, SynchronizeReturnsTheFirstReportedErrorOnce) {
   EXPECT_TRUE(ws.Synchronize().ok());
 }
 
-DELTASERVE_INSTANTIATE_DEVICE_TEST(WorkspaceTest);
+DELTASERVE_INSTANTIATE_CPU_TEST(WorkspaceTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -1,0 +1,99 @@
+// The CUDA variants of the ops and the memory functions under them, and the
+// choice between their two builds: each kernels/cuda/<op>_cuda.cu compiles
+// once by nvcc into namespace cuda::gpu (a CUDA build only) and once by the
+// host compiler against the SIMT harness into cuda::sim (every build), as
+// kernels/cpu/ compiles once per CPU level. An op's entry point
+// (kernels/<op>.cc) checks the views, and when they are on Device::kCuda
+// calls DELTASERVE_CUDA_DISPATCH(Op)(pointers..., stream), which is the
+// variant of the active backend. No CUDA headers here: streams are
+// kernels::Stream.
+//
+// The backend is chosen once per process (ActiveBackend): the GPU when this
+// build has CUDA and the runtime sees a device; the harness when the
+// environment asks for it with DELTASERVE_CUDA_BACKEND=sim (the cuda-sim
+// tests; slow, for checking logic, never for serving). With
+// DELTASERVE_CUDA_BACKEND=gpu there is no fallback to the harness.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/device.h"
+#include "kernels/stream.h"
+
+namespace deltaserve::kernels::cuda {
+
+enum class Backend : uint8_t { kNone, kGpu, kSim };
+
+// The backend Device::kCuda views run on in this process.
+Backend ActiveBackend();
+// Why ActiveBackend() is kNone ("" otherwise): no CUDA in this build, what
+// the CUDA runtime said, or an unknown DELTASERVE_CUDA_BACKEND.
+const std::string& BackendProblem();
+const char* BackendName(Backend backend);
+
+// Whether this build has the nvcc-compiled variants.
+#if DELTASERVE_KERNELS_CUDA
+inline constexpr bool kBuiltWithCuda = true;
+#else
+inline constexpr bool kBuiltWithCuda = false;
+#endif
+
+template <typename F>
+F Select(F sim, F gpu) {
+  return ActiveBackend() == Backend::kSim ? sim : gpu;
+}
+
+// A launch's outcome: "" or the error the runtime (or the harness) gave,
+// which the CUDA workspace keeps for its next Synchronize, naming `kernel`.
+void ReportLaunch(const char* kernel, const char* error);
+
+}  // namespace deltaserve::kernels::cuda
+
+// DELTASERVE_CUDA_DECLARE(Op, void(const float* x, ..., const Stream& s))
+// declares the variant Op of that type in both targets.
+#if DELTASERVE_KERNELS_CUDA
+#define DELTASERVE_CUDA_DECLARE(op, ...)     \
+  namespace deltaserve::kernels::cuda {      \
+  using op##Fn = __VA_ARGS__;                \
+  }                                          \
+  namespace deltaserve::kernels::cuda::sim { \
+  op##Fn op;                                 \
+  }                                          \
+  namespace deltaserve::kernels::cuda::gpu { \
+  op##Fn op;                                 \
+  }
+#define DELTASERVE_CUDA_DISPATCH(op)                                          \
+  (::deltaserve::kernels::cuda::Select(&::deltaserve::kernels::cuda::sim::op, \
+                                       &::deltaserve::kernels::cuda::gpu::op))
+#else
+#define DELTASERVE_CUDA_DECLARE(op, ...)     \
+  namespace deltaserve::kernels::cuda {      \
+  using op##Fn = __VA_ARGS__;                \
+  }                                          \
+  namespace deltaserve::kernels::cuda::sim { \
+  op##Fn op;                                 \
+  }
+#define DELTASERVE_CUDA_DISPATCH(op) (&::deltaserve::kernels::cuda::sim::op)
+#endif
+
+// Device memory and copies (kernels/cuda/runtime_cuda.cu): what the CUDA
+// workspace is built on. Each returns "" or the runtime's error. Copies are
+// ordered on `stream`; CopyToHost waits for it.
+DELTASERVE_CUDA_DECLARE(DeviceCount, int(std::string* error))
+DELTASERVE_CUDA_DECLARE(DeviceMalloc, std::string(size_t bytes, void** out))
+DELTASERVE_CUDA_DECLARE(DeviceFree, void(void* data))
+DELTASERVE_CUDA_DECLARE(CopyToDevice, std::string(void* dst, const void* src, size_t bytes,
+                                                  const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(CopyToHost, std::string(void* dst, const void* src, size_t bytes,
+                                                const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(StreamSynchronize, std::string(const deltaserve::kernels::Stream& stream))
+
+// The ops, one line each; an entry point has checked the views.
+DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* w, int64_t rows,
+                                      int64_t dim, float eps, float* y, int64_t ldy,
+                                      const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(L2Norm,
+                        void(const float* x, int64_t rows, int64_t dim, float eps, float scale,
+                             float* y, const deltaserve::kernels::Stream& stream))
