@@ -8,7 +8,7 @@
 # took. Extra arguments go to the sanitized ctest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-labels="${DELTASERVE_SANITIZE_LABELS:-cpu|e2e}"
+labels="${DELTASERVE_SANITIZE_LABELS:-cpu|e2e|cuda-sim}"
 fuzz_seconds="${DELTASERVE_FUZZ_SECONDS:-45}"
 
 # halt_on_error: UBSan's first finding ends the process (the build also has

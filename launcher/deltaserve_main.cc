@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/ops.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "runtime/common/build_config.h"
@@ -43,6 +44,12 @@ absl::Status RunVersion(const Args& args) {
                 d.compute_major, d.compute_minor, d.memory_bytes / 1073741824.0);
   }
 #endif
+  // What the CUDA ops run on: a GPU, the host SIMT harness
+  // (DELTASERVE_CUDA_BACKEND=sim), or nothing, and why.
+  const kernels::cuda::Backend backend = kernels::cuda::ActiveBackend();
+  std::printf("cuda ops: %s%s%s\n", kernels::cuda::BackendName(backend),
+              backend == kernels::cuda::Backend::kNone ? ": " : "",
+              kernels::cuda::BackendProblem().c_str());
   return absl::OkStatus();
 }
 

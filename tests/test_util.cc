@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -123,7 +124,11 @@ std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
 }
 
 std::string GoldenPath(const std::string& relative) {
-  return std::string(DELTASERVE_SOURCE_DIR) + "/../shared/golden/" + relative;
+  // DELTASERVE_SOURCE_DIR in the environment: a test binary carried to
+  // another machine (deploy/gpu_check.sh) finds the checkout it runs in.
+  const char* moved = std::getenv("DELTASERVE_SOURCE_DIR");
+  const std::string root = moved != nullptr && moved[0] != '\0' ? moved : DELTASERVE_SOURCE_DIR;
+  return root + "/../shared/golden/" + relative;
 }
 
 const GoldenTensor& GoldenFile::Get(const std::string& name) const {

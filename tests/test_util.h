@@ -50,7 +50,8 @@ double ReductionTolerance(int64_t n, double factor = 8.0);
 // against): logits - (max + log Σ exp(logits - max)).
 std::vector<double> LogSoftmax(const float* logits, int64_t vocab);
 
-// `../shared/golden/<relative>`: tests run from the repository root.
+// `../shared/golden/<relative>` beside the checkout: the build's, or the one
+// $DELTASERVE_SOURCE_DIR names.
 std::string GoldenPath(const std::string& relative);
 
 // A golden safetensors file read whole, every tensor as float64 (F64, F32,

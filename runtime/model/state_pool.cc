@@ -49,7 +49,7 @@ absl::StatusOr<std::shared_ptr<StatePool>> StatePool::Create(const ModelConfig& 
                                                              StatePoolSize size) {
   if (device != kernels::Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat("sequence state on ", kernels::DeviceName(device),
-                                                 ": this build has the cpu backend only"));
+                                                 ": this version runs models on the cpu only"));
   }
   if (cache_dtype != kernels::DType::kF32 && cache_dtype != kernels::DType::kBF16) {
     return absl::InvalidArgumentError(

@@ -247,7 +247,7 @@ void ForEachVector(ModelWeights* w, const std::function<void(VectorWeight&)>& fn
 absl::Status PlaceWeights(ModelWeights* w, kernels::Device device) {
   if (device != kernels::Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat("weights on ", kernels::DeviceName(device),
-                                                 ": this build has the cpu backend only"));
+                                                 ": this version runs models on the cpu only"));
   }
   // What the loader made is host memory: mapped views and its own copies of
   // matrices, and the vectors' Buffers.

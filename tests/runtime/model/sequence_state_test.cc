@@ -240,8 +240,8 @@ TEST(SequenceStateTest, ASequenceBeyondTheSlotsIsRefused) {
 }
 
 // The weights, activations and state go where ModelOptions::device says;
-// a build without that device's backend refuses it by name, at load.
-TEST(SequenceStateTest, AModelOnADeviceWithoutABackendIsRefusedAtLoad) {
+// a device models do not run on yet is refused by name, at load.
+TEST(SequenceStateTest, AModelOnADeviceModelsDoNotRunOnIsRefusedAtLoad) {
   const std::string dir = testing::TempDir("sequence_state_device_model");
   ASSERT_TRUE(WriteRandomCheckpoint(*PresetConfig("k3-tiny"), dir, 3).ok());
   ModelOptions options;
@@ -249,7 +249,7 @@ TEST(SequenceStateTest, AModelOnADeviceWithoutABackendIsRefusedAtLoad) {
   auto model = Model::Load(dir, {}, nullptr, options);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(model.status().message(), "weights on cuda: this build has the cpu backend only");
+  EXPECT_EQ(model.status().message(), "weights on cuda: this version runs models on the cpu only");
   auto pool = StatePool::Create(*PresetConfig("k3-tiny"), {}, kernels::Device::kCuda,
                                 kernels::DType::kF32, {4, 2});
   EXPECT_EQ(pool.status().code(), absl::StatusCode::kUnimplemented);
