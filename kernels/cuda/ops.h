@@ -97,3 +97,17 @@ DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* 
 DELTASERVE_CUDA_DECLARE(L2Norm,
                         void(const float* x, int64_t rows, int64_t dim, float eps, float scale,
                              float* y, const deltaserve::kernels::Stream& stream))
+
+// kernels/paged_cache.h: pools of f32 (bf16 = false) or bf16 rows; pool_pages
+// bounds the page table's entries (an entry outside is not dereferenced).
+DELTASERVE_CUDA_DECLARE(PagedCacheWrite,
+                        void(const float* rows, int64_t stride, int64_t n, int64_t width,
+                             int64_t begin, const int32_t* page_table, int64_t page_tokens,
+                             int64_t pool_pages, void* pool, bool bf16,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(PagedCacheRead, void(const void* pool, bool bf16, const int32_t* page_table,
+                                             int64_t page_tokens, int64_t pool_pages, int64_t begin,
+                                             int64_t n, int64_t width, float* rows, int64_t stride,
+                                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(PagedCacheCopyPage, void(const void* from, void* to, int64_t bytes,
+                                                 const deltaserve::kernels::Stream& stream))
