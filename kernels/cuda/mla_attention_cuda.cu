@@ -13,10 +13,13 @@ namespace deltaserve::kernels::cuda::DELTASERVE_CUDA_TARGET {
 namespace {
 
 constexpr int kThreads = 128;
-// Tiles start at 32 query rows x 32 keys and are halved until they fit the
-// 48 KiB of dynamic shared memory a launch gets without an opt-in.
+// Tiles start at 32 query rows x 32 keys and are halved until they fit 96 KiB
+// of shared memory, so that two blocks share an SM (228 KiB on sm_90): the
+// real prefill dims (P + R = 192, Vd = 128) keep 32 x 32, the absorbed ones
+// (C + R = 576, C = 512) get 16 rows x 8 keys.
 constexpr int kMaxTile = 32;
-constexpr size_t kSharedBudget = 48 * 1024;
+constexpr int kMinKeyTile = 8;
+constexpr size_t kSharedBudget = 96 * 1024;
 // Blocks that fill an H100/H200 (132 SMs, two blocks each), and the fewest
 // keys a split is worth a partial state for.
 constexpr int64_t kTargetBlocks = 264;
@@ -85,13 +88,16 @@ __device__ __forceinline__ float Load(const void* p, int64_t i, bool bf16) {
 
 __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
   DELTASERVE_DYNAMIC_SHARED(float, smem);
+  // In-tile indices are 32-bit: a tile fits in shared memory, and 64-bit
+  // division costs many instructions on the GPU.
   const int bq = e.block_q, bk = e.block_k;
   const SharedLayout lay = Layout(e, bq, bk);
-  const int64_t dk = e.da + e.db, ldk = Padded(dk);
+  const int da = static_cast<int>(e.da), dv = static_cast<int>(e.dv);
+  const int dk = static_cast<int>(e.da + e.db), ldk = static_cast<int>(Padded(dk));
   float* q_s = smem + lay.q;  // [bq][dk], scaled into the log2 domain
   float* k_s = smem + lay.k;  // [bk][ldk]
   float* v_s = e.v_in_k ? k_s : smem + lay.v;
-  const int64_t ldv = e.v_in_k ? ldk : Padded(e.dv);
+  const int ldv = e.v_in_k ? ldk : static_cast<int>(Padded(dv));
   float* s_s = smem + lay.s;  // [bq][bk] scores, then probabilities
   float* o_s = smem + lay.o;  // [bq][dv] unnormalised output
   float* m_s = smem + lay.stats;
@@ -106,13 +112,13 @@ __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
   const int tid = threadIdx.x;
   const float qscale = e.scale * kLog2E;
 
-  for (int64_t x = tid; x < nq * dk; x += kThreads) {
-    const int64_t i = x / dk, d = x % dk;
-    const float val = d < e.da ? e.qa[z * e.qa_z + (i0 + i) * e.qa_row + d]
-                               : e.qb[z * e.qb_z + (i0 + i) * e.qb_row + d - e.da];
+  for (int x = tid; x < nq * dk; x += kThreads) {
+    const int i = x / dk, d = x % dk;
+    const float val = d < da ? e.qa[z * e.qa_z + (i0 + i) * e.qa_row + d]
+                             : e.qb[z * e.qb_z + (i0 + i) * e.qb_row + d - da];
     q_s[x] = val * qscale;
   }
-  for (int64_t x = tid; x < nq * e.dv; x += kThreads) o_s[x] = 0.0f;
+  for (int x = tid; x < nq * dv; x += kThreads) o_s[x] = 0.0f;
   for (int i = tid; i < nq; i += kThreads) {
     m_s[i] = -INFINITY;
     l_s[i] = 0.0f;
@@ -134,14 +140,15 @@ __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
                      : e.page_table[s / e.page_tokens] * e.page_tokens + s % e.page_tokens;
     }
     __syncthreads();
-    for (int64_t x = tid; x < nk * dk; x += kThreads) {
-      const int64_t j = x / dk, d = x % dk, r = row_s[j];
-      k_s[j * ldk + d] = d < e.da ? Load(e.ka, z * e.ka_z + r * e.ka_row + d, e.bf16)
-                                  : Load(e.kb, r * e.kb_row + d - e.da, e.bf16);
+    for (int x = tid; x < nk * dk; x += kThreads) {
+      const int j = x / dk, d = x % dk;
+      const int64_t r = row_s[j];
+      k_s[j * ldk + d] = d < da ? Load(e.ka, z * e.ka_z + r * e.ka_row + d, e.bf16)
+                                : Load(e.kb, r * e.kb_row + d - da, e.bf16);
     }
     if (!e.v_in_k) {
-      for (int64_t x = tid; x < nk * e.dv; x += kThreads) {
-        const int64_t j = x / e.dv, c = x % e.dv;
+      for (int x = tid; x < nk * dv; x += kThreads) {
+        const int j = x / dv, c = x % dv;
         v_s[j * ldv + c] = Load(e.v, z * e.v_z + row_s[j] * e.v_row + c, e.bf16);
       }
     }
@@ -152,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
       float dot = 0.0f;
       const float* qi = q_s + i * dk;
       const float* kj = k_s + j * ldk;
-      for (int64_t d = 0; d < dk; ++d) dot = fmaf(qi[d], kj[d], dot);
+      for (int d = 0; d < dk; ++d) dot = fmaf(qi[d], kj[d], dot);
       if (diagonal && k0 + j >= e.prefix + (i0 + i) / e.rows_per_token + 1) dot = -INFINITY;
       s_s[i * bk + j] = dot;
     }
@@ -175,8 +182,8 @@ __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
       alpha_s[i] = alpha;
     }
     __syncthreads();
-    for (int64_t x = tid; x < nq * e.dv; x += kThreads) {
-      const int64_t i = x / e.dv, c = x % e.dv;
+    for (int x = tid; x < nq * dv; x += kThreads) {
+      const int i = x / dv, c = x % dv;
       const float* pi = s_s + i * bk;
       float acc = o_s[x] * alpha_s[i];
       for (int j = 0; j < nk; ++j) acc = fmaf(pi[j], v_s[j * ldv + c], acc);
@@ -186,8 +193,8 @@ __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
   __syncthreads();
   const int64_t row0 = z * e.rows + i0;  // of all heads' rows
   if (e.splits == 1) {
-    for (int64_t x = tid; x < nq * e.dv; x += kThreads) {
-      const int64_t i = x / e.dv, c = x % e.dv;
+    for (int x = tid; x < nq * dv; x += kThreads) {
+      const int i = x / dv, c = x % dv;
       e.out[z * e.out_z + (i0 + i) * e.out_row + c] = o_s[x] / l_s[i];
     }
     return;
@@ -197,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) MlaAttentionKernel(Engine e) {
     e.partial_m[split * all_rows + row0 + i] = m_s[i];
     e.partial_l[split * all_rows + row0 + i] = l_s[i];
   }
-  for (int64_t x = tid; x < nq * e.dv; x += kThreads) {
+  for (int x = tid; x < nq * dv; x += kThreads) {
     e.partial_acc[(split * all_rows + row0) * e.dv + x] = o_s[x];
   }
 }
@@ -226,13 +233,17 @@ __global__ void __launch_bounds__(kThreads) MlaMergeKernel(Engine e) {
   }
 }
 
-// Tiles and splits for `e` (its shapes set): tiles halved, the larger first,
-// until the shared memory fits; keys split when the query tiles leave the
-// GPU idle, in whole key tiles.
+// Tiles and splits for `e` (its shapes set): the key tile halved down to
+// kMinKeyTile first (more query rows per block read the keys fewer times),
+// then the query tile, then the key tile again, until the shared memory
+// fits; keys split when the query tiles leave the GPU idle, in whole key
+// tiles.
 void Plan(Engine* e, int64_t keys) {
   int bq = kMaxTile, bk = kMaxTile;
   while (static_cast<size_t>(Layout(*e, bq, bk).bytes) > kSharedBudget && (bq > 1 || bk > 1)) {
-    if (bq >= bk && bq > 1) {
+    if (bk > kMinKeyTile) {
+      bk /= 2;
+    } else if (bq > 1) {
       bq /= 2;
     } else {
       bk /= 2;
@@ -330,6 +341,7 @@ void Run(Engine e, float* partials, const Stream& stream) {
   const dim3 grid(BlocksFor(e.rows, e.block_q), static_cast<unsigned>(e.splits),
                   static_cast<unsigned>(e.heads_z));
   const size_t shared = static_cast<size_t>(Layout(e, e.block_q, e.block_k).bytes);
+  if (shared > 48 * 1024) DELTASERVE_ALLOW_DYNAMIC_SHARED(MlaAttentionKernel, shared);
   DELTASERVE_LAUNCH(MlaAttentionKernel, grid, dim3(kThreads), shared, stream, e);
   if (e.splits > 1) {
     DELTASERVE_LAUNCH(MlaMergeKernel, dim3(static_cast<unsigned>(e.heads_z * e.rows)),

@@ -309,6 +309,34 @@ TEST_P(MlaAbsorbedAttentionTest, MatchesReferenceOverShapes) {
   std::printf("max abs error over the sweep: %.3g\n", worst);
 }
 
+// The real model's latent dims (C = 512, R = 64): wide rows, which the CUDA
+// variant takes in smaller tiles than the sweep's, over a short cache and a
+// long one (split keys).
+TEST_P(MlaAbsorbedAttentionTest, ModelDims) {
+  const int64_t heads = 3, C = 512, R = 64, w = C + R;
+  uint64_t seed = 7000;
+  for (const auto& [t, prefix] : {std::pair<int64_t, int64_t>{2, 40}, {1, 1000}}) {
+    const int64_t s = prefix + t;
+    const std::vector<float> ql = RandomFloats(t * heads * C, ++seed);
+    const std::vector<float> qr = RandomFloats(t * heads * R, ++seed);
+    const std::vector<float> cache = RandomFloats(s * w, ++seed);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(w));
+    auto ql_device = Input(ql), qr_device = Input(qr), cache_device = Input(cache);
+    auto out = Output<float>(t * heads * C);
+    MlaAbsorbedAttention({t, prefix, heads, C, R, ql_device.View(t, heads * C),
+                          qr_device.View(t, heads * R), cache_device.View(s, w), scale,
+                          out.View(t, heads * C), Tensor{}, 0});
+    ASSERT_TRUE(out.GuardsIntact()) << "T=" << t << " prefix=" << prefix;
+    const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr), cached = ToDouble(cache);
+    std::vector<double> want(t * heads * C);
+    ref::MlaAbsorbedArgs ra{t,          prefix,     heads,         C,     R,
+                            qld.data(), qrd.data(), cached.data(), scale, want.data()};
+    ref::MlaAbsorbedAttention(ra);
+    const double tol = ReductionTolerance(s + w);
+    EXPECT_TRUE(AllClose(out.Values(), want, tol, tol)) << "T=" << t << " prefix=" << prefix;
+  }
+}
+
 // A paged cache gives the bits of the same keys held contiguously: keys are
 // read through the page table in the same order, at any page size (one that
 // splits a key block, one of a key block exactly), dtype and key split.
