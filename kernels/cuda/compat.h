@@ -8,6 +8,9 @@
 //   - it is launched with DELTASERVE_LAUNCH(kernel, grid, block,
 //     shared_bytes, stream, args...), not <<<...>>>; a failed launch is
 //     reported to the CUDA workspace and comes back from its Synchronize;
+//     a launch with more than 48 KiB of dynamic shared memory is preceded by
+//     DELTASERVE_ALLOW_DYNAMIC_SHARED(kernel, bytes) (the opt-in of
+//     cudaFuncSetAttribute on the GPU, nothing under the harness);
 //   - bf16 values are their bits (uint16_t), read through Bf16Bits; no
 //     cuda_bf16.h, whose types the host does not have.
 // Under the harness the CUDA keywords and intrinsics used here are defined
@@ -37,6 +40,10 @@
         __VA_ARGS__);                                                                           \
     ::deltaserve::kernels::cuda::ReportLaunch(#kernel, cudaGetErrorString(cudaGetLastError())); \
   } while (0)
+#define DELTASERVE_ALLOW_DYNAMIC_SHARED(kernel, bytes)  \
+  ::deltaserve::kernels::cuda::ReportLaunch(            \
+      #kernel, cudaGetErrorString(cudaFuncSetAttribute( \
+                   kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes))))
 
 #else  // the host SIMT harness
 
@@ -70,6 +77,9 @@
           kernel(__VA_ARGS__);                                                              \
         }).c_str());                                                                        \
   } while (0)
+
+// The harness lets every launch have what a block of sm_90 may hold.
+#define DELTASERVE_ALLOW_DYNAMIC_SHARED(kernel, bytes) static_cast<void>(bytes)
 
 using dim3 = ::deltaserve::kernels::simt::Dim3;
 

@@ -97,3 +97,58 @@ DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* 
 DELTASERVE_CUDA_DECLARE(L2Norm,
                         void(const float* x, int64_t rows, int64_t dim, float eps, float scale,
                              float* y, const deltaserve::kernels::Stream& stream))
+
+// kernels/paged_cache.h: pools of f32 (bf16 = false) or bf16 rows; pool_pages
+// bounds the page table's entries (an entry outside is not dereferenced).
+DELTASERVE_CUDA_DECLARE(PagedCacheWrite,
+                        void(const float* rows, int64_t stride, int64_t n, int64_t width,
+                             int64_t begin, const int32_t* page_table, int64_t page_tokens,
+                             int64_t pool_pages, void* pool, bool bf16,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(PagedCacheRead, void(const void* pool, bool bf16, const int32_t* page_table,
+                                             int64_t page_tokens, int64_t pool_pages, int64_t begin,
+                                             int64_t n, int64_t width, float* rows, int64_t stride,
+                                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(PagedCacheCopyPage, void(const void* from, void* to, int64_t bytes,
+                                                 const deltaserve::kernels::Stream& stream))
+
+// kernels/mla_attention.h: MlaPrefillArgs and MlaAbsorbedArgs as pointers
+// (kernels/cpu/ops.h's structs, C++17-clean), plus the device scratch the key
+// splits' partial softmax states need: *PartialFloats(args) floats at
+// `partials` (none when it returns 0).
+namespace deltaserve::kernels::cuda {
+struct MlaPrefillPtrs {
+  int64_t t = 0, prefix = 0, heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
+  const float* q = nullptr;       // [T, n, P + R]
+  const float* kv = nullptr;      // [S, n, P + Vd]
+  const float* k_rope = nullptr;  // row s at k_rope + s * k_rope_stride
+  int64_t k_rope_stride = 0;
+  float scale = 1.0f;
+  float* o = nullptr;  // [T, n, Vd]
+  float* partials = nullptr;
+};
+struct MlaAbsorbedPtrs {
+  int64_t t = 0, prefix = 0, heads = 0, latent_dim = 0, rope_dim = 0;
+  const float* q_latent = nullptr;  // [T, n, C]
+  const float* q_rope = nullptr;    // [T, n, R]
+  const void* cache = nullptr;      // [S, C + R] f32 or bf16 bits, or a page pool
+  bool cache_bf16 = false;
+  // Paged (page_table set): key s is cache row page_table[s / page_tokens] *
+  // page_tokens + s % page_tokens.
+  const int32_t* page_table = nullptr;
+  int64_t page_tokens = 0;
+  float scale = 1.0f;
+  float* o_latent = nullptr;  // [T, n, C]
+  float* partials = nullptr;
+};
+}  // namespace deltaserve::kernels::cuda
+DELTASERVE_CUDA_DECLARE(MlaPrefillPartialFloats,
+                        int64_t(const deltaserve::kernels::cuda::MlaPrefillPtrs& args))
+DELTASERVE_CUDA_DECLARE(MlaPrefillAttention,
+                        void(const deltaserve::kernels::cuda::MlaPrefillPtrs& args,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(MlaAbsorbedPartialFloats,
+                        int64_t(const deltaserve::kernels::cuda::MlaAbsorbedPtrs& args))
+DELTASERVE_CUDA_DECLARE(MlaAbsorbedAttention,
+                        void(const deltaserve::kernels::cuda::MlaAbsorbedPtrs& args,
+                             const deltaserve::kernels::Stream& stream))

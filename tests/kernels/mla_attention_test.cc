@@ -53,8 +53,26 @@ struct PrefillInputs {
   std::vector<float> q, kv, k_rope;
 };
 
-// The prefill call for case `c` on `in`, writing o [t, heads * v].
-MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, const MutableTensor& o) {
+// `values` in guarded memory on `device`: an op's input.
+template <typename T>
+GuardedBuffer<T> OnDevice(Device device, const std::vector<T>& values) {
+  GuardedBuffer<T> buffer(device, static_cast<int64_t>(values.size()));
+  buffer.Fill(values);
+  return buffer;
+}
+
+// PrefillInputs copied to a device.
+struct PrefillDeviceInputs {
+  PrefillDeviceInputs(Device device, const PrefillInputs& in)
+      : q(OnDevice(device, in.q)),
+        kv(OnDevice(device, in.kv)),
+        k_rope(OnDevice(device, in.k_rope)) {}
+  GuardedBuffer<float> q, kv, k_rope;
+};
+
+// The prefill call for case `c` on `in` (on `dev`), writing o [t, heads * v].
+MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, PrefillDeviceInputs& dev,
+                           const MutableTensor& o) {
   MlaPrefillArgs args;
   args.t = c.t;
   args.prefix = c.prefix;
@@ -62,9 +80,9 @@ MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, const 
   args.nope_dim = c.nope;
   args.rope_dim = c.rope;
   args.v_dim = c.v;
-  args.q = Tensor::F32(in.q.data(), c.t, c.heads * (c.nope + c.rope));
-  args.kv = Tensor::F32(in.kv.data(), in.s, c.heads * (c.nope + c.v));
-  args.k_rope = Tensor::F32(in.k_rope.data(), in.s, c.rope, in.stride);
+  args.q = dev.q.View(c.t, c.heads * (c.nope + c.rope));
+  args.kv = dev.kv.View(in.s, c.heads * (c.nope + c.v));
+  args.k_rope = dev.k_rope.View(in.s, c.rope, in.stride);
   args.scale = c.scale;
   args.o = o;
   return args;
@@ -73,7 +91,8 @@ MlaPrefillArgs PrefillArgs(const PrefillCase& c, const PrefillInputs& in, const 
 // On `device`, into a guarded output whose guards it checks.
 std::vector<float> RunPrefill(Device device, const PrefillCase& c, const PrefillInputs& in) {
   GuardedBuffer<float> o(device, c.t * c.heads * c.v);
-  MlaPrefillAttention(PrefillArgs(c, in, o.View(c.t, c.heads * c.v)));
+  PrefillDeviceInputs dev(device, in);
+  MlaPrefillAttention(PrefillArgs(c, in, dev, o.View(c.t, c.heads * c.v)));
   EXPECT_TRUE(o.GuardsIntact()) << "T=" << c.t << " prefix=" << c.prefix << " heads=" << c.heads;
   return o.Values();
 }
@@ -174,6 +193,7 @@ TEST_P(MlaPrefillAttentionTest, PiecesEqualOneCall) {
   const PrefillCase whole{T, L, heads, P, R, Vd, 0.25f};
   const PrefillInputs in(whole, 5);
   const std::vector<float> o = RunPrefill(device(), whole, in);
+  PrefillDeviceInputs dev(device(), in);
   for (int64_t t1 : {1, 50, 64, 129}) {
     auto pieces = Output<float>(static_cast<int64_t>(o.size()));  // [T, heads * Vd]
     for (int piece = 0; piece < 2; ++piece) {
@@ -186,9 +206,9 @@ TEST_P(MlaPrefillAttentionTest, PiecesEqualOneCall) {
       args.rope_dim = R;
       args.v_dim = Vd;
       const int64_t s = args.prefix + args.t;
-      args.q = Tensor::F32(in.q.data() + t0 * heads * (P + R), args.t, heads * (P + R));
-      args.kv = Tensor::F32(in.kv.data(), s, heads * (P + Vd));
-      args.k_rope = Tensor::F32(in.k_rope.data(), s, R, in.stride);
+      args.q = dev.q.View(T, heads * (P + R)).Rows(t0, args.t);
+      args.kv = dev.kv.View(s, heads * (P + Vd));
+      args.k_rope = dev.k_rope.View(s, R, in.stride);
       args.scale = whole.scale;
       args.o = pieces.View(T, heads * Vd).Rows(t0, args.t);
       MlaPrefillAttention(args);
@@ -208,7 +228,11 @@ TEST_P(MlaAbsorbedAttentionTest, MatchesReferenceOverShapes) {
   uint64_t seed = 1000;
   double worst = 0.0;
   const int saved = NumThreads();
-  for (int threads : {saved, 5}) {  // 5 threads split decode keys even on small hosts
+  // 5 threads split decode keys even on small hosts; the CUDA variant does
+  // not depend on the host's threads, one pass suffices (and keeps the
+  // harness's run short).
+  for (int threads : {saved, 5}) {
+    if (device() == Device::kCuda && threads != saved) continue;
     SetNumThreads(threads);
     for (int64_t t : {0, 1, 2, 7, 64, 65, 130}) {
       for (int64_t prefix : {0, 1, 5, 100, 1500}) {
@@ -235,19 +259,18 @@ TEST_P(MlaAbsorbedAttentionTest, MatchesReferenceOverShapes) {
               }
               const float scale = 1.0f / std::sqrt(static_cast<float>(w));
               auto out = Output<float>(t * heads * c.latent);
+              auto ql_device = Input(ql), qr_device = Input(qr), cache_device = Input(cache);
+              auto cache16_device = Input(cache16);
               MlaAbsorbedArgs args;
               args.t = t;
               args.prefix = prefix;
               args.heads = heads;
               args.latent_dim = c.latent;
               args.rope_dim = c.rope;
-              args.q_latent = Tensor::F32(ql.data(), t, heads * c.latent);
-              args.q_rope = Tensor::F32(qr.data(), t, heads * c.rope);
-              if (cache_dtype == DType::kBF16) {
-                args.cache = Tensor{cache16.data(), nullptr, DType::kBF16, Device::kCpu, s, w};
-              } else {
-                args.cache = Tensor::F32(cache.data(), s, w);
-              }
+              args.q_latent = ql_device.View(t, heads * c.latent);
+              args.q_rope = qr_device.View(t, heads * c.rope);
+              args.cache =
+                  cache_dtype == DType::kBF16 ? cache16_device.View(s, w) : cache_device.View(s, w);
               args.scale = scale;
               args.o_latent = out.View(t, heads * c.latent);
               MlaAbsorbedAttention(args);
@@ -286,6 +309,34 @@ TEST_P(MlaAbsorbedAttentionTest, MatchesReferenceOverShapes) {
   std::printf("max abs error over the sweep: %.3g\n", worst);
 }
 
+// The real model's latent dims (C = 512, R = 64): wide rows, which the CUDA
+// variant takes in smaller tiles than the sweep's, over a short cache and a
+// long one (split keys).
+TEST_P(MlaAbsorbedAttentionTest, ModelDims) {
+  const int64_t heads = 3, C = 512, R = 64, w = C + R;
+  uint64_t seed = 7000;
+  for (const auto& [t, prefix] : {std::pair<int64_t, int64_t>{2, 40}, {1, 1000}}) {
+    const int64_t s = prefix + t;
+    const std::vector<float> ql = RandomFloats(t * heads * C, ++seed);
+    const std::vector<float> qr = RandomFloats(t * heads * R, ++seed);
+    const std::vector<float> cache = RandomFloats(s * w, ++seed);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(w));
+    auto ql_device = Input(ql), qr_device = Input(qr), cache_device = Input(cache);
+    auto out = Output<float>(t * heads * C);
+    MlaAbsorbedAttention({t, prefix, heads, C, R, ql_device.View(t, heads * C),
+                          qr_device.View(t, heads * R), cache_device.View(s, w), scale,
+                          out.View(t, heads * C), Tensor{}, 0});
+    ASSERT_TRUE(out.GuardsIntact()) << "T=" << t << " prefix=" << prefix;
+    const std::vector<double> qld = ToDouble(ql), qrd = ToDouble(qr), cached = ToDouble(cache);
+    std::vector<double> want(t * heads * C);
+    ref::MlaAbsorbedArgs ra{t,          prefix,     heads,         C,     R,
+                            qld.data(), qrd.data(), cached.data(), scale, want.data()};
+    ref::MlaAbsorbedAttention(ra);
+    const double tol = ReductionTolerance(s + w);
+    EXPECT_TRUE(AllClose(out.Values(), want, tol, tol)) << "T=" << t << " prefix=" << prefix;
+  }
+}
+
 // A paged cache gives the bits of the same keys held contiguously: keys are
 // read through the page table in the same order, at any page size (one that
 // splits a key block, one of a key block exactly), dtype and key split.
@@ -294,6 +345,7 @@ TEST_P(MlaAbsorbedAttentionTest, PagedCacheEqualsContiguous) {
   uint64_t seed = 5000;
   const int saved = NumThreads();
   for (int threads : {saved, 5}) {
+    if (device() == Device::kCuda && threads != saved) continue;  // no host threads
     SetNumThreads(threads);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t page_tokens : {1, 7, 64}) {
@@ -319,27 +371,26 @@ TEST_P(MlaAbsorbedAttentionTest, PagedCacheEqualsContiguous) {
               std::copy_n(keys.data() + k * w, w, pool.data() + row * w);
               std::copy_n(keys16.data() + k * w, w, pool16.data() + row * w);
             }
-            const auto view = [&](void* p, int64_t rows) {
-              return dtype == DType::kBF16 ? Tensor{p, nullptr, DType::kBF16, Device::kCpu, rows, w}
-                                           : Tensor::F32(static_cast<float*>(p), rows, w);
-            };
+            auto keys_device = Input(keys), pool_device = Input(pool);
+            auto keys16_device = Input(keys16), pool16_device = Input(pool16);
+            auto ql_device = Input(ql), qr_device = Input(qr);
+            auto table_device = Input(table);
             MlaAbsorbedArgs args;
             args.t = t;
             args.prefix = prefix;
             args.heads = heads;
             args.latent_dim = C;
             args.rope_dim = R;
-            args.q_latent = Tensor::F32(ql.data(), t, heads * C);
-            args.q_rope = Tensor::F32(qr.data(), t, heads * R);
+            args.q_latent = ql_device.View(t, heads * C);
+            args.q_rope = qr_device.View(t, heads * R);
             args.scale = 0.25f;
             auto flat_out = Output<float>(t * heads * C), paged_out = Output<float>(t * heads * C);
-            args.cache = dtype == DType::kBF16 ? view(const_cast<uint16_t*>(keys16.data()), s)
-                                               : view(const_cast<float*>(keys.data()), s);
+            args.cache = dtype == DType::kBF16 ? keys16_device.View(s, w) : keys_device.View(s, w);
             args.o_latent = flat_out.View(t, heads * C);
             MlaAbsorbedAttention(args);
-            args.cache = dtype == DType::kBF16 ? view(pool16.data(), pool_pages * page_tokens)
-                                               : view(pool.data(), pool_pages * page_tokens);
-            args.page_table = Tensor::I32(table.data(), 1, pages);
+            args.cache = dtype == DType::kBF16 ? pool16_device.View(pool_pages * page_tokens, w)
+                                               : pool_device.View(pool_pages * page_tokens, w);
+            args.page_table = table_device.View(1, pages);
             args.page_tokens = page_tokens;
             args.o_latent = paged_out.View(t, heads * C);
             MlaAbsorbedAttention(args);
@@ -421,12 +472,13 @@ TEST_P(MlaAbsorbedAttentionTest, EqualsPrefillOverMaterialisedKv) {
   const std::vector<float> kv_f = testing::ToFloat(kv), cache_f = testing::ToFloat(cache),
                            ql_f = testing::ToFloat(q_latent), qr_f = testing::ToFloat(q_rope);
   auto prefill_out = Output<float>(T * n * Vd), latent_out = Output<float>(T * n * C);
-  MlaPrefillAttention({T, L, n, P, R, Vd, Tensor::F32(q.data(), T, n * (P + R)),
-                       Tensor::F32(kv_f.data(), S, n * kvw), Tensor::F32(kr.data(), S, R), scale,
-                       prefill_out.View(T, n * Vd)});
-  MlaAbsorbedAttention({T, L, n, C, R, Tensor::F32(ql_f.data(), T, n * C),
-                        Tensor::F32(qr_f.data(), T, n * R), Tensor::F32(cache_f.data(), S, C + R),
-                        scale, latent_out.View(T, n * C), Tensor{}, 0});
+  auto q_device = Input(q), kv_device = Input(kv_f), kr_device = Input(kr);
+  auto ql_device = Input(ql_f), qr_device = Input(qr_f), cache_device = Input(cache_f);
+  MlaPrefillAttention({T, L, n, P, R, Vd, q_device.View(T, n * (P + R)), kv_device.View(S, n * kvw),
+                       kr_device.View(S, R), scale, prefill_out.View(T, n * Vd)});
+  MlaAbsorbedAttention({T, L, n, C, R, ql_device.View(T, n * C), qr_device.View(T, n * R),
+                        cache_device.View(S, C + R), scale, latent_out.View(T, n * C), Tensor{},
+                        0});
   EXPECT_TRUE(prefill_out.GuardsIntact());
   EXPECT_TRUE(latent_out.GuardsIntact());
   const std::vector<float> o_prefill = prefill_out.Values(), o_latent = latent_out.Values();
@@ -444,7 +496,9 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   const PrefillCase c{3, 2, 2, 4, 2, 4, 0.5f};
   const PrefillInputs in(c, 7);
   std::vector<float> o(c.t * c.heads * c.v);
-  const MlaPrefillArgs args = PrefillArgs(c, in, MutableTensor::F32(o.data(), c.t, c.heads * c.v));
+  PrefillDeviceInputs dev(Device::kCpu, in);
+  const MlaPrefillArgs args =
+      PrefillArgs(c, in, dev, MutableTensor::F32(o.data(), c.t, c.heads * c.v));
   MlaPrefillAttention(args);
 
   MlaPrefillArgs short_kv = args;  // one key row fewer than prefix + t
@@ -455,7 +509,10 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   EXPECT_DEATH(MlaPrefillAttention(bf16_q), "a.q: dtype bf16, expected f32");
   MlaPrefillArgs gpu_o = args;
   gpu_o.o.device = Device::kCuda;
-  EXPECT_DEATH(MlaPrefillAttention(gpu_o), "a.o: device cuda");
+  // Without a CUDA backend the output is refused; with one, the inputs.
+  EXPECT_DEATH(MlaPrefillAttention(gpu_o),
+               "(a.o: device cuda, but no CUDA backend is active|a.q: device cpu, but the op runs "
+               "on the cuda)");
   MlaPrefillArgs narrow_rope = args;  // rows closer than a row's width
   narrow_rope.k_rope.stride = c.rope - 1;
   EXPECT_DEATH(MlaPrefillAttention(narrow_rope), "a.k_rope: row stride 1");
@@ -482,8 +539,8 @@ TEST(MlaAttentionDeathTest, EntryPointRefusesWrongShapeDtypeDevice) {
   EXPECT_DEATH(MlaAbsorbedAttention(gpu_cache), "a.cache: device cuda");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(MlaPrefillAttentionTest);
-DELTASERVE_INSTANTIATE_CPU_TEST(MlaAbsorbedAttentionTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MlaPrefillAttentionTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MlaAbsorbedAttentionTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

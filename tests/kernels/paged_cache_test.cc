@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -95,9 +96,10 @@ TEST_P(PagedCacheTest, WritesLandWhereTheReferenceSaysAndReadBackAsStored) {
           // Strided rows: two spare columns after each.
           const int64_t stride = width + 2;
           const std::vector<float> rows = RandomFloats(static_cast<size_t>(n * stride), ++seed);
-          const MutablePagedCache cache{
-              pool.View(), Tensor::I32(table.data(), 1, static_cast<int64_t>(pages)), page_tokens};
-          PagedCacheWrite(Tensor::F32(rows.data(), n, width, stride), begin, cache);
+          auto rows_device = Input(rows);
+          auto table_device = Input(table);
+          const MutablePagedCache cache{pool.View(), table_device.View(1, pages), page_tokens};
+          PagedCacheWrite(rows_device.View(n, width, stride), begin, cache);
           ASSERT_TRUE(pool.GuardsIntact());
           const PoolValues stored = pool.Values();
 
@@ -142,8 +144,10 @@ TEST_P(PagedCacheTest, LongReadEqualsRowByRow) {
   Pool pool(device(), DType::kF32, pages, page_tokens, width);
   const std::vector<int32_t> table = ShuffledPages(pages, pages, 7);
   const std::vector<float> rows = RandomFloats(static_cast<size_t>(tokens * width), 8);
-  const MutablePagedCache cache{pool.View(), Tensor::I32(table.data(), 1, pages), page_tokens};
-  PagedCacheWrite(Tensor::F32(rows.data(), tokens, width), 0, cache);
+  auto rows_device = Input(rows);
+  auto table_device = Input(table);
+  const MutablePagedCache cache{pool.View(), table_device.View(1, pages), page_tokens};
+  PagedCacheWrite(rows_device.View(tokens, width), 0, cache);
   EXPECT_TRUE(pool.GuardsIntact());
   auto read = Output<float>(tokens * width);
   PagedCacheRead(PagedCache{cache.pool, cache.page_table, page_tokens}, 0,
@@ -154,13 +158,18 @@ TEST_P(PagedCacheTest, LongReadEqualsRowByRow) {
 }
 
 TEST_P(PagedCacheTest, CopyPageCopiesItsFirstRowsOnly) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const int64_t page_tokens = 8, width = 6;
+  // 5 bf16 rows of width 3 are 30 bytes: not whole 4-byte words.
+  for (const auto& [dtype, page_tokens, width] :
+       {std::tuple<DType, int64_t, int64_t>{DType::kF32, 8, 6},
+        {DType::kBF16, 8, 6},
+        {DType::kBF16, 5, 3}}) {
     Pool pool(device(), dtype, 3, page_tokens, width);
     const std::vector<int32_t> table = {2};
     const std::vector<float> rows = RandomFloats(5 * width, 9);
-    const MutablePagedCache cache{pool.View(), Tensor::I32(table.data(), 1, 1), page_tokens};
-    PagedCacheWrite(Tensor::F32(rows.data(), 5, width), 0, cache);
+    auto rows_device = Input(rows);
+    auto table_device = Input(table);
+    const MutablePagedCache cache{pool.View(), table_device.View(1, 1), page_tokens};
+    PagedCacheWrite(rows_device.View(5, width), 0, cache);
     PagedCacheCopyPage(pool.View(), page_tokens, 2, 0, 5);
     EXPECT_TRUE(pool.GuardsIntact()) << DTypeName(dtype);
     const PoolValues stored = pool.Values();
@@ -182,9 +191,10 @@ TEST_P(PagedCacheTest, RoundsTiesToEvenAsTheReference) {
   // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: to even (1 + 2^-6).
   const std::vector<float> rows = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -1.5f, 0.0f};
   Pool pool(device(), DType::kBF16, 1, 4, 1);
-  const std::vector<int32_t> table = {0};
-  PagedCacheWrite(Tensor::F32(rows.data(), 4, 1), 0,
-                  MutablePagedCache{pool.View(), Tensor::I32(table.data(), 1, 1), 4});
+  auto rows_device = Input(rows);
+  auto table_device = Input(std::vector<int32_t>{0});
+  PagedCacheWrite(rows_device.View(4, 1), 0,
+                  MutablePagedCache{pool.View(), table_device.View(1, 1), 4});
   EXPECT_TRUE(pool.GuardsIntact());
   const PoolValues stored = pool.Values();
   for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(stored.At(i, 0), ref::RoundToBf16(rows[i])) << i;
@@ -206,7 +216,7 @@ TEST(PagedCacheDeathTest, EntryPointRefusesAPageOutsideThePool) {
       "page_table.cols >= pages");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(PagedCacheTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(PagedCacheTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels
