@@ -97,3 +97,16 @@ DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* 
 DELTASERVE_CUDA_DECLARE(L2Norm,
                         void(const float* x, int64_t rows, int64_t dim, float eps, float scale,
                              float* y, const deltaserve::kernels::Stream& stream))
+
+// kernels/logsoftmax.h: the pointers of LogSoftmaxTopKPtrs (top_k already
+// min(top_k, vocab); absent outputs null). FindNonFinite leaves in the
+// device scalar *result, zeroed by the caller, rows * cols - i for the first
+// non-finite index i, or 0 when all are finite.
+DELTASERVE_CUDA_DECLARE(LogSoftmaxTopK,
+                        void(const float* logits, int64_t logits_stride, int64_t rows,
+                             int64_t vocab, const int32_t* targets, int64_t top_k, double* log_z,
+                             float* target_logprobs, int32_t* top_ids, float* top_logprobs,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(FindNonFinite,
+                        void(const float* x, int64_t rows, int64_t cols, int64_t stride,
+                             unsigned long long* result, const deltaserve::kernels::Stream& stream))
