@@ -110,3 +110,10 @@ DELTASERVE_CUDA_DECLARE(LogSoftmaxTopK,
 DELTASERVE_CUDA_DECLARE(FindNonFinite,
                         void(const float* x, int64_t rows, int64_t cols, int64_t stride,
                              unsigned long long* result, const deltaserve::kernels::Stream& stream))
+
+// kernels/moe.h: MoeRoute (logits [t, experts], bias [experts] or null, idx
+// and weights [t, top_k]).
+DELTASERVE_CUDA_DECLARE(MoeRoute,
+                        void(const float* logits, const float* bias, int64_t t, int64_t experts,
+                             int64_t top_k, bool renormalize, float scaling, int32_t* idx,
+                             float* weights, const deltaserve::kernels::Stream& stream))
