@@ -117,3 +117,10 @@ DELTASERVE_CUDA_DECLARE(MoeRoute,
                         void(const float* logits, const float* bias, int64_t t, int64_t experts,
                              int64_t top_k, bool renormalize, float scaling, int32_t* idx,
                              float* weights, const deltaserve::kernels::Stream& stream))
+
+// kernels/attn_res.h: AttnResMix; `candidates` is a DEVICE array of n device
+// pointers, each to f32 [t, d].
+DELTASERVE_CUDA_DECLARE(AttnResMix,
+                        void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
+                             const float* norm_w, const float* proj_w, float eps, float* out,
+                             const deltaserve::kernels::Stream& stream))
