@@ -1,11 +1,14 @@
-// Entry point of kernels/moe.h: the contract, then the CPU variant of this
-// machine's level.
+// Entry point of kernels/moe.h: the contract, then the variant of the
+// outputs' device (the CPU's of this machine's level, or CUDA's; MoeExperts
+// runs on the CPU only so far).
 #include "kernels/moe.h"
 
 #include <initializer_list>
 
 #include "kernels/check.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/workspace.h"
 
 namespace deltaserve::kernels {
 
@@ -13,14 +16,23 @@ void MoeRoute(const Tensor& logits, const Tensor& bias, int64_t top_k, bool reno
               float scaling, const MutableTensor& idx, const MutableTensor& weights) {
   const int64_t t = logits.rows, experts = logits.cols;
   DELTASERVE_CHECK(top_k >= 0 && top_k <= experts);
-  DELTASERVE_CHECK_VIEW(logits, DType::kF32, t, experts);
-  if (!bias.empty() || bias.data != nullptr) DELTASERVE_CHECK_VIEW(bias, DType::kF32, 1, experts);
-  DELTASERVE_CHECK_VIEW(idx, DType::kI32, t, top_k);
-  DELTASERVE_CHECK_VIEW(weights, DType::kF32, t, top_k);
+  const Device device = DELTASERVE_OP_DEVICE(idx);
+  DELTASERVE_CHECK_VIEW_ON(device, logits, DType::kF32, t, experts);
+  if (!bias.empty() || bias.data != nullptr) {
+    DELTASERVE_CHECK_VIEW_ON(device, bias, DType::kF32, 1, experts);
+  }
+  DELTASERVE_CHECK_VIEW_ON(device, idx, DType::kI32, t, top_k);
+  DELTASERVE_CHECK_VIEW_ON(device, weights, DType::kF32, t, top_k);
   for (const Tensor* in : {&logits, &bias}) {
     DELTASERVE_CHECK(!Overlaps(*in, idx) && !Overlaps(*in, weights));
   }
   DELTASERVE_CHECK(!Overlaps(idx, weights));
+  if (device == Device::kCuda) {
+    DELTASERVE_CUDA_DISPATCH(MoeRoute)
+    (logits.As<float>(), bias.empty() ? nullptr : bias.As<float>(), t, experts, top_k, renormalize,
+     scaling, idx.As<int32_t>(), weights.As<float>(), Workspace::Of(device).stream());
+    return;
+  }
   DELTASERVE_CPU_DISPATCH(MoeRoute)
   (logits.As<float>(), bias.empty() ? nullptr : bias.As<float>(), t, experts, top_k, renormalize,
    scaling, idx.As<int32_t>(), weights.As<float>());

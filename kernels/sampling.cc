@@ -1,11 +1,17 @@
 // Entry point of kernels/sampling.h: the generator, the contract, then the
-// CPU variant of this machine's level.
+// CPU variant of this machine's level. A row on the CUDA device is copied to
+// the host and sampled there by that same variant (and a distribution copied
+// back): one row of logits per sequence and step, ~640 KB at K3's vocabulary,
+// which the design allows ("with only the rows that need it copied back");
+// it keeps the draws bit for bit those of the CPU. No device kernel yet.
 #include "kernels/sampling.h"
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/check.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/workspace.h"
 
 namespace deltaserve::kernels {
 namespace {
@@ -17,6 +23,13 @@ uint64_t SplitMix64(uint64_t& state) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
+}
+
+// The row of a device's logits view on the host.
+std::vector<float> ToHost(const Tensor& logits) {
+  std::vector<float> host(static_cast<size_t>(logits.cols));
+  Workspace::Of(logits.device).CopyToHost(host.data(), logits.data, host.size() * sizeof(float));
+  return host;
 }
 
 }  // namespace
@@ -49,9 +62,18 @@ void SamplingDistribution(const Tensor& logits, const SamplingParams& params,
                           const MutableTensor& probs) {
   const int64_t vocab = logits.cols;
   DELTASERVE_CHECK(vocab > 0);
-  DELTASERVE_CHECK_VIEW(logits, DType::kF32, 1, vocab);
-  DELTASERVE_CHECK_VIEW(probs, DType::kF64, 1, vocab);
+  const Device device = DELTASERVE_OP_DEVICE(probs);
+  DELTASERVE_CHECK_VIEW_ON(device, logits, DType::kF32, 1, vocab);
+  DELTASERVE_CHECK_VIEW_ON(device, probs, DType::kF64, 1, vocab);
   DELTASERVE_CHECK(!Overlaps(logits, probs));
+  if (device == Device::kCuda) {
+    const std::vector<float> host = ToHost(logits);
+    std::vector<double> out(static_cast<size_t>(vocab));
+    DELTASERVE_CPU_DISPATCH(SamplingDistribution)(host.data(), vocab, params, out.data());
+    // A copy from pageable memory has staged `out` when it returns.
+    Workspace::Of(device).CopyFromHost(probs.data, out.data(), out.size() * sizeof(double));
+    return;
+  }
   DELTASERVE_CPU_DISPATCH(SamplingDistribution)
   (logits.As<float>(), vocab, params, probs.As<double>());
 }
@@ -59,7 +81,12 @@ void SamplingDistribution(const Tensor& logits, const SamplingParams& params,
 int32_t Sample(const Tensor& logits, const SamplingParams& params, Rng& rng) {
   const int64_t vocab = logits.cols;
   DELTASERVE_CHECK(vocab > 0);
-  DELTASERVE_CHECK_VIEW(logits, DType::kF32, 1, vocab);
+  const Device device = DELTASERVE_OP_DEVICE(logits);
+  DELTASERVE_CHECK_VIEW_ON(device, logits, DType::kF32, 1, vocab);
+  if (device == Device::kCuda) {
+    const std::vector<float> host = ToHost(logits);
+    return DELTASERVE_CPU_DISPATCH(Sample)(host.data(), vocab, params, rng);
+  }
   return DELTASERVE_CPU_DISPATCH(Sample)(logits.As<float>(), vocab, params, rng);
 }
 

@@ -1,5 +1,7 @@
 // Token sampling: greedy, temperature, top-k and top-p (nucleus), seeded and
-// reproducible across platforms (own generator, no std distributions).
+// reproducible across platforms (own generator, no std distributions). For
+// logits on the CUDA device, the row is copied to the host and the CPU
+// variant samples it (no device kernel yet; kernels/sampling.cc).
 #pragma once
 
 #include <cstdint>

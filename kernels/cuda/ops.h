@@ -151,4 +151,30 @@ DELTASERVE_CUDA_DECLARE(MlaAbsorbedPartialFloats,
                         int64_t(const deltaserve::kernels::cuda::MlaAbsorbedPtrs& args))
 DELTASERVE_CUDA_DECLARE(MlaAbsorbedAttention,
                         void(const deltaserve::kernels::cuda::MlaAbsorbedPtrs& args,
+
+// kernels/logsoftmax.h: the pointers of LogSoftmaxTopKPtrs (top_k already
+// min(top_k, vocab); absent outputs null). FindNonFinite leaves in the
+// device scalar *result, zeroed by the caller, rows * cols - i for the first
+// non-finite index i, or 0 when all are finite.
+DELTASERVE_CUDA_DECLARE(LogSoftmaxTopK,
+                        void(const float* logits, int64_t logits_stride, int64_t rows,
+                             int64_t vocab, const int32_t* targets, int64_t top_k, double* log_z,
+                             float* target_logprobs, int32_t* top_ids, float* top_logprobs,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(FindNonFinite,
+                        void(const float* x, int64_t rows, int64_t cols, int64_t stride,
+                             unsigned long long* result, const deltaserve::kernels::Stream& stream))
+
+// kernels/moe.h: MoeRoute (logits [t, experts], bias [experts] or null, idx
+// and weights [t, top_k]).
+DELTASERVE_CUDA_DECLARE(MoeRoute,
+                        void(const float* logits, const float* bias, int64_t t, int64_t experts,
+                             int64_t top_k, bool renormalize, float scaling, int32_t* idx,
+                             float* weights, const deltaserve::kernels::Stream& stream))
+
+// kernels/attn_res.h: AttnResMix; `candidates` is a DEVICE array of n device
+// pointers, each to f32 [t, d].
+DELTASERVE_CUDA_DECLARE(AttnResMix,
+                        void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
+                             const float* norm_w, const float* proj_w, float eps, float* out,
                              const deltaserve::kernels::Stream& stream))

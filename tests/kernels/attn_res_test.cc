@@ -33,7 +33,6 @@ struct MixResult {
 MixResult RunMix(Device device, int64_t n, int64_t t, int64_t d, const std::vector<float>& scales,
                  uint64_t seed) {
   std::vector<std::vector<float>> cands(n);
-  std::vector<const float*> ptrs(n);
   std::vector<std::vector<double>> cands_d(n);
   std::vector<const double*> ptrs_d(n);
   MixResult r;
@@ -41,7 +40,6 @@ MixResult RunMix(Device device, int64_t n, int64_t t, int64_t d, const std::vect
     cands[i] = RandomFloats(t * d, seed + i);
     for (float& x : cands[i]) x *= scales[i];
     for (float x : cands[i]) r.max_abs = std::max(r.max_abs, std::abs(double{x}));
-    ptrs[i] = cands[i].data();
     cands_d[i] = ToDouble(cands[i]);
     ptrs_d[i] = cands_d[i].data();
   }
@@ -51,10 +49,17 @@ MixResult RunMix(Device device, int64_t n, int64_t t, int64_t d, const std::vect
   const float eps = 1e-6f;
 
   GuardedBuffer<float> out(device, t * d);
+  std::vector<GuardedBuffer<float>> on_device;  // the candidates on `device`
   std::vector<Tensor> views;
-  for (const float* p : ptrs) views.push_back(Tensor::F32(p, t, d));
-  AttnResMix(views.data(), n, Tensor::F32(norm_w.data(), 1, d), Tensor::F32(proj_w.data(), 1, d),
-             eps, out.View(t, d));
+  for (int64_t i = 0; i < n; ++i) {
+    on_device.emplace_back(device, t * d);
+    on_device.back().Fill(cands[i]);
+    views.push_back(on_device.back().View(t, d));
+  }
+  GuardedBuffer<float> norm_on(device, d), proj_on(device, d);
+  norm_on.Fill(norm_w);
+  proj_on.Fill(proj_w);
+  AttnResMix(views.data(), n, norm_on.View(1, d), proj_on.View(1, d), eps, out.View(t, d));
   r.got = out.Values();
   r.guards = out.GuardsIntact();
   r.want.assign(t * d, 0.0);
@@ -113,22 +118,19 @@ TEST_P(AttnResMixTest, SingleCandidateIsExact) {
     const int64_t t = 5;
     std::vector<float> v = RandomFloats(t * d, 9, -30.0f, 30.0f);
     v[0] = 0.0f;
-    const Tensor cand = Tensor::F32(v.data(), t, d);
-    const std::vector<float> nw = RandomFloats(d, 10), pw = RandomFloats(d, 11);
+    auto v_on = Input(v), nw = Input(RandomFloats(d, 10)), pw = Input(RandomFloats(d, 11));
+    const Tensor cand = v_on.View(t, d);
     auto buffer = Output<float>(t * d);
-    AttnResMix(&cand, 1, Tensor::F32(nw.data(), 1, d), Tensor::F32(pw.data(), 1, d), 1e-6f,
-               buffer.View(t, d));
+    AttnResMix(&cand, 1, nw.View(1, d), pw.View(1, d), 1e-6f, buffer.View(t, d));
     const std::vector<float> out = buffer.Values();
     EXPECT_EQ(0, std::memcmp(out.data(), v.data(), v.size() * sizeof(float))) << "D=" << d;
     EXPECT_TRUE(buffer.GuardsIntact()) << "D=" << d;
   }
   // An all-zero candidate has score 0 and mixes to zeros.
-  std::vector<float> zeros(3 * 16, 0.0f);
-  const Tensor cand = Tensor::F32(zeros.data(), 3, 16);
-  const std::vector<float> w = RandomFloats(16, 12);
+  auto zeros = Input(std::vector<float>(3 * 16, 0.0f)), w = Input(RandomFloats(16, 12));
+  const Tensor cand = zeros.View(3, 16);
   auto buffer = Output<float>(3 * 16);
-  AttnResMix(&cand, 1, Tensor::F32(w.data(), 1, 16), Tensor::F32(w.data(), 1, 16), 1e-6f,
-             buffer.View(3, 16));
+  AttnResMix(&cand, 1, w.View(1, 16), w.View(1, 16), 1e-6f, buffer.View(3, 16));
   for (float x : buffer.Values()) EXPECT_EQ(x, 0.0f);
   EXPECT_TRUE(buffer.GuardsIntact());
 }
@@ -147,17 +149,16 @@ TEST_P(AttnResMixTest, EqualScoresAverage) {
     c[i] = -a[i];
     pw[i] = 1.0f;  // Σ a = 0 for even d: every score is exactly 0
   }
-  const Tensor cands[] = {Tensor::F32(a.data(), 1, d), Tensor::F32(b.data(), 1, d),
-                          Tensor::F32(c.data(), 1, d)};
+  auto a_on = Input(a), b_on = Input(b), c_on = Input(c), nw_on = Input(nw), pw_on = Input(pw);
+  const Tensor cands[] = {a_on.View(1, d), b_on.View(1, d), c_on.View(1, d)};
   auto buffer = Output<float>(d);
-  AttnResMix(cands, 3, Tensor::F32(nw.data(), 1, d), Tensor::F32(pw.data(), 1, d), 1e-6f,
-             buffer.View(1, d));
+  AttnResMix(cands, 3, nw_on.View(1, d), pw_on.View(1, d), 1e-6f, buffer.View(1, d));
   const std::vector<float> out = buffer.Values();
   for (int64_t i = 0; i < d; ++i) EXPECT_FLOAT_EQ(out[i], (a[i] + b[i] + c[i]) / 3.0f);
   EXPECT_TRUE(buffer.GuardsIntact());
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(AttnResMixTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(AttnResMixTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -61,8 +61,10 @@ void ScalarTop(const float* logits, int64_t vocab, double log_z, int64_t n,
   }
 }
 
-// The outputs of one call, guarded.
+// The outputs of one call, guarded, and its inputs on the device.
 struct Outputs {
+  testing::GuardedBuffer<float> logits;
+  testing::GuardedBuffer<int32_t> targets;
   testing::GuardedBuffer<double> log_z;
   testing::GuardedBuffer<float> target;
   testing::GuardedBuffer<int32_t> ids;
@@ -79,12 +81,16 @@ class LogSoftmaxTest : public DeviceTest {
   Outputs Run(const std::vector<float>& logits, int64_t rows, int64_t vocab, int64_t stride,
               const std::vector<int32_t>& targets, int64_t top_k) {
     const int64_t k = std::min(top_k, vocab);
-    Outputs o{Output<double>(rows), Output<float>(targets.empty() ? 0 : rows),
-              Output<int32_t>(rows * k), Output<float>(rows * k)};
+    Outputs o{Input(logits),
+              Input(targets),
+              Output<double>(rows),
+              Output<float>(targets.empty() ? 0 : rows),
+              Output<int32_t>(rows * k),
+              Output<float>(rows * k)};
     LogSoftmaxTopKArgs args;
-    args.logits = Tensor::F32(logits.data(), rows, vocab, stride == vocab ? 0 : stride);
+    args.logits = o.logits.View(rows, vocab, stride == vocab ? 0 : stride);
     if (!targets.empty()) {
-      args.targets = Tensor::I32(targets.data(), rows, 1);
+      args.targets = o.targets.View(rows, 1);
       args.target_logprobs = o.target.View(rows, 1);
     }
     args.top_k = top_k;
@@ -219,6 +225,7 @@ TEST_P(LogSoftmaxTest, LogZOnly) {
   LogSoftmaxTopKArgs empty;
   empty.logits = Tensor::F32(nullptr, 0, 50);
   empty.log_z = MutableTensor::F64(nullptr, 0, 1);
+  empty.logits.device = empty.log_z.device = device();
   LogSoftmaxTopK(empty);
 }
 
@@ -238,8 +245,14 @@ TEST_P(LogSoftmaxTest, ScratchIsOneVocabulary) {
 TEST_P(LogSoftmaxTest, FindNonFinite) {
   const int64_t rows = 4, cols = 700;
   auto x = RandomFloats(rows * cols, 5, -100.0f, 100.0f);
-  EXPECT_EQ(FindNonFinite(Tensor::F32(x.data(), rows, cols)), -1);
-  EXPECT_EQ(FindNonFinite(Tensor::F32(nullptr, 0, cols)), -1);
+  // x (any stride) on the device under test.
+  const auto find = [&](const std::vector<float>& x, int64_t stride = 0) {
+    auto xd = Input(x);
+    return FindNonFinite(xd.View(rows, cols, stride));
+  };
+  EXPECT_EQ(find(x), -1);
+  Tensor none = Input(std::vector<float>{}).View(0, cols);
+  EXPECT_EQ(FindNonFinite(none), -1);
   // Each kind of value, at block edges and the ends; the first one counts.
   for (float bad : {kNaN, kInf, -kInf, -kNaN}) {
     for (int64_t at : {int64_t{0}, int64_t{255}, int64_t{256}, int64_t{257}, cols - 1,
@@ -247,7 +260,7 @@ TEST_P(LogSoftmaxTest, FindNonFinite) {
       auto y = x;
       y[at] = bad;
       if (at + 3 < rows * cols) y[at + 3] = kNaN;
-      EXPECT_EQ(FindNonFinite(Tensor::F32(y.data(), rows, cols)), at) << bad << " at " << at;
+      EXPECT_EQ(find(y), at) << bad << " at " << at;
     }
   }
   // The largest finite float is finite; a strided view ignores its gaps and
@@ -256,9 +269,9 @@ TEST_P(LogSoftmaxTest, FindNonFinite) {
   x[11] = -std::numeric_limits<float>::max();
   const int64_t stride = cols + 5;
   auto s = testing::WithStride(x, rows, cols, stride, kNaN);
-  EXPECT_EQ(FindNonFinite(Tensor::F32(s.data(), rows, cols, stride)), -1);
+  EXPECT_EQ(find(s, stride), -1);
   s[2 * stride + 9] = -kInf;
-  EXPECT_EQ(FindNonFinite(Tensor::F32(s.data(), rows, cols, stride)), 2 * cols + 9);
+  EXPECT_EQ(find(s, stride), 2 * cols + 9);
   // And the reference agrees on the whole array.
   const auto d = ToDouble(testing::WithoutStride(s, rows, cols, stride));
   EXPECT_EQ(ref::FindNonFinite(d.data(), rows * cols), 2 * cols + 9);
@@ -280,7 +293,7 @@ TEST_P(LogSoftmaxTest, RefusesBadArguments) {
   EXPECT_DEATH(LogSoftmaxTopK(args), "target_logprobs: dtype f64, expected f32|shape");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(LogSoftmaxTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(LogSoftmaxTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

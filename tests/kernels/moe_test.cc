@@ -44,9 +44,11 @@ Routed Route(Device device, const std::vector<float>& logits, const std::vector<
              int64_t t, int64_t e, int64_t k, bool renormalize, float scaling) {
   GuardedBuffer<int32_t> idx(device, t * k);
   GuardedBuffer<float> weights(device, t * k);
-  MoeRoute(Tensor::F32(logits.data(), t, e),
-           bias != nullptr ? Tensor::F32(bias->data(), 1, e) : Tensor{}, k, renormalize, scaling,
-           idx.View(t, k), weights.View(t, k));
+  GuardedBuffer<float> logits_on(device, t * e), bias_on(device, e);
+  logits_on.Fill(logits);
+  if (bias != nullptr) bias_on.Fill(*bias);
+  MoeRoute(logits_on.View(t, e), bias != nullptr ? Tensor(bias_on.View(1, e)) : Tensor{}, k,
+           renormalize, scaling, idx.View(t, k), weights.View(t, k));
   EXPECT_TRUE(idx.GuardsIntact());
   EXPECT_TRUE(weights.GuardsIntact());
   return Routed{idx.Values(), weights.Values()};
@@ -388,7 +390,7 @@ TEST_P(MoeExpertsTest, NoTokensIsNoOp) {
   EXPECT_TRUE(out.empty());
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(MoeRouteTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeRouteTest);
 DELTASERVE_INSTANTIATE_CPU_TEST(MoeExpertsTest);
 
 }  // namespace

@@ -37,7 +37,9 @@ SamplingParams Params(float temperature, int64_t top_k = 0, float top_p = 1.0f) 
 std::vector<double> Dist(Device device, const std::vector<float>& logits, const SamplingParams& p) {
   const auto vocab = static_cast<int64_t>(logits.size());
   GuardedBuffer<double> probs(device, vocab);
-  SamplingDistribution(Tensor::F32(logits.data(), 1, vocab), p, probs.View(1, vocab));
+  GuardedBuffer<float> on_device(device, vocab);
+  on_device.Fill(logits);
+  SamplingDistribution(on_device.View(1, vocab), p, probs.View(1, vocab));
   EXPECT_TRUE(probs.GuardsIntact());
   return probs.Values();
 }
@@ -124,8 +126,10 @@ TEST(RngTest, SameSeedSameSequence) {
 TEST_P(SamplingTest, GreedyIsArgmaxLowestIdAndLeavesRngAlone) {
   const std::vector<float> logits = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f};
   Rng rng(5), twin(5);
-  EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 5), Params(0.0f), rng), 1);
-  EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 5), Params(0.0f, 3, 0.5f), rng), 1);
+  auto on_device = Input(logits);
+  const Tensor lv = on_device.View(1, 5);
+  EXPECT_EQ(Sample(lv, Params(0.0f), rng), 1);
+  EXPECT_EQ(Sample(lv, Params(0.0f, 3, 0.5f), rng), 1);
   EXPECT_EQ(rng.Next(), twin.Next());
   EXPECT_EQ(Dist(device(), logits, Params(0.0f)), OneHot(5, 1));
   EXPECT_EQ(ref::Sample(ToDouble(logits).data(), 5, Params(0.0f), rng), 1);
@@ -136,7 +140,8 @@ TEST_P(SamplingTest, SingleToken) {
   const std::vector<float> logits = {-7.0f};
   Rng rng(1);
   EXPECT_EQ(Dist(device(), logits, Params(1.0f, 0, 0.5f)), OneHot(1, 0));
-  EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, 1), Params(1.0f), rng), 0);
+  auto on_device = Input(logits);
+  EXPECT_EQ(Sample(on_device.View(1, 1), Params(1.0f), rng), 0);
 }
 
 // --------------------------------------------------------- distribution
@@ -192,9 +197,11 @@ TEST_P(SamplingDistributionTest, TopKOneAndTinyTopPAreGreedy) {
     EXPECT_EQ(Dist(device(), logits, Params(0.8f, 1)), greedy) << vocab;
     EXPECT_EQ(Dist(device(), logits, Params(0.8f, 0, 1e-6f)), greedy) << vocab;
     Rng rng(seed);
+    auto on_device = Input(logits);
+    const Tensor lv = on_device.View(1, vocab);
     for (int draw = 0; draw < 20; ++draw) {
-      EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, vocab), Params(1.0f, 1), rng), argmax);
-      EXPECT_EQ(Sample(Tensor::F32(logits.data(), 1, vocab), Params(1.0f, 0, 1e-6f), rng), argmax);
+      EXPECT_EQ(Sample(lv, Params(1.0f, 1), rng), argmax);
+      EXPECT_EQ(Sample(lv, Params(1.0f, 0, 1e-6f), rng), argmax);
     }
   }
 }
@@ -233,12 +240,12 @@ TEST_P(SamplingDistributionTest, TopPPrefix) {
 TEST_P(SampleTest, MatchesReferenceDrawForDraw) {
   const auto logits = RandomFloats(1000, 77, -3.0f, 3.0f);
   const auto logits_d = ToDouble(logits);
+  auto on_device = Input(logits);
   for (const SamplingParams& p :
        {Params(1.0f), Params(0.5f, 20), Params(1.5f, 0, 0.8f), Params(1.0f, 100, 0.95f)}) {
     Rng a(2024), b(2024);
     for (int draw = 0; draw < 300; ++draw) {
-      ASSERT_EQ(Sample(Tensor::F32(logits.data(), 1, 1000), p, a),
-                ref::Sample(logits_d.data(), 1000, p, b))
+      ASSERT_EQ(Sample(on_device.View(1, 1000), p, a), ref::Sample(logits_d.data(), 1000, p, b))
           << "draw " << draw << " top_k " << p.top_k << " top_p " << p.top_p;
     }
     EXPECT_EQ(a.Next(), b.Next());  // one Uniform per draw on both sides
@@ -249,9 +256,10 @@ TEST_P(SampleTest, SameSeedSameTokens) {
   const auto logits = RandomFloats(5000, 5, -4.0f, 4.0f);
   const SamplingParams p = Params(0.9f, 64, 0.9f);
   Rng a(31337), b(31337);
+  auto on_device = Input(logits);
+  const Tensor lv = on_device.View(1, 5000);
   for (int draw = 0; draw < 200; ++draw) {
-    ASSERT_EQ(Sample(Tensor::F32(logits.data(), 1, 5000), p, a),
-              Sample(Tensor::F32(logits.data(), 1, 5000), p, b));
+    ASSERT_EQ(Sample(lv, p, a), Sample(lv, p, b));
   }
 }
 
@@ -266,7 +274,9 @@ TEST_P(SampleTest, EmpiricalFrequencies) {
     const int n = 20000;
     std::vector<int> count(5, 0);
     Rng rng(8675309);
-    for (int draw = 0; draw < n; ++draw) ++count[Sample(Tensor::F32(logits.data(), 1, 5), p, rng)];
+    auto on_device = Input(logits);
+    const Tensor lv = on_device.View(1, 5);
+    for (int draw = 0; draw < n; ++draw) ++count[Sample(lv, p, rng)];
     for (int i = 0; i < 5; ++i) {
       const double expected = n * probs[i];
       const double se = std::sqrt(n * probs[i] * (1.0 - probs[i]));
@@ -321,6 +331,7 @@ TEST_P(SamplingTest, NonFiniteLogitsFollowTheReference) {
   for (size_t r = 0; r < rows.size(); ++r) {
     const std::vector<float>& logits = rows[r];
     const int64_t vocab = static_cast<int64_t>(logits.size());
+    auto on_device = Input(logits);
     for (size_t s = 0; s < settings.size(); ++s) {
       SCOPED_TRACE(::testing::Message()
                    << "row " << r << " (vocab " << vocab << "), setting " << s);
@@ -331,7 +342,7 @@ TEST_P(SamplingTest, NonFiniteLogitsFollowTheReference) {
       EXPECT_NEAR(sum, 1.0, 1e-12);
       for (uint64_t seed = 1; seed <= 5; ++seed) {
         Rng rng(seed), twin(seed);
-        const int32_t id = Sample(Tensor::F32(logits.data(), 1, vocab), settings[s], rng);
+        const int32_t id = Sample(on_device.View(1, vocab), settings[s], rng);
         ASSERT_GE(id, 0);
         ASSERT_LT(id, vocab);
         EXPECT_GT(got[id], 0.0) << "drew a token outside the distribution";
@@ -341,9 +352,9 @@ TEST_P(SamplingTest, NonFiniteLogitsFollowTheReference) {
   }
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(SamplingTest);
-DELTASERVE_INSTANTIATE_CPU_TEST(SamplingDistributionTest);
-DELTASERVE_INSTANTIATE_CPU_TEST(SampleTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(SamplingTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(SamplingDistributionTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(SampleTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels
