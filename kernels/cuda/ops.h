@@ -97,3 +97,26 @@ DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* 
 DELTASERVE_CUDA_DECLARE(L2Norm,
                         void(const float* x, int64_t rows, int64_t dim, float eps, float scale,
                              float* y, const deltaserve::kernels::Stream& stream))
+
+// kernels/gemm.h (kernels/cuda/gemm_cuda.cu). A weight as the CUDA side sees
+// it: Tensor's fields for a contiguous [rows, cols] weight of f32, bf16 or
+// mxfp4 (scales for mxfp4 only), and its compute precision (tensor.h).
+namespace deltaserve::kernels::cuda {
+struct Weight {
+  const void* data = nullptr;
+  const uint8_t* scales = nullptr;
+  DType dtype = DType::kF32;
+  DType compute = DType::kF32;
+  int64_t rows = 0, cols = 0;
+};
+// Device memory for an op's temporaries, from the CUDA workspace
+// (kernels/workspace.h, which nvcc cannot include): kernels/cuda/backend.cc.
+// Blocks are reused in the order of the workspace's one stream, so a block
+// freed right after the launches that use it is safe.
+void* WorkspaceAllocate(size_t bytes);
+void WorkspaceFree(void* data, size_t bytes);
+}  // namespace deltaserve::kernels::cuda
+DELTASERVE_CUDA_DECLARE(LinearStrided, void(const float* x, int64_t ldx,
+                                            const deltaserve::kernels::cuda::Weight& w, int64_t m,
+                                            float* y, int64_t ldy, bool accumulate,
+                                            const deltaserve::kernels::Stream& stream))
