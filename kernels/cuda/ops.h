@@ -120,3 +120,26 @@ DELTASERVE_CUDA_DECLARE(LinearStrided, void(const float* x, int64_t ldx,
                                             const deltaserve::kernels::cuda::Weight& w, int64_t m,
                                             float* y, int64_t ldy, bool accumulate,
                                             const deltaserve::kernels::Stream& stream))
+
+// kernels/moe.h (kernels/cuda/moe_cuda.cu). MoeExpertsArgs with the views as
+// pointers: the experts' weights and `idx_host` (the routing, which the entry
+// point copied to the host to check it) in host memory, z, weights and out on
+// the device.
+namespace deltaserve::kernels::cuda {
+struct MoeExpertWeights {
+  Weight w13;  // [2 * inter, din]; empty: the expert is held by another rank
+  Weight w2;   // [dout, inter]
+};
+struct MoeExpertsPtrs {
+  int64_t t = 0, din = 0, inter = 0, dout = 0, top_k = 0, n_experts = 0;
+  const float* z = nullptr;                   // [T, din]
+  const MoeExpertWeights* experts = nullptr;  // [n_experts], host
+  const int32_t* idx_host = nullptr;          // [T, top_k], host
+  const float* weights = nullptr;             // [T, top_k]
+  bool situ = false;                          // SiTU, else SiLU (kernels/activation.h)
+  float situ_beta = 4.0f, situ_linear_beta = 25.0f;
+  float* out = nullptr;  // [T, dout]
+};
+}  // namespace deltaserve::kernels::cuda
+DELTASERVE_CUDA_DECLARE(MoeExperts, void(const deltaserve::kernels::cuda::MoeExpertsPtrs& args,
+                                         const deltaserve::kernels::Stream& stream))
