@@ -54,6 +54,16 @@ struct Descriptors {
   }
 };
 
+// The largest power of two up to 256 that divides p's address: what the
+// heuristic may assume of an operand (its default, 256, would pick kernels
+// that fault on a view that starts at a column block of a wider row).
+uint32_t Alignment(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
 std::string Failed(const char* call, cublasStatus_t status) {
   return std::string(call) + ": " + cublasLtGetStatusString(status);
 }
@@ -87,6 +97,15 @@ std::string Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   const uint64_t workspace_bytes = kBlasWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                        &workspace_bytes, sizeof(workspace_bytes));
+  const uint32_t align_a = Alignment(a), align_b = Alignment(b), align_c = Alignment(c);
+  cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                       sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                       sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                       sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                       sizeof(align_c));
   cublasLtMatmulHeuristicResult_t result = {};
   int found = 0;
   s = cublasLtMatmulAlgoGetHeuristic(lt.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result,
