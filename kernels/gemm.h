@@ -2,7 +2,8 @@
 // dtype its checkpoint holds (kernels/tensor.h). x and y are float32 and the
 // sums are float32: bf16 and MXFP4 weights widen to float32 exactly, so the
 // result is the float32 product with the dequantised weights, to summation
-// order. How each size and dtype is computed: kernels/cpu/gemm_cpu.cc.
+// order. How each size and dtype is computed: kernels/cpu/gemm_cpu.cc and,
+// on CUDA, kernels/cuda/gemm_cuda.cu.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ void Linear(const Tensor& x, const Tensor& w, const MutableTensor& y, bool accum
 
 // Whether a bf16 weight with compute kBF16 (tensor.h) gets the bf16 matmul on
 // this CPU (oneDNN on AVX512-BF16 or AMX); elsewhere it computes in float32.
+// On CUDA it always does (above the decode sizes), whatever this says.
 bool Bf16ComputeAvailable();
 
 }  // namespace deltaserve::kernels

@@ -58,3 +58,11 @@ void ReportLaunch(const char* kernel, const char* error) {
 }
 
 }  // namespace deltaserve::kernels::cuda
+
+namespace deltaserve::kernels::cuda {
+
+void* WorkspaceAllocate(size_t bytes) { return Workspace::Of(Device::kCuda).Allocate(bytes); }
+
+void WorkspaceFree(void* data, size_t bytes) { Workspace::Of(Device::kCuda).Free(data, bytes); }
+
+}  // namespace deltaserve::kernels::cuda

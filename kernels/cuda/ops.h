@@ -178,3 +178,49 @@ DELTASERVE_CUDA_DECLARE(AttnResMix,
                         void(const float* const* candidates, int64_t n, int64_t t, int64_t d,
                              const float* norm_w, const float* proj_w, float eps, float* out,
                              const deltaserve::kernels::Stream& stream))
+
+// kernels/gemm.h (kernels/cuda/gemm_cuda.cu). A weight as the CUDA side sees
+// it: Tensor's fields for a contiguous [rows, cols] weight of f32, bf16 or
+// mxfp4 (scales for mxfp4 only), and its compute precision (tensor.h).
+namespace deltaserve::kernels::cuda {
+struct Weight {
+  const void* data = nullptr;
+  const uint8_t* scales = nullptr;
+  DType dtype = DType::kF32;
+  DType compute = DType::kF32;
+  int64_t rows = 0, cols = 0;
+};
+// Device memory for an op's temporaries, from the CUDA workspace
+// (kernels/workspace.h, which nvcc cannot include): kernels/cuda/backend.cc.
+// Blocks are reused in the order of the workspace's one stream, so a block
+// freed right after the launches that use it is safe.
+void* WorkspaceAllocate(size_t bytes);
+void WorkspaceFree(void* data, size_t bytes);
+}  // namespace deltaserve::kernels::cuda
+DELTASERVE_CUDA_DECLARE(LinearStrided, void(const float* x, int64_t ldx,
+                                            const deltaserve::kernels::cuda::Weight& w, int64_t m,
+                                            float* y, int64_t ldy, bool accumulate,
+                                            const deltaserve::kernels::Stream& stream))
+
+// kernels/moe.h (kernels/cuda/moe_cuda.cu). MoeExpertsArgs with the views as
+// pointers: the experts' weights and `idx_host` (the routing, which the entry
+// point copied to the host to check it) in host memory, z, weights and out on
+// the device.
+namespace deltaserve::kernels::cuda {
+struct MoeExpertWeights {
+  Weight w13;  // [2 * inter, din]; empty: the expert is held by another rank
+  Weight w2;   // [dout, inter]
+};
+struct MoeExpertsPtrs {
+  int64_t t = 0, din = 0, inter = 0, dout = 0, top_k = 0, n_experts = 0;
+  const float* z = nullptr;                   // [T, din]
+  const MoeExpertWeights* experts = nullptr;  // [n_experts], host
+  const int32_t* idx_host = nullptr;          // [T, top_k], host
+  const float* weights = nullptr;             // [T, top_k]
+  bool situ = false;                          // SiTU, else SiLU (kernels/activation.h)
+  float situ_beta = 4.0f, situ_linear_beta = 25.0f;
+  float* out = nullptr;  // [T, dout]
+};
+}  // namespace deltaserve::kernels::cuda
+DELTASERVE_CUDA_DECLARE(MoeExperts, void(const deltaserve::kernels::cuda::MoeExpertsPtrs& args,
+                                         const deltaserve::kernels::Stream& stream))

@@ -2,7 +2,9 @@
 // oneDNN's sgemm on widened panels) and SmallGemm of kernels/cpu/gemm_cpu.h
 // against the float64 reference, at the CPU level this run selects (ctest
 // runs each kernel test once per level: DELTASERVE_CPU_ISA). Linear runs on
-// every device of AvailableDevices() into guarded outputs; WidenRows and
+// every device of AvailableDevices() (on CUDA: the skinny kernel up to 16
+// rows, cuBLASLt above, kernels/cuda/gemm_cuda.cu), its inputs copied to the
+// device and its outputs guarded; WidenRows and
 // SmallGemm are the CPU backend's own helpers on host pointers, so they run
 // on the CPU only, into guarded host buffers.
 #include "kernels/gemm.h"
@@ -13,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -39,6 +42,10 @@ using testing::ToDouble;
 // over; 4-row blocks of W and the rows left over; k in 8-lane steps and a
 // tail), 17 and up the widened panels and sgemm.
 constexpr int64_t kSizes[] = {0, 1, 2, 3, 5, 8, 13, 16, 17, 64, 129};
+// The same sweep, fewer sizes, on CUDA, where the SIMT harness runs each
+// thread as a fiber (the full sweep took 20 s a test there): both sides of
+// the skinny / cuBLASLt boundary, a ragged size and a multiple of 32.
+constexpr int64_t kCudaSizes[] = {0, 1, 3, 13, 16, 17, 64};
 // MXFP4 rows are whole groups of 32.
 constexpr int64_t kMxfp4Widths[] = {0, 32, 64, 160};
 
@@ -93,6 +100,47 @@ TestWeight MakeWeight(DType dtype, int64_t n, int64_t k, uint64_t seed) {
   return w;
 }
 
+// A weight's bytes on `device`: the CPU's are used where they are, another
+// device gets a copy in its workspace's memory, freed with this.
+class DeviceWeight {
+ public:
+  DeviceWeight(const Tensor& w, const std::vector<uint8_t>& data,
+               const std::vector<uint8_t>& scales, Device device)
+      : device_(device), tensor_(w) {
+    if (device == Device::kCpu) return;
+    tensor_.device = device;
+    tensor_.data = Copy(data, &data_);
+    if (tensor_.scales != nullptr)
+      tensor_.scales = static_cast<const uint8_t*>(Copy(scales, &scales_));
+  }
+  DeviceWeight(const DeviceWeight&) = delete;
+  DeviceWeight& operator=(const DeviceWeight&) = delete;
+  ~DeviceWeight() {
+    for (const auto& [p, bytes] : {data_, scales_}) {
+      if (p != nullptr) Workspace::Of(device_).Free(p, bytes);
+    }
+  }
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  using Block = std::pair<void*, size_t>;
+  void* Copy(const std::vector<uint8_t>& bytes, Block* block) {
+    if (bytes.empty()) return nullptr;
+    block->second = bytes.size();
+    block->first = Workspace::Of(device_).Allocate(bytes.size());
+    Workspace::Of(device_).CopyFromHost(block->first, bytes.data(), bytes.size());
+    return block->first;
+  }
+
+  Device device_;
+  Tensor tensor_;
+  Block data_{nullptr, 0}, scales_{nullptr, 0};
+};
+
+DeviceWeight OnDevice(const TestWeight& w, Device device) {
+  return DeviceWeight(w.tensor, w.data, w.scales, device);
+}
+
 std::vector<double> Reference(const std::vector<float>& x, const std::vector<double>& w, int64_t m,
                               int64_t n, int64_t k) {
   std::vector<double> y(m * n);
@@ -112,21 +160,30 @@ std::vector<int64_t> Widths(DType dtype) {
 }
 
 // Per device and weight dtype.
-class LinearTest : public DeviceTestWithParam<DType> {};
+class LinearTest : public DeviceTestWithParam<DType> {
+ protected:
+  // The m and n of a sweep on this device.
+  std::vector<int64_t> Sizes() const {
+    if (device() == Device::kCuda) return {std::begin(kCudaSizes), std::end(kCudaSizes)};
+    return {std::begin(kSizes), std::end(kSizes)};
+  }
+};
 // Per weight dtype, on the CPU only.
 class LinearCpuTest : public ::testing::TestWithParam<DType> {};
 class LinearBf16ComputeTest : public DeviceTest {};
 
 TEST_P(LinearTest, MatchesReference) {
   uint64_t seed = 1;
-  for (int64_t m : kSizes) {
-    for (int64_t n : kSizes) {
+  for (int64_t m : Sizes()) {
+    for (int64_t n : Sizes()) {
       for (int64_t k : Widths(Param())) {
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto x = RandomFloats(m * k, ++seed);
         const TestWeight w = MakeWeight(Param(), n, k, ++seed);
+        const DeviceWeight dw = OnDevice(w, device());
+        auto xd = Input(x);
         auto y = Output<float>(m * n);  // k == 0 must still write zeros
-        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows));
+        Linear(xd.View(m, w.tensor.cols), dw.tensor(), y.View(m, w.tensor.rows));
         EXPECT_TRUE(
             AllClose(y.Values(), Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
         EXPECT_TRUE(y.GuardsIntact());
@@ -140,8 +197,10 @@ TEST_P(LinearTest, LargeMatchesReference) {
   const int64_t m = 40, n = 3300, k = 352;
   const auto x = RandomFloats(m * k, 77);
   const TestWeight w = MakeWeight(Param(), n, k, 78);
+  const DeviceWeight dw = OnDevice(w, device());
+  auto xd = Input(x);
   auto y = Output<float>(m * n);
-  Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows));
+  Linear(xd.View(m, w.tensor.cols), dw.tensor(), y.View(m, w.tensor.rows));
   EXPECT_TRUE(
       AllClose(y.Values(), Reference(x, w.values, m, n, k), Atol(k), ReductionTolerance(k)));
   EXPECT_TRUE(y.GuardsIntact());
@@ -160,7 +219,9 @@ TEST_P(LinearTest, Accumulates) {
         y.Fill(y0);
         auto want = Reference(x, w.values, m, n, k);
         for (int64_t i = 0; i < m * n; ++i) want[i] += y0[i];
-        Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows),
+        const DeviceWeight dw = OnDevice(w, device());
+        auto xd = Input(x);
+        Linear(xd.View(m, w.tensor.cols), dw.tensor(), y.View(m, w.tensor.rows),
                /*accumulate=*/true);
         EXPECT_TRUE(
             AllClose(y.Values(), want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
@@ -183,18 +244,21 @@ TEST_P(LinearTest, ARowOfADecodeBatchEqualsThatRowAlone) {
   for (int64_t k : widths) {
     const int64_t n = 67;
     const TestWeight w = MakeWeight(Param(), n, k, ++seed);
+    const DeviceWeight dw = OnDevice(w, device());
     const auto x = RandomFloats(16 * k, ++seed);
     std::vector<float> alone(16 * n);
     for (int64_t i = 0; i < 16; ++i) {
       auto row = Output<float>(n);
-      Linear(Tensor::F32(x.data() + i * k, 1, k), w.tensor, row.View(1, n));
+      auto xi = Input(std::vector<float>(x.begin() + i * k, x.begin() + (i + 1) * k));
+      Linear(xi.View(1, k), dw.tensor(), row.View(1, n));
       ASSERT_TRUE(row.GuardsIntact()) << "k " << k << " row " << i;
       const std::vector<float> values = row.Values();
       std::copy(values.begin(), values.end(), alone.begin() + i * n);
     }
     for (int64_t m = 2; m <= 16; ++m) {
       auto out = Output<float>(m * n);
-      Linear(Tensor::F32(x.data(), m, k), w.tensor, out.View(m, n));
+      auto xd = Input(std::vector<float>(x.begin(), x.begin() + m * k));
+      Linear(xd.View(m, k), dw.tensor(), out.View(m, n));
       ASSERT_TRUE(out.GuardsIntact()) << "k " << k << " m " << m;
       const std::vector<float> batch = out.Values();
       for (int64_t e = 0; e < m * n; ++e) {
@@ -211,8 +275,8 @@ TEST_P(LinearTest, ARowOfADecodeBatchEqualsThatRowAlone) {
 TEST_P(LinearTest, StridedKeepsOtherColumns) {
   uint64_t seed = 2000;
   constexpr float kSentinel = 12345.0f;
-  for (int64_t m : kSizes) {
-    for (int64_t n : kSizes) {
+  for (int64_t m : Sizes()) {
+    for (int64_t n : Sizes()) {
       for (int64_t k : Widths(Param())) {
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(::testing::Message()
@@ -233,7 +297,9 @@ TEST_P(LinearTest, StridedKeepsOtherColumns) {
           }
           auto out = Output<float>(m * ldy);  // [m, ldy]; y is columns [col, col + n)
           out.Fill(yw0);
-          Linear(Tensor::F32(xw.data(), m, w.tensor.cols, ldx), w.tensor,
+          const DeviceWeight dw = OnDevice(w, device());
+          auto xd = Input(xw);
+          Linear(xd.View(m, w.tensor.cols, ldx), dw.tensor(),
                  out.View(m, ldy).Columns(col, w.tensor.rows), accumulate);
           ASSERT_TRUE(out.GuardsIntact());
           const std::vector<float> yw = out.Values();
@@ -270,10 +336,11 @@ TEST_P(LinearCpuTest, WidenRowsIsExact) {
 // The opt-in bf16 compute on bf16 weights: above the skinny sizes, x is
 // rounded to bf16 and the products summed in float32, so the float64
 // reference on the rounded x bounds it as tightly as the float32 path. On a
-// CPU without a bf16 matmul the same call computes in float32.
+// CPU without a bf16 matmul the same call computes in float32; CUDA always
+// has one.
 TEST_P(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
-  const bool bf16 = Bf16ComputeAvailable();
-  std::printf("bf16 matmul on this CPU: %s\n", bf16 ? "yes" : "no (float32 instead)");
+  const bool bf16 = device() == Device::kCuda || Bf16ComputeAvailable();
+  std::printf("bf16 matmul on this device: %s\n", bf16 ? "yes" : "no (float32 instead)");
   uint64_t seed = 5000;
   for (int64_t m : {17, 64, 130}) {
     for (int64_t n : {1, 33, 300}) {
@@ -300,8 +367,9 @@ TEST_P(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
           if (accumulate) {
             for (int64_t i = 0; i < m * n; ++i) want[i] += y0[i];
           }
-          Linear(Tensor::F32(x.data(), m, w.tensor.cols), w.tensor, y.View(m, w.tensor.rows),
-                 accumulate);
+          const DeviceWeight dw = OnDevice(w, device());
+          auto xd = Input(x);
+          Linear(xd.View(m, w.tensor.cols), dw.tensor(), y.View(m, w.tensor.rows), accumulate);
           EXPECT_TRUE(
               AllClose(y.Values(), want, Atol(k) + ReductionTolerance(1), ReductionTolerance(k)));
           EXPECT_TRUE(y.GuardsIntact());
@@ -316,11 +384,14 @@ TEST_P(LinearBf16ComputeTest, MatchesReferenceOnRoundedActivations) {
 // output is one rounded activation times 1, exact in float32. Without a bf16
 // matmul the same call computes in float32 and gives x back unrounded.
 TEST_P(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
-  const bool bf16 = Bf16ComputeAvailable();
+  const bool bf16 = device() == Device::kCuda || Bf16ComputeAvailable();
   const int64_t m = 40, k = 64;  // above the skinny sizes
   std::vector<uint16_t> eye(k * k, 0);
   for (int64_t i = 0; i < k; ++i) eye[i * k + i] = 0x3f80;  // 1.0
-  const Tensor w{eye.data(), nullptr, DType::kBF16, Device::kCpu, k, k, DType::kBF16};
+  const Tensor host_w{eye.data(), nullptr, DType::kBF16, Device::kCpu, k, k, DType::kBF16};
+  std::vector<uint8_t> eye_bytes(eye.size() * 2);
+  std::memcpy(eye_bytes.data(), eye.data(), eye_bytes.size());
+  const DeviceWeight w(host_w, eye_bytes, {}, device());
   std::vector<float> x(m * k);
   uint64_t state = 77;
   for (int64_t i = 0; i < m * k; ++i) {
@@ -334,7 +405,8 @@ TEST_P(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
   }
   x[5] = std::nanf("");  // row 0 becomes NaN throughout (NaN · 0 = NaN)
   auto out = Output<float>(m * k);
-  Linear(Tensor::F32(x.data(), m, k), w, out.View(m, k));
+  auto xd = Input(x);
+  Linear(xd.View(m, k), w.tensor(), out.View(m, k));
   EXPECT_TRUE(out.GuardsIntact());
   const std::vector<float> y = out.Values();
   for (int64_t j = 0; j < k; ++j) EXPECT_TRUE(std::isnan(y[j])) << j;
@@ -345,14 +417,14 @@ TEST_P(LinearBf16ComputeTest, RoundsActivationsExactlyAsFloatToBf16) {
 }
 
 // LinearTest's names end in the weight dtype and the device (/f32_cpu).
-DELTASERVE_INSTANTIATE_CPU_TEST_WITH_PARAM(
+DELTASERVE_INSTANTIATE_DEVICE_TEST_WITH_PARAM(
     LinearTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4), DTypeName);
 INSTANTIATE_TEST_SUITE_P(, LinearCpuTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kMxfp4),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
-DELTASERVE_INSTANTIATE_CPU_TEST(LinearBf16ComputeTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(LinearBf16ComputeTest);
 
 // SmallGemm: c = (accumulate ? c : 0) + alpha · a · b with a in either layout
 // (a_rs, a_cs), b and c at row strides wider than n (the extra columns of c

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -124,6 +125,9 @@ TEST_P(MoeRouteTest, SaturatedLogitsStayFinite) {
 }
 
 // ------------------------------------------------------------- MoeExperts
+//
+// Routing for these tests runs on the CPU (MoeRoute has no CUDA variant);
+// RunFast copies its results to the device under test.
 
 // Random expert weights, scaled so activations stay O(1) at every width.
 struct ExpertSet {
@@ -156,12 +160,59 @@ struct ExpertSet {
   }
 };
 
-// On `device`, into a guarded output whose guards it checks.
+// The experts' weights on `device`: the CPU's are used where they are,
+// another device gets copies in its workspace's memory, freed with this.
+class DeviceExperts {
+ public:
+  DeviceExperts(const std::vector<MoeExpert>& experts, Device device)
+      : device_(device), experts_(experts) {
+    if (device == Device::kCpu) return;
+    for (MoeExpert& ex : experts_) {
+      for (Tensor* w : {&ex.w13, &ex.w2}) {
+        if (w->empty()) continue;
+        w->device = device;
+        w->data = Copy(w->data, static_cast<size_t>(w->RowBytes() * w->rows));
+        if (w->scales != nullptr) {
+          w->scales = static_cast<const uint8_t*>(
+              Copy(w->scales, static_cast<size_t>(w->ScaleRowBytes() * w->rows)));
+        }
+      }
+    }
+  }
+  DeviceExperts(const DeviceExperts&) = delete;
+  DeviceExperts& operator=(const DeviceExperts&) = delete;
+  ~DeviceExperts() {
+    for (const auto& [p, bytes] : blocks_) Workspace::Of(device_).Free(p, bytes);
+  }
+  const MoeExpert* data() const { return experts_.data(); }
+
+ private:
+  const void* Copy(const void* host, size_t bytes) {
+    void* p = Workspace::Of(device_).Allocate(bytes);
+    Workspace::Of(device_).CopyFromHost(p, host, bytes);
+    blocks_.emplace_back(p, bytes);
+    return p;
+  }
+
+  Device device_;
+  std::vector<MoeExpert> experts_;
+  std::vector<std::pair<void*, size_t>> blocks_;
+};
+
+// On `device` (inputs copied there), into a guarded output whose guards it
+// checks.
 std::vector<float> RunFast(Device device, const ExpertSet& set,
                            const std::vector<MoeExpert>& experts, const std::vector<float>& z,
                            int64_t t, int64_t k, const std::vector<int32_t>& idx,
                            const std::vector<float>& weights, const ActivationParams& act) {
   GuardedBuffer<float> out(device, t * set.dout);
+  GuardedBuffer<float> zd(device, static_cast<int64_t>(z.size()));
+  zd.Fill(z);
+  GuardedBuffer<int32_t> idxd(device, static_cast<int64_t>(idx.size()));
+  idxd.Fill(idx);
+  GuardedBuffer<float> weightsd(device, static_cast<int64_t>(weights.size()));
+  weightsd.Fill(weights);
+  const DeviceExperts on_device(experts, device);
   MoeExpertsArgs a;
   a.t = t;
   a.din = set.din;
@@ -169,10 +220,10 @@ std::vector<float> RunFast(Device device, const ExpertSet& set,
   a.dout = set.dout;
   a.top_k = k;
   a.n_experts = set.n;
-  a.z = Tensor::F32(z.data(), t, set.din);
-  a.experts = experts.data();
-  a.idx = Tensor::I32(idx.data(), t, k);
-  a.weights = Tensor::F32(weights.data(), t, k);
+  a.z = zd.View(t, set.din);
+  a.experts = on_device.data();
+  a.idx = idxd.View(t, k);
+  a.weights = weightsd.View(t, k);
   a.act = act;
   a.out = out.View(t, set.dout);
   MoeExperts(a);
@@ -275,7 +326,7 @@ TEST_P(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
     const Mxfp4Experts mx(&set, 901);
     const auto z = RandomFloats(c.t * set.din, 902);
     const auto logits = RandomFloats(c.t * c.n_experts, 903, -3.0f, 3.0f);
-    const Routed r = Route(device(), logits, nullptr, c.t, c.n_experts, c.top_k, true, 1.0f);
+    const Routed r = Route(Device::kCpu, logits, nullptr, c.t, c.n_experts, c.top_k, true, 1.0f);
     const auto got =
         RunFast(device(), set, mx.Fast(set), z, c.t, c.top_k, r.idx, r.weights, Situ());
     const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, Situ());
@@ -303,7 +354,7 @@ TEST_P(MoeExpertsTest, MatchesPerTokenReference) {
         const auto logits = RandomFloats(c.t * c.n_experts, ++seed, -3.0f, 3.0f);
         std::vector<float> bias(c.n_experts, 0.0f);
         if (c.n_experts > c.top_k) bias.back() = -10.0f;
-        const Routed r = Route(device(), logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
+        const Routed r = Route(Device::kCpu, logits, &bias, c.t, c.n_experts, c.top_k, true, 2.0f);
         const auto got = RunFast(device(), set, set.Fast(), z, c.t, c.top_k, r.idx, r.weights, act);
         const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, act);
         EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
@@ -319,7 +370,7 @@ TEST_P(MoeExpertsTest, PartialSumsOverExpertSubsetsAddUp) {
   const int64_t t = 9, k = 3;
   const auto z = RandomFloats(t * set.din, 701);
   const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
-  const Routed r = Route(device(), logits, nullptr, t, set.n, k, true, 1.5f);
+  const Routed r = Route(Device::kCpu, logits, nullptr, t, set.n, k, true, 1.5f);
   const auto want = RunRef(set, z, t, k, r.idx, r.weights, ActivationParams{});
   for (int ranks : {2, 3}) {
     std::vector<float> sum(t * set.dout, 0.0f);
@@ -370,7 +421,7 @@ TEST_P(MoeExpertsTest, DeterministicAcrossSlotOrder) {
   const int64_t t = 20, k = 3;
   const auto z = RandomFloats(t * set.din, 701);
   const auto logits = RandomFloats(t * set.n, 702, -3.0f, 3.0f);
-  const Routed r = Route(device(), logits, nullptr, t, set.n, k, true, 1.0f);
+  const Routed r = Route(Device::kCpu, logits, nullptr, t, set.n, k, true, 1.0f);
   const auto first = RunFast(device(), set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
   const auto again = RunFast(device(), set, set.Fast(), z, t, k, r.idx, r.weights, Situ());
   EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * sizeof(float)));
@@ -391,7 +442,7 @@ TEST_P(MoeExpertsTest, NoTokensIsNoOp) {
 }
 
 DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeRouteTest);
-DELTASERVE_INSTANTIATE_CPU_TEST(MoeExpertsTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(MoeExpertsTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels
