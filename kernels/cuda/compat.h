@@ -11,6 +11,8 @@
 //     a launch with more than 48 KiB of dynamic shared memory is preceded by
 //     DELTASERVE_ALLOW_DYNAMIC_SHARED(kernel, bytes) (the opt-in of
 //     cudaFuncSetAttribute on the GPU, nothing under the harness);
+//   - a loop nvcc must unroll (a register array's index) is marked
+//     DELTASERVE_UNROLL, not #pragma unroll, which the host compiler warns of;
 //   - bf16 values are their bits (uint16_t), read through Bf16Bits; no
 //     cuda_bf16.h, whose types the host does not have.
 // Under the harness the CUDA keywords and intrinsics used here are defined
@@ -30,6 +32,7 @@
 #ifdef __CUDACC__
 
 #define DELTASERVE_CUDA_TARGET gpu
+#define DELTASERVE_UNROLL _Pragma("unroll")
 #define DELTASERVE_SHARED(type, name, dims) __shared__ type name dims
 #define DELTASERVE_DYNAMIC_SHARED(type, name)                              \
   extern __shared__ __align__(16) unsigned char deltaserve_dynamic_smem[]; \
@@ -50,6 +53,7 @@
 #include "kernels/cuda/simt.h"
 
 #define DELTASERVE_CUDA_TARGET sim
+#define DELTASERVE_UNROLL
 #define __global__
 #define __device__
 #define __host__

@@ -224,3 +224,19 @@ struct MoeExpertsPtrs {
 }  // namespace deltaserve::kernels::cuda
 DELTASERVE_CUDA_DECLARE(MoeExperts, void(const deltaserve::kernels::cuda::MoeExpertsPtrs& args,
                                          const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/kda_cuda.cu: kernels/kda.h's two forms, the KdaShape given
+// as t, heads, v_heads, k_dim, v_dim. KdaChunk needs a device scratch of
+// KdaChunkScratchBytes(...) bytes (0 when t = 0).
+DELTASERVE_CUDA_DECLARE(KdaRecurrent,
+                        void(int64_t t, int64_t heads, int64_t v_heads, int64_t k_dim,
+                             int64_t v_dim, const float* q, const float* k, const float* v,
+                             const float* g, const float* beta, float scale, float* state, float* o,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(KdaChunkScratchBytes, size_t(int64_t t, int64_t v_heads, int64_t k_dim,
+                                                     int64_t v_dim, int64_t chunk_size))
+DELTASERVE_CUDA_DECLARE(KdaChunk, void(int64_t t, int64_t heads, int64_t v_heads, int64_t k_dim,
+                                       int64_t v_dim, const float* q, const float* k,
+                                       const float* v, const float* g, const float* beta,
+                                       float scale, float* state, float* o, int64_t chunk_size,
+                                       void* scratch, const deltaserve::kernels::Stream& stream))

@@ -102,37 +102,59 @@ std::string FormName(const Form& f) {
   return f.chunked ? "KdaChunk(" + std::to_string(f.chunk_size) + ")" : "KdaRecurrent";
 }
 
-// state is [v_heads, k_dim * v_dim], o [t, v_heads * v_dim].
-void RunFast(const Form& form, const KdaShape& s, const float* q, const float* k, const float* v,
-             const float* g, const float* beta, float scale, const MutableTensor& sv,
+// The inputs of a call on one device, guarded: q, k [t, heads * k_dim],
+// v [t, v_heads * v_dim], g [t, v_heads * k_dim], beta [t, v_heads].
+struct DeviceInputs {
+  DeviceInputs(Device device, const KdaShape& s, const std::vector<float>& q_values,
+               const std::vector<float>& k_values, const std::vector<float>& v_values,
+               const std::vector<float>& g_values, const std::vector<float>& beta_values)
+      : q(device, static_cast<int64_t>(q_values.size())),
+        k(device, static_cast<int64_t>(k_values.size())),
+        v(device, static_cast<int64_t>(v_values.size())),
+        g(device, static_cast<int64_t>(g_values.size())),
+        beta(device, static_cast<int64_t>(beta_values.size())),
+        shape(s) {
+    q.Fill(q_values);
+    k.Fill(k_values);
+    v.Fill(v_values);
+    g.Fill(g_values);
+    beta.Fill(beta_values);
+  }
+  kernels::Tensor Q() { return q.View(shape.t, shape.heads * shape.k_dim); }
+  kernels::Tensor K() { return k.View(shape.t, shape.heads * shape.k_dim); }
+  kernels::Tensor V() { return v.View(shape.t, shape.v_heads * shape.v_dim); }
+  kernels::Tensor G() { return g.View(shape.t, shape.v_heads * shape.k_dim); }
+  kernels::Tensor Beta() { return beta.View(shape.t, shape.v_heads); }
+
+  GuardedBuffer<float> q, k, v, g, beta;
+  KdaShape shape;
+};
+
+// state is [v_heads, k_dim * v_dim], o [t, v_heads * v_dim]; the views on
+// one device.
+void RunFast(const Form& form, const KdaShape& s, const kernels::Tensor& q,
+             const kernels::Tensor& k, const kernels::Tensor& v, const kernels::Tensor& g,
+             const kernels::Tensor& beta, float scale, const MutableTensor& sv,
              const MutableTensor& ov) {
-  using kernels::Tensor;
-  const Tensor qv = Tensor::F32(q, s.t, s.heads * s.k_dim),
-               kv = Tensor::F32(k, s.t, s.heads * s.k_dim);
-  const Tensor vv = Tensor::F32(v, s.t, s.v_heads * s.v_dim),
-               gv = Tensor::F32(g, s.t, s.v_heads * s.k_dim);
-  const Tensor bv = Tensor::F32(beta, s.t, s.v_heads);
   if (form.chunked) {
-    kernels::KdaChunk(s, qv, kv, vv, gv, bv, scale, sv, ov, form.chunk_size);
+    kernels::KdaChunk(s, q, k, v, g, beta, scale, sv, ov, form.chunk_size);
   } else {
-    kernels::KdaRecurrent(s, qv, kv, vv, gv, bv, scale, sv, ov);
+    kernels::KdaRecurrent(s, q, k, v, g, beta, scale, sv, ov);
   }
 }
 
 // Runs the fast form over the tokens cut into pieces of the given lengths
 // (the last piece takes what is left), carrying the state across; each
-// piece writes its rows of o [t, v_heads * v_dim].
+// piece reads and writes its rows of the inputs and of o [t, v_heads * v_dim].
 void RunPieces(const Form& form, const KdaShape& s, const std::vector<int64_t>& cuts,
-               const float* q, const float* k, const float* v, const float* g, const float* beta,
-               float scale, const MutableTensor& state, const MutableTensor& o) {
+               DeviceInputs& in, float scale, const MutableTensor& state, const MutableTensor& o) {
   int64_t t0 = 0;
   for (size_t p = 0; t0 < s.t; ++p) {
     const int64_t len = p < cuts.size() ? std::min(cuts[p], s.t - t0) : s.t - t0;
     KdaShape piece = s;
     piece.t = len;
-    RunFast(form, piece, q + t0 * s.heads * s.k_dim, k + t0 * s.heads * s.k_dim,
-            v + t0 * s.v_heads * s.v_dim, g + t0 * s.v_heads * s.k_dim, beta + t0 * s.v_heads,
-            scale, state, o.Rows(t0, len));
+    RunFast(form, piece, in.Q().Rows(t0, len), in.K().Rows(t0, len), in.V().Rows(t0, len),
+            in.G().Rows(t0, len), in.Beta().Rows(t0, len), scale, state, o.Rows(t0, len));
     t0 += len;
   }
 }
@@ -186,7 +208,8 @@ void SweepAgainstReference(Device device, const Form& form, Decay decay, uint64_
     GuardedBuffer<float> state(device, static_cast<int64_t>(in.state.size()));
     state.Fill(in.state);
     GuardedBuffer<float> o(device, static_cast<int64_t>(want.o.size()));
-    RunFast(form, s, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), scale,
+    DeviceInputs din(device, s, in.q, in.k, in.v, in.g, in.beta);
+    RunFast(form, s, din.Q(), din.K(), din.V(), din.G(), din.Beta(), scale,
             state.View(s.v_heads, s.k_dim * s.v_dim), o.View(s.t, s.v_heads * s.v_dim));
     EXPECT_TRUE(state.GuardsIntact());
     EXPECT_TRUE(o.GuardsIntact());
@@ -231,16 +254,17 @@ TEST_P(KdaChunkTest, OtherChunkSizesMatchReference) {
   SweepAgainstReference(device(), {true, 16}, Decay::kMixed, 800);
 }
 
-// No tokens: the inputs are null, o is empty (any write lands in its
+// No tokens: the inputs and o are empty (any write lands in its
 // guards) and the state is left as it was.
 TEST_P(KdaChunkTest, ZeroTokensIsANoOp) {
   const KdaShape s{0, 2, 4, 8, 8};
   auto state = Output<float>(4 * 8 * 8);
   state.Fill(testing::RandomFloats(4 * 8 * 8, 1));
   const std::vector<float> before = state.Values();
+  DeviceInputs in(device(), s, {}, {}, {}, {}, {});
   for (const Form& form : {Form{false, 0}, Form{true, 64}}) {
     auto o = Output<float>(0);
-    RunFast(form, s, nullptr, nullptr, nullptr, nullptr, nullptr, 0.5f, state.View(4, 8 * 8),
+    RunFast(form, s, in.Q(), in.K(), in.V(), in.G(), in.Beta(), 0.5f, state.View(4, 8 * 8),
             o.View(0, 4 * 8));
     EXPECT_EQ(state.Values(), before) << FormName(form);
     EXPECT_TRUE(state.GuardsIntact()) << FormName(form);
@@ -327,9 +351,13 @@ double CheckGolden(Device device, const Golden& gold, const Form& form,
     GuardedBuffer<float> ob(device, vv), sb(device, ss);
     sb.Fill(std::vector<float>(gold.initial_state.begin() + b * ss,
                                gold.initial_state.begin() + (b + 1) * ss));
-    RunPieces(form, s, cuts, gold.q.data() + b * qk, gold.k.data() + b * qk, gold.v.data() + b * vv,
-              gold.g.data() + b * gg, gold.beta.data() + b * bb, gold.scale,
-              sb.View(s.v_heads, s.k_dim * s.v_dim), ob.View(s.t, s.v_heads * s.v_dim));
+    auto part = [b](const std::vector<float>& all, int64_t size) {
+      return std::vector<float>(all.begin() + b * size, all.begin() + (b + 1) * size);
+    };
+    DeviceInputs in(device, s, part(gold.q, qk), part(gold.k, qk), part(gold.v, vv),
+                    part(gold.g, gg), part(gold.beta, bb));
+    RunPieces(form, s, cuts, in, gold.scale, sb.View(s.v_heads, s.k_dim * s.v_dim),
+              ob.View(s.t, s.v_heads * s.v_dim));
     EXPECT_TRUE(ob.GuardsIntact()) << gold.name << " " << FormName(form) << " batch " << b;
     EXPECT_TRUE(sb.GuardsIntact()) << gold.name << " " << FormName(form) << " batch " << b;
     const std::vector<float> ov = ob.Values(), sv = sb.Values();
@@ -433,9 +461,9 @@ TEST(KdaDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
       "Overlaps");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(KdaRecurrentTest);
-DELTASERVE_INSTANTIATE_CPU_TEST(KdaChunkTest);
-DELTASERVE_INSTANTIATE_CPU_TEST(KdaGoldenTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaRecurrentTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaChunkTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaGoldenTest);
 
 }  // namespace
 }  // namespace deltaserve
