@@ -2,7 +2,7 @@
 // compiles for the GPU under nvcc and for the host SIMT harness
 // (kernels/cuda/simt.h) under the host compiler, into the namespace of its
 // target, cuda::gpu or cuda::sim (DELTASERVE_CUDA_TARGET; kernels/cuda/ops.h
-// declares both). A kernel is written in plain CUDA with three differences:
+// declares both). A kernel is written in plain CUDA, but for these:
 //   - shared memory is declared with DELTASERVE_SHARED(type, name, [dims])
 //     and DELTASERVE_DYNAMIC_SHARED(type, name), not __shared__;
 //   - it is launched with DELTASERVE_LAUNCH(kernel, grid, block,

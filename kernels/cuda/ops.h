@@ -151,6 +151,7 @@ DELTASERVE_CUDA_DECLARE(MlaAbsorbedPartialFloats,
                         int64_t(const deltaserve::kernels::cuda::MlaAbsorbedPtrs& args))
 DELTASERVE_CUDA_DECLARE(MlaAbsorbedAttention,
                         void(const deltaserve::kernels::cuda::MlaAbsorbedPtrs& args,
+                             const deltaserve::kernels::Stream& stream))
 
 // kernels/logsoftmax.h: the pointers of LogSoftmaxTopKPtrs (top_k already
 // min(top_k, vocab); absent outputs null). FindNonFinite leaves in the
