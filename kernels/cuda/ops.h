@@ -97,3 +97,14 @@ DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* 
 DELTASERVE_CUDA_DECLARE(L2Norm,
                         void(const float* x, int64_t rows, int64_t dim, float eps, float scale,
                              float* y, const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/elementwise_cuda.cu
+DELTASERVE_CUDA_DECLARE(Add, void(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                  int64_t rows, int64_t cols, float* out, int64_t ldo,
+                                  const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(SigmoidGate, void(const float* x, int64_t ldx, const float* gate,
+                                          int64_t ldg, int64_t rows, int64_t cols, float* out,
+                                          int64_t ldo, const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(Sigmoid,
+                        void(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* out,
+                             int64_t ldo, const deltaserve::kernels::Stream& stream))
