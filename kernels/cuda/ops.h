@@ -108,3 +108,10 @@ DELTASERVE_CUDA_DECLARE(SigmoidGate, void(const float* x, int64_t ldx, const flo
 DELTASERVE_CUDA_DECLARE(Sigmoid,
                         void(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* out,
                              int64_t ldo, const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/activation_cuda.cu: situ selects SiTU (with its two betas)
+// over SiLU, as ActivationParams::kind does.
+DELTASERVE_CUDA_DECLARE(GatedActivation,
+                        void(const float* gu, int64_t rows, int64_t width, bool situ,
+                             float situ_beta, float situ_linear_beta, float* out,
+                             const deltaserve::kernels::Stream& stream))
