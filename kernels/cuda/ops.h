@@ -115,3 +115,13 @@ DELTASERVE_CUDA_DECLARE(GatedActivation,
                         void(const float* gu, int64_t rows, int64_t width, bool situ,
                              float situ_beta, float situ_linear_beta, float* out,
                              const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/kda_gate_cuda.cu
+DELTASERVE_CUDA_DECLARE(KdaGateLowerBound,
+                        void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                             int64_t heads, int64_t head_dim, float lower_bound, float* g,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(KdaGateSoftplus,
+                        void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                             int64_t heads, int64_t head_dim, float* g,
+                             const deltaserve::kernels::Stream& stream))
