@@ -125,3 +125,8 @@ DELTASERVE_CUDA_DECLARE(KdaGateSoftplus,
                         void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
                              int64_t heads, int64_t head_dim, float* g,
                              const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/short_conv_cuda.cu
+DELTASERVE_CUDA_DECLARE(ShortConv, void(const float* x, const float* w, int64_t t, int64_t channels,
+                                        int64_t width, bool silu, float* state, float* y,
+                                        const deltaserve::kernels::Stream& stream))
