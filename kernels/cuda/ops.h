@@ -130,3 +130,10 @@ DELTASERVE_CUDA_DECLARE(KdaGateSoftplus,
 DELTASERVE_CUDA_DECLARE(ShortConv, void(const float* x, const float* w, int64_t t, int64_t channels,
                                         int64_t width, bool silu, float* state, float* y,
                                         const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/embedding_cuda.cu: table [vocab, dim] of `dtype` (f32, bf16
+// or mxfp4 with its scales [vocab, dim / 32]), contiguous; ids checked.
+DELTASERVE_CUDA_DECLARE(Embedding,
+                        void(const void* table, const uint8_t* scales,
+                             deltaserve::kernels::DType dtype, int64_t dim, const int32_t* tokens,
+                             int64_t t, float* out, const deltaserve::kernels::Stream& stream))
