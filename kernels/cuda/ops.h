@@ -137,3 +137,10 @@ DELTASERVE_CUDA_DECLARE(Embedding,
                         void(const void* table, const uint8_t* scales,
                              deltaserve::kernels::DType dtype, int64_t dim, const int32_t* tokens,
                              int64_t t, float* out, const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/convert_cuda.cu: f32 or bf16 on either side, strides in
+// elements.
+DELTASERVE_CUDA_DECLARE(Convert, void(const void* src, deltaserve::kernels::DType src_dtype,
+                                      int64_t src_stride, int64_t rows, int64_t cols, void* dst,
+                                      deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
+                                      const deltaserve::kernels::Stream& stream))
