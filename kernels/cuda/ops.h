@@ -144,3 +144,16 @@ DELTASERVE_CUDA_DECLARE(Convert, void(const void* src, deltaserve::kernels::DTyp
                                       int64_t src_stride, int64_t rows, int64_t cols, void* dst,
                                       deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
                                       const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/gather_cuda.cu: as Convert, rows through an index list the
+// entry point has checked.
+DELTASERVE_CUDA_DECLARE(GatherRows,
+                        void(const void* src, deltaserve::kernels::DType src_dtype,
+                             int64_t src_stride, const int32_t* rows, int64_t n, int64_t cols,
+                             void* dst, deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(ScatterRows,
+                        void(const void* src, deltaserve::kernels::DType src_dtype,
+                             int64_t src_stride, const int32_t* rows, int64_t n, int64_t cols,
+                             void* dst, deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
+                             const deltaserve::kernels::Stream& stream))
