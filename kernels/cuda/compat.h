@@ -133,6 +133,16 @@ inline float __uint_as_float(unsigned u) {
   std::memcpy(&x, &u, sizeof(x));
   return x;
 }
+inline long long __double_as_longlong(double x) {
+  long long u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+inline double __longlong_as_double(long long u) {
+  double x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
 template <typename T>
 T __ldg(const T* p) {
   return *p;

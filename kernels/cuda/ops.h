@@ -241,3 +241,63 @@ DELTASERVE_CUDA_DECLARE(KdaChunk, void(int64_t t, int64_t heads, int64_t v_heads
                                        const float* v, const float* g, const float* beta,
                                        float scale, float* state, float* o, int64_t chunk_size,
                                        void* scratch, const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/elementwise_cuda.cu
+DELTASERVE_CUDA_DECLARE(Add, void(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                  int64_t rows, int64_t cols, float* out, int64_t ldo,
+                                  const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(SigmoidGate, void(const float* x, int64_t ldx, const float* gate,
+                                          int64_t ldg, int64_t rows, int64_t cols, float* out,
+                                          int64_t ldo, const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(Sigmoid,
+                        void(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* out,
+                             int64_t ldo, const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/activation_cuda.cu: situ selects SiTU (with its two betas)
+// over SiLU, as ActivationParams::kind does.
+DELTASERVE_CUDA_DECLARE(GatedActivation,
+                        void(const float* gu, int64_t rows, int64_t width, bool situ,
+                             float situ_beta, float situ_linear_beta, float* out,
+                             const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/kda_gate_cuda.cu
+DELTASERVE_CUDA_DECLARE(KdaGateLowerBound,
+                        void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                             int64_t heads, int64_t head_dim, float lower_bound, float* g,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(KdaGateSoftplus,
+                        void(const float* graw, const float* dt_bias, const float* a_log, int64_t t,
+                             int64_t heads, int64_t head_dim, float* g,
+                             const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/short_conv_cuda.cu
+DELTASERVE_CUDA_DECLARE(ShortConv, void(const float* x, const float* w, int64_t t, int64_t channels,
+                                        int64_t width, bool silu, float* state, float* y,
+                                        const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/embedding_cuda.cu: table [vocab, dim] of `dtype` (f32, bf16
+// or mxfp4 with its scales [vocab, dim / 32]), contiguous; ids checked.
+DELTASERVE_CUDA_DECLARE(Embedding,
+                        void(const void* table, const uint8_t* scales,
+                             deltaserve::kernels::DType dtype, int64_t dim, const int32_t* tokens,
+                             int64_t t, float* out, const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/convert_cuda.cu: f32 or bf16 on either side, strides in
+// elements.
+DELTASERVE_CUDA_DECLARE(Convert, void(const void* src, deltaserve::kernels::DType src_dtype,
+                                      int64_t src_stride, int64_t rows, int64_t cols, void* dst,
+                                      deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
+                                      const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/gather_cuda.cu: as Convert, rows through an index list the
+// entry point has checked.
+DELTASERVE_CUDA_DECLARE(GatherRows,
+                        void(const void* src, deltaserve::kernels::DType src_dtype,
+                             int64_t src_stride, const int32_t* rows, int64_t n, int64_t cols,
+                             void* dst, deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
+                             const deltaserve::kernels::Stream& stream))
+DELTASERVE_CUDA_DECLARE(ScatterRows,
+                        void(const void* src, deltaserve::kernels::DType src_dtype,
+                             int64_t src_stride, const int32_t* rows, int64_t n, int64_t cols,
+                             void* dst, deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
+                             const deltaserve::kernels::Stream& stream))

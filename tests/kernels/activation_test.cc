@@ -55,7 +55,8 @@ TEST_P(GatedActivationTest, MatchesReferenceOverShapes) {
         // Range wide enough for both tails of tanh and the sigmoid.
         const auto gu = RandomFloats(rows * 2 * width, ++seed, -40.0f, 40.0f);
         auto out = Output<float>(rows * width);
-        GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p, out.View(rows, width));
+        auto gud = Input(gu);
+        GatedActivation(gud.View(rows, 2 * width), p, out.View(rows, width));
         EXPECT_TRUE(AllClose(out.Values(), Reference(gu, rows, width, p), kAtol, kRtol));
         EXPECT_TRUE(out.GuardsIntact());
       }
@@ -76,7 +77,8 @@ TEST_P(GatedActivationTest, SmallArguments) {
   }
   for (const ActivationParams& p : {Silu(), Situ()}) {
     auto out = Output<float>(width);
-    GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p, out.View(1, width));
+    auto gud = Input(gu);
+    GatedActivation(gud.View(1, 2 * width), p, out.View(1, width));
     EXPECT_TRUE(AllClose(out.Values(), Reference(gu, 1, width, p), kAtol, kRtol))
         << "kind " << static_cast<int>(p.kind);
     EXPECT_TRUE(out.GuardsIntact());
@@ -97,7 +99,8 @@ TEST_P(GatedActivationTest, ExtremeInputsStayFinite) {
       // SiLU(g)·u overflows float for g·u beyond FLT_MAX; keep those out.
       if (p.kind == Activation::kSilu && std::abs(u) > 1.0f) continue;
       auto buffer = Output<float>(width);
-      GatedActivation(Tensor::F32(gu.data(), 1, 2 * width), p, buffer.View(1, width));
+      auto gud = Input(gu);
+      GatedActivation(gud.View(1, 2 * width), p, buffer.View(1, width));
       const auto out = buffer.Values();
       for (int64_t c = 0; c < width; ++c) {
         EXPECT_TRUE(std::isfinite(out[c])) << "g " << g[c] << " u " << u;
@@ -112,13 +115,14 @@ TEST_P(GatedActivationTest, ExtremeInputsStayFinite) {
 TEST_P(GatedActivationTest, ExactValues) {
   // act(0, u) = 0; SiTU saturates to beta · lbeta for large g and u.
   const std::vector<float> gu = {0.0f, 1000.0f, 7.0f, 1000.0f};
+  auto gud = Input(gu);
   auto situ = Output<float>(2);
-  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Situ(), situ.View(1, 2));
+  GatedActivation(gud.View(1, 2 * 2), Situ(), situ.View(1, 2));
   EXPECT_EQ(situ.Values()[0], 0.0f);
   EXPECT_EQ(situ.Values()[1], 100.0f);
   EXPECT_TRUE(situ.GuardsIntact());
   auto silu = Output<float>(2);
-  GatedActivation(Tensor::F32(gu.data(), 1, 2 * 2), Silu(), silu.View(1, 2));
+  GatedActivation(gud.View(1, 2 * 2), Silu(), silu.View(1, 2));
   EXPECT_EQ(silu.Values()[0], 0.0f);
   EXPECT_EQ(silu.Values()[1], 1000.0f * 1000.0f);
   EXPECT_TRUE(silu.GuardsIntact());
@@ -127,9 +131,10 @@ TEST_P(GatedActivationTest, ExactValues) {
 TEST_P(GatedActivationTest, ThreadedRows) {
   const int64_t rows = 300, width = 512;
   const auto gu = RandomFloats(rows * 2 * width, 77, -10.0f, 10.0f);
+  auto gud = Input(gu);
   for (const ActivationParams& p : {Silu(), Situ()}) {
     auto out = Output<float>(rows * width);
-    GatedActivation(Tensor::F32(gu.data(), rows, 2 * width), p, out.View(rows, width));
+    GatedActivation(gud.View(rows, 2 * width), p, out.View(rows, width));
     EXPECT_TRUE(AllClose(out.Values(), Reference(gu, rows, width, p), kAtol, kRtol));
     EXPECT_TRUE(out.GuardsIntact());
   }
@@ -137,12 +142,13 @@ TEST_P(GatedActivationTest, ThreadedRows) {
 
 TEST_P(GatedActivationTest, EmptyIsNoOp) {
   auto out = Output<float>(0);
-  GatedActivation(Tensor::F32(nullptr, 0, 2 * 16), Silu(), out.View(0, 16));
-  GatedActivation(Tensor::F32(nullptr, 4, 2 * 0), Situ(), out.View(4, 0));
+  auto gu = Input(std::vector<float>{});
+  GatedActivation(gu.View(0, 2 * 16), Silu(), out.View(0, 16));
+  GatedActivation(gu.View(4, 2 * 0), Situ(), out.View(4, 0));
   EXPECT_TRUE(out.GuardsIntact());
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(GatedActivationTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(GatedActivationTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

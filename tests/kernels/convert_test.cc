@@ -72,9 +72,11 @@ TEST_P(ConvertTest, MatchesReferenceOverShapes) {
             const auto want = Reference(values, to == DType::kBF16);
             const auto src32 = WithStride(values, rows, cols, src_stride, kNaN);
             const auto src16 = Narrow(src32);
+            auto src32_d = Input(src32);
+            auto src16_d = Input(src16);
             const Tensor src = from == DType::kF32
-                                   ? Tensor::F32(src32.data(), rows, cols, pad ? src_stride : 0)
-                                   : Tensor::BF16(src16.data(), rows, cols, pad ? src_stride : 0);
+                                   ? Tensor(src32_d.View(rows, cols, pad ? src_stride : 0))
+                                   : Tensor(src16_d.View(rows, cols, pad ? src_stride : 0));
             std::vector<float> got;
             if (to == DType::kF32) {
               auto dst = Output<float>(rows * dst_stride);
@@ -123,7 +125,8 @@ TEST_P(ConvertTest, NarrowingBitForBit) {
   }
   const auto n = static_cast<int64_t>(x.size());
   auto dst = Output<uint16_t>(n);
-  Convert(Tensor::F32(x.data(), 1, n), dst.View(1, n));
+  auto x_d = Input(x);
+  Convert(x_d.View(1, n), dst.View(1, n));
   const auto got = dst.Values();
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(got[i], FloatToBf16(x[i])) << std::hex << "bits 0x" << Bits(x[i]);
@@ -140,7 +143,8 @@ TEST_P(ConvertTest, WideningBitForBit) {
   std::vector<uint16_t> x(0x10000);
   for (uint32_t i = 0; i < 0x10000; ++i) x[i] = static_cast<uint16_t>(i);
   auto dst = Output<float>(0x10000);
-  Convert(Tensor::BF16(x.data(), 1, 0x10000), dst.View(1, 0x10000));
+  auto x_d = Input(x);
+  Convert(x_d.View(1, 0x10000), dst.View(1, 0x10000));
   const auto got = dst.Values();
   for (uint32_t i = 0; i < 0x10000; ++i) ASSERT_EQ(Bits(got[i]), i << 16);
   EXPECT_TRUE(dst.GuardsIntact());
@@ -152,7 +156,8 @@ TEST_P(ConvertTest, WideningBitForBit) {
 TEST_P(ConvertTest, ColumnBlocks) {
   const int64_t rows = 9, hd = 40;
   const auto fused = RandomFloats(rows * 3 * hd, 3);
-  const Tensor all = Tensor::F32(fused.data(), rows, 3 * hd);
+  auto fused_d = Input(fused);
+  const Tensor all = fused_d.View(rows, 3 * hd);
   for (int64_t part = 0; part < 3; ++part) {
     auto dst = Output<float>(rows * hd);
     Convert(all.Columns(part * hd, hd), dst.View(rows, hd));
@@ -167,8 +172,8 @@ TEST_P(ConvertTest, ColumnBlocks) {
   const int64_t heads = 4, p = 24, rope = 8;
   const auto q = RandomFloats(rows * heads * (p + rope), 4);
   auto dst = Output<float>(rows * heads * rope);
-  Convert(Tensor::F32(q.data(), rows * heads, p + rope).Columns(p, rope),
-          dst.View(rows * heads, rope));
+  auto q_d = Input(q);
+  Convert(Tensor(q_d.View(rows * heads, p + rope)).Columns(p, rope), dst.View(rows * heads, rope));
   const auto got = dst.Values();
   for (int64_t r = 0; r < rows * heads; ++r) {
     for (int64_t c = 0; c < rope; ++c) {
@@ -183,21 +188,21 @@ TEST_P(ConvertTest, ThreadedRows) {
   const int64_t rows = 300, cols = 700;
   const auto x = RandomFloats(rows * cols, 9, -5.0f, 5.0f);
   auto dst = Output<uint16_t>(rows * cols);
-  Convert(Tensor::F32(x.data(), rows, cols), dst.View(rows, cols));
+  auto x_d = Input(x);
+  Convert(x_d.View(rows, cols), dst.View(rows, cols));
   EXPECT_EQ(dst.Values(), Narrow(x));
   EXPECT_TRUE(dst.GuardsIntact());
 }
 
 TEST_P(ConvertTest, RefusesOverlapAndOtherDtypes) {
-  std::vector<float> x(64, 1.0f);
-  EXPECT_DEATH(Convert(Tensor::F32(x.data(), 2, 16), MutableTensor::F32(x.data() + 16, 2, 16)),
-               "Overlaps\\(src, dst\\)");
-  std::vector<int32_t> ids(4);
-  EXPECT_DEATH(Convert(Tensor::I32(ids.data(), 1, 4), MutableTensor::F32(x.data(), 1, 4)),
-               "src.dtype");
+  auto buffer = Input(std::vector<float>(64, 1.0f));
+  auto ids = Input(std::vector<int32_t>(4));
+  const MutableTensor x = buffer.View(4, 16);
+  EXPECT_DEATH(Convert(x.Rows(0, 2), x.Rows(1, 2)), "Overlaps\\(src, dst\\)");
+  EXPECT_DEATH(Convert(ids.View(1, 4), x.Rows(0, 1).Columns(0, 4)), "src.dtype");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(ConvertTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(ConvertTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

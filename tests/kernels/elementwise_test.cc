@@ -100,8 +100,8 @@ TEST_P(ElementwiseTest, MatchesReferenceOverShapes) {
           const auto sa = WithStride(a, rows, cols, stride, kNaN);
           const auto sb = WithStride(b, rows, cols, stride + 1, kNaN);
           auto out = Output<float>(rows * stride);
-          RunOp(op, Tensor::F32(sa.data(), rows, cols, pad ? stride : 0),
-                Tensor::F32(sb.data(), rows, cols, stride + 1),
+          auto da = Input(sa), db = Input(sb);
+          RunOp(op, da.View(rows, cols, pad ? stride : 0), db.View(rows, cols, stride + 1),
                 out.View(rows, cols, pad ? stride : 0));
           const auto values = out.Values();
           const double rtol = op == Op::kAdd ? kAddRtol : kSigmoidRtol;
@@ -133,9 +133,10 @@ TEST_P(ElementwiseTest, BitForBitTheScalarExpression) {
     }
   }
   const auto n = static_cast<int64_t>(a.size());
+  auto da = Input(a), db = Input(b);
   for (Op op : {Op::kAdd, Op::kSigmoidGate, Op::kSigmoid}) {
     auto out = Output<float>(n);
-    RunOp(op, Tensor::F32(a.data(), 1, n), Tensor::F32(b.data(), 1, n), out.View(1, n));
+    RunOp(op, da.View(1, n), db.View(1, n), out.View(1, n));
     const auto values = out.Values();
     for (int64_t i = 0; i < n; ++i) {
       const float want = Expected(op, a[i], b[i]);
@@ -155,8 +156,9 @@ TEST_P(ElementwiseTest, InPlace) {
   const int64_t rows = 7, cols = 300, stride = 301;
   const auto a = WithStride(RandomFloats(rows * cols, 11, -8.0f, 8.0f), rows, cols, stride, kNaN);
   const auto b = WithStride(RandomFloats(rows * cols, 12, -8.0f, 8.0f), rows, cols, stride, kNaN);
-  const Tensor av = Tensor::F32(a.data(), rows, cols, stride);
-  const Tensor bv = Tensor::F32(b.data(), rows, cols, stride);
+  auto da = Input(a), db = Input(b);
+  const Tensor av = da.View(rows, cols, stride);
+  const Tensor bv = db.View(rows, cols, stride);
   for (Op op : {Op::kAdd, Op::kSigmoidGate, Op::kSigmoid}) {
     auto apart = Output<float>(rows * stride);
     RunOp(op, av, bv, apart.View(rows, cols, stride));
@@ -181,25 +183,32 @@ TEST_P(ElementwiseTest, InPlace) {
   }
 }
 
+// A [rows, cols] f32 view at `data` on `device`.
+MutableTensor On(Device device, float* data, int64_t rows, int64_t cols) {
+  MutableTensor view = MutableTensor::F32(data, rows, cols);
+  view.device = device;
+  return view;
+}
+
 TEST_P(ElementwiseTest, EmptyIsNoOp) {
-  Add(Tensor::F32(nullptr, 0, 16), Tensor::F32(nullptr, 0, 16), MutableTensor::F32(nullptr, 0, 16));
-  SigmoidGate(Tensor::F32(nullptr, 4, 0), Tensor::F32(nullptr, 4, 0),
-              MutableTensor::F32(nullptr, 4, 0));
-  Sigmoid(Tensor::F32(nullptr, 0, 0), MutableTensor::F32(nullptr, 0, 0));
+  const Device d = device();
+  Add(On(d, nullptr, 0, 16), On(d, nullptr, 0, 16), On(d, nullptr, 0, 16));
+  SigmoidGate(On(d, nullptr, 4, 0), On(d, nullptr, 4, 0), On(d, nullptr, 4, 0));
+  Sigmoid(On(d, nullptr, 0, 0), On(d, nullptr, 0, 0));
 }
 
 TEST_P(ElementwiseTest, RefusesPartialOverlap) {
-  std::vector<float> x(64, 1.0f);
+  auto buffer = Input(std::vector<float>(64, 1.0f));
+  float* x = buffer.View(1, 64).As<float>();
+  const Device d = device();
   // out starts one element into a: neither in place nor apart.
-  EXPECT_DEATH(Add(Tensor::F32(x.data(), 2, 16), Tensor::F32(x.data() + 32, 2, 16),
-                   MutableTensor::F32(x.data() + 1, 2, 16)),
+  EXPECT_DEATH(Add(On(d, x, 2, 16), On(d, x + 32, 2, 16), On(d, x + 1, 2, 16)),
                "SameOrApart\\(a, out\\)");
-  EXPECT_DEATH(SigmoidGate(Tensor::F32(x.data(), 2, 16), Tensor::F32(x.data() + 32, 2, 16),
-                           MutableTensor::F32(x.data() + 32, 2, 16)),
+  EXPECT_DEATH(SigmoidGate(On(d, x, 2, 16), On(d, x + 32, 2, 16), On(d, x + 32, 2, 16)),
                "Overlaps\\(gate, out\\)");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(ElementwiseTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(ElementwiseTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -27,23 +28,29 @@ using testing::WithStride;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// A [rows, cols] operand of either dtype at row stride `stride`, holding
-// `values` (exactly, for bf16: the test picks bf16 values for it).
+// A [rows, cols] operand of either dtype at row stride `stride` on `device`,
+// holding `values` (exactly, for bf16: the test picks bf16 values for it).
 struct Operand {
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
+  std::optional<testing::GuardedBuffer<float>> f32;
+  std::optional<testing::GuardedBuffer<uint16_t>> bf16;
   Tensor view;
 };
-Operand MakeOperand(DType dtype, const std::vector<float>& values, int64_t rows, int64_t cols,
-                    int64_t stride) {
+Operand MakeOperand(Device device, DType dtype, const std::vector<float>& values, int64_t rows,
+                    int64_t cols, int64_t stride) {
   Operand o;
-  o.f32 = WithStride(values, rows, cols, stride, kNaN);
+  const std::vector<float> strided = WithStride(values, rows, cols, stride, kNaN);
+  const auto size = static_cast<int64_t>(strided.size());
   const int64_t s = stride == cols ? 0 : stride;
   if (dtype == DType::kBF16) {
-    for (float v : o.f32) o.bf16.push_back(FloatToBf16(v));
-    o.view = Tensor::BF16(o.bf16.data(), rows, cols, s);
+    std::vector<uint16_t> bits;
+    for (float v : strided) bits.push_back(FloatToBf16(v));
+    o.bf16.emplace(device, size);
+    o.bf16->Fill(bits);
+    o.view = o.bf16->View(rows, cols, s);
   } else {
-    o.view = Tensor::F32(o.f32.data(), rows, cols, s);
+    o.f32.emplace(device, size);
+    o.f32->Fill(strided);
+    o.view = o.f32->View(rows, cols, s);
   }
   return o;
 }
@@ -100,14 +107,15 @@ TEST_P(GatherTest, GatherMatchesReference) {
             const int64_t src_rows = 17;
             auto values = RandomFloats(src_rows * cols, ++seed, -100.0f, 100.0f);
             if (from == DType::kBF16) values = Bf16Values(values);
-            const Operand src = MakeOperand(from, values, src_rows, cols, cols + 2 * pad);
+            const Operand src = MakeOperand(device(), from, values, src_rows, cols, cols + 2 * pad);
             // Random rows, so repeats too.
             const auto index = RandomTokens(n, ++seed, src_rows);
+            auto index_d = Input(index);
             std::vector<double> want(n * cols);
             const std::vector<double> wide(values.begin(), values.end());
             ref::GatherRows(wide.data(), index.data(), n, cols, to == DType::kBF16, want.data());
             const auto got = Into(to, n, cols, cols + pad, nullptr, [&](const MutableTensor& dst) {
-              GatherRows(src.view, Tensor::I32(index.data(), 1, n), dst);
+              GatherRows(src.view, index_d.View(1, n), dst);
             });
             EXPECT_TRUE(SameValues(got, want));
           }
@@ -130,21 +138,21 @@ TEST_P(GatherTest, ScatterMatchesReference) {
             const int64_t dst_rows = 17;
             auto values = RandomFloats(n * cols, ++seed, -100.0f, 100.0f);
             if (from == DType::kBF16) values = Bf16Values(values);
-            const Operand src = MakeOperand(from, values, n, cols, cols + pad);
+            const Operand src = MakeOperand(device(), from, values, n, cols, cols + pad);
             // A permutation's first n: distinct, in no order.
             std::vector<int32_t> index(dst_rows);
             for (int32_t i = 0; i < dst_rows; ++i) index[i] = (i * 7 + 3) % dst_rows;
             index.resize(n);
+            auto index_d = Input(index);
             // The destination starts with values of its own dtype.
             auto initial = RandomFloats(dst_rows * cols, ++seed, -1.0f, 1.0f);
             if (to == DType::kBF16) initial = Bf16Values(initial);
             std::vector<double> want(initial.begin(), initial.end());
             const std::vector<double> wide(values.begin(), values.end());
             ref::ScatterRows(wide.data(), index.data(), n, cols, to == DType::kBF16, want.data());
-            const auto got =
-                Into(to, dst_rows, cols, cols + 2 * pad, &initial, [&](const MutableTensor& dst) {
-                  ScatterRows(src.view, Tensor::I32(index.data(), 1, n), dst);
-                });
+            const auto got = Into(
+                to, dst_rows, cols, cols + 2 * pad, &initial,
+                [&](const MutableTensor& dst) { ScatterRows(src.view, index_d.View(1, n), dst); });
             EXPECT_TRUE(SameValues(got, want));
           }
         }
@@ -160,30 +168,28 @@ TEST_P(GatherTest, RoundTripThroughPages) {
   std::vector<int32_t> index(n);
   for (int32_t i = 0; i < n; ++i) index[i] = (i * 37 + 11) % pages;
   auto cache = Output<uint16_t>(pages * cols);
-  ScatterRows(Tensor::F32(values.data(), n, cols), Tensor::I32(index.data(), 1, n),
-              cache.View(pages, cols));
+  auto values_d = Input(values);
+  auto index_d = Input(index);
+  ScatterRows(values_d.View(n, cols), index_d.View(1, n), cache.View(pages, cols));
   EXPECT_TRUE(cache.GuardsIntact());
-  const auto bits = cache.Values();
   auto back = Output<float>(n * cols);
-  GatherRows(Tensor::BF16(bits.data(), pages, cols), Tensor::I32(index.data(), 1, n),
-             back.View(n, cols));
+  GatherRows(cache.View(pages, cols), index_d.View(1, n), back.View(n, cols));
   EXPECT_EQ(back.Values(), values);
   EXPECT_TRUE(back.GuardsIntact());
 }
 
 TEST_P(GatherTest, RefusesBadIndices) {
-  std::vector<float> src(4 * 8, 1.0f), dst(4 * 8);
-  std::vector<int32_t> index = {0, 4};
-  EXPECT_DEATH(GatherRows(Tensor::F32(src.data(), 4, 8), Tensor::I32(index.data(), 1, 2),
-                          MutableTensor::F32(dst.data(), 2, 8)),
+  auto src = Input(std::vector<float>(4 * 8, 1.0f));
+  auto dst = Output<float>(4 * 8);
+  auto past_end = Input(std::vector<int32_t>{0, 4});
+  EXPECT_DEATH(GatherRows(src.View(4, 8), past_end.View(1, 2), dst.View(2, 8)),
                "GatherRows: rows\\[1\\] = 4 is outside \\[0, 4\\)");
-  index = {-1, 0};
-  EXPECT_DEATH(ScatterRows(Tensor::F32(src.data(), 2, 8), Tensor::I32(index.data(), 1, 2),
-                           MutableTensor::F32(dst.data(), 4, 8)),
+  auto negative = Input(std::vector<int32_t>{-1, 0});
+  EXPECT_DEATH(ScatterRows(src.View(2, 8), negative.View(1, 2), dst.View(4, 8)),
                "ScatterRows: rows\\[0\\] = -1 is outside \\[0, 4\\)");
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(GatherTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(GatherTest);
 
 }  // namespace
 }  // namespace deltaserve::kernels

@@ -65,14 +65,14 @@ TEST_P(KdaGateTest, MatchesReference) {
       z_sp[i] = graw_d[i] + dt_d[i % width];
       z_lb[i] = std::exp(a_d[(i % width) / c.head_dim]) * z_sp[i];
     }
+    auto graw_dev = Input(graw), dt_dev = Input(dt_bias), a_dev = Input(a_log);
     std::vector<double> want(c.t * width);
     kernels::ref::KdaGateLowerBound(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads,
                                     c.head_dim, -5.0, want.data());
     auto out = Output<float>(c.t * width);
-    kernels::KdaGateLowerBound(kernels::Tensor::F32(graw.data(), c.t, c.heads * c.head_dim),
-                               kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
-                               kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-                               -5.0f, out.View(c.t, c.heads * c.head_dim));
+    kernels::KdaGateLowerBound(graw_dev.View(c.t, c.heads * c.head_dim),
+                               dt_dev.View(1, c.heads * c.head_dim), a_dev.View(1, c.heads),
+                               c.heads, c.head_dim, -5.0f, out.View(c.t, c.heads * c.head_dim));
     std::vector<float> got = out.Values();
     EXPECT_TRUE(GateClose(got, want, z_lb));
     EXPECT_TRUE(out.GuardsIntact());
@@ -80,9 +80,8 @@ TEST_P(KdaGateTest, MatchesReference) {
     auto inplace = Output<float>(c.t * width);
     inplace.Fill(graw);
     kernels::KdaGateLowerBound(inplace.View(c.t, c.heads * c.head_dim),
-                               kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
-                               kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-                               -5.0f, inplace.View(c.t, c.heads * c.head_dim));
+                               dt_dev.View(1, c.heads * c.head_dim), a_dev.View(1, c.heads),
+                               c.heads, c.head_dim, -5.0f, inplace.View(c.t, c.heads * c.head_dim));
     EXPECT_EQ(inplace.Values(), got);
     EXPECT_TRUE(inplace.GuardsIntact());
     if (c.t > 0) worst_lb = std::max(worst_lb, testing::RelL2(got, want));
@@ -90,19 +89,17 @@ TEST_P(KdaGateTest, MatchesReference) {
     kernels::ref::KdaGateSoftplus(graw_d.data(), dt_d.data(), a_d.data(), c.t, c.heads, c.head_dim,
                                   want.data());
     auto out_sp = Output<float>(c.t * width);
-    kernels::KdaGateSoftplus(kernels::Tensor::F32(graw.data(), c.t, c.heads * c.head_dim),
-                             kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
-                             kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-                             out_sp.View(c.t, c.heads * c.head_dim));
+    kernels::KdaGateSoftplus(graw_dev.View(c.t, c.heads * c.head_dim),
+                             dt_dev.View(1, c.heads * c.head_dim), a_dev.View(1, c.heads), c.heads,
+                             c.head_dim, out_sp.View(c.t, c.heads * c.head_dim));
     got = out_sp.Values();
     EXPECT_TRUE(GateClose(got, want, z_sp));
     EXPECT_TRUE(out_sp.GuardsIntact());
     auto inplace_sp = Output<float>(c.t * width);
     inplace_sp.Fill(graw);
     kernels::KdaGateSoftplus(inplace_sp.View(c.t, c.heads * c.head_dim),
-                             kernels::Tensor::F32(dt_bias.data(), 1, c.heads * c.head_dim),
-                             kernels::Tensor::F32(a_log.data(), 1, c.heads), c.heads, c.head_dim,
-                             inplace_sp.View(c.t, c.heads * c.head_dim));
+                             dt_dev.View(1, c.heads * c.head_dim), a_dev.View(1, c.heads), c.heads,
+                             c.head_dim, inplace_sp.View(c.t, c.heads * c.head_dim));
     EXPECT_EQ(inplace_sp.Values(), got);
     EXPECT_TRUE(inplace_sp.GuardsIntact());
     if (c.t > 0) worst_sp = std::max(worst_sp, testing::RelL2(got, want));
@@ -115,12 +112,11 @@ TEST_P(KdaGateTest, SoftplusIsStableAtExtremes) {
   const std::vector<float> graw = {-80.0f, -30.0f, 0.0f, 19.9f, 20.1f, 80.0f, 1e30f};
   const std::vector<float> dt_bias(graw.size(), 0.0f);
   const std::vector<float> a_log = {0.0f};  // exp(0) = 1: g = -softplus
-  auto g = Output<float>(static_cast<int64_t>(graw.size()));
-  kernels::KdaGateSoftplus(
-      kernels::Tensor::F32(graw.data(), 1, 1 * static_cast<int64_t>(graw.size())),
-      kernels::Tensor::F32(dt_bias.data(), 1, 1 * static_cast<int64_t>(graw.size())),
-      kernels::Tensor::F32(a_log.data(), 1, 1), 1, static_cast<int64_t>(graw.size()),
-      g.View(1, 1 * static_cast<int64_t>(graw.size())));
+  const auto n = static_cast<int64_t>(graw.size());
+  auto g = Output<float>(n);
+  auto graw_dev = Input(graw), dt_dev = Input(dt_bias), a_dev = Input(a_log);
+  kernels::KdaGateSoftplus(graw_dev.View(1, n), dt_dev.View(1, n), a_dev.View(1, 1), 1, n,
+                           g.View(1, n));
   std::vector<double> want;
   for (float z : graw) want.push_back(z > 20.0f ? -double{z} : -std::log1p(std::exp(double{z})));
   EXPECT_TRUE(testing::AllClose(g.Values(), want, 0.0, kGateTolerance));
@@ -144,10 +140,10 @@ TEST_P(KdaGateTest, SoftplusMatchesGolden) {
     const std::vector<float> a_log = testing::ToFloat(load("A_log"));
     const std::vector<double> want = load("g");
     auto out = Output<float>(static_cast<int64_t>(want.size()));
-    kernels::KdaGateSoftplus(kernels::Tensor::F32(graw.data(), tokens, heads * head_dim),
-                             kernels::Tensor::F32(dt_bias.data(), 1, heads * head_dim),
-                             kernels::Tensor::F32(a_log.data(), 1, heads), heads, head_dim,
-                             out.View(tokens, heads * head_dim));
+    auto graw_dev = Input(graw), dt_dev = Input(dt_bias), a_dev = Input(a_log);
+    kernels::KdaGateSoftplus(graw_dev.View(tokens, heads * head_dim),
+                             dt_dev.View(1, heads * head_dim), a_dev.View(1, heads), heads,
+                             head_dim, out.View(tokens, heads * head_dim));
     EXPECT_TRUE(out.GuardsIntact()) << name;
     const std::vector<float> g = out.Values();
     // Both sides round to float32 along the way (inputs, exp(A_log), the
@@ -159,7 +155,7 @@ TEST_P(KdaGateTest, SoftplusMatchesGolden) {
   EXPECT_GE(files, 6);
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(KdaGateTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(KdaGateTest);
 
 }  // namespace
 }  // namespace deltaserve

@@ -42,8 +42,8 @@ TEST_P(ShortConvTest, MatchesReference) {
           kernels::ref::ShortConv(testing::ToDouble(x).data(), testing::ToDouble(w).data(), t,
                                   channels, width, silu, want_state.data(), want_y.data());
           auto out = Output<float>(t * channels);
-          kernels::ShortConv(kernels::Tensor::F32(x.data(), t, channels),
-                             kernels::Tensor::F32(w.data(), channels, width), silu,
+          auto xd = Input(x), wd = Input(w);
+          kernels::ShortConv(xd.View(t, channels), wd.View(channels, width), silu,
                              state.View(width - 1, channels), out.View(t, channels));
           const std::vector<float> y = out.Values();
           // A sum of `width` products, then SiLU's exp and division.
@@ -72,11 +72,11 @@ TEST_P(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
     const std::vector<float> w = testing::RandomFloats(c.channels * c.width, 12);
     const std::vector<float> state0 = testing::RandomFloats((c.width - 1) * c.channels, 13, -3, 3);
 
+    auto xd = Input(x), wd = Input(w);
     auto state_one = Output<float>((c.width - 1) * c.channels);
     state_one.Fill(state0);
     auto y_one = Output<float>(c.t * c.channels);
-    kernels::ShortConv(kernels::Tensor::F32(x.data(), c.t, c.channels),
-                       kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
+    kernels::ShortConv(xd.View(c.t, c.channels), wd.View(c.channels, c.width), c.silu,
                        state_one.View(c.width - 1, c.channels), y_one.View(c.t, c.channels));
     EXPECT_TRUE(state_one.GuardsIntact());
     EXPECT_TRUE(y_one.GuardsIntact());
@@ -90,9 +90,8 @@ TEST_P(ShortConvTest, PiecesAndDecodeStepsEqualOneShot) {
       int64_t t0 = 0;
       for (size_t p = 0; t0 < c.t; ++p) {
         const int64_t len = p < cuts.size() ? std::min(cuts[p], c.t - t0) : c.t - t0;
-        kernels::ShortConv(kernels::Tensor::F32(x.data() + t0 * c.channels, len, c.channels),
-                           kernels::Tensor::F32(w.data(), c.channels, c.width), c.silu,
-                           state.View(c.width - 1, c.channels),
+        kernels::ShortConv(xd.View(c.t, c.channels).Rows(t0, len), wd.View(c.channels, c.width),
+                           c.silu, state.View(c.width - 1, c.channels),
                            y.View(c.t, c.channels).Rows(t0, len));
         t0 += len;
       }
@@ -112,8 +111,8 @@ TEST_P(ShortConvTest, ShortInputShiftsState) {
   const std::vector<float> x = {4, 40};
   const std::vector<float> w = {0, 0, 0, 1, 1, 1, 1, 1};  // [2, 4]: x[t]; the sum
   auto y = Output<float>(2);
-  kernels::ShortConv(kernels::Tensor::F32(x.data(), 1, channels),
-                     kernels::Tensor::F32(w.data(), channels, width), false,
+  auto xd = Input(x), wd = Input(w);
+  kernels::ShortConv(xd.View(1, channels), wd.View(channels, width), false,
                      state.View(width - 1, channels), y.View(1, channels));
   EXPECT_EQ(y.Values(), (std::vector<float>{4, 10 + 20 + 30 + 40}));
   EXPECT_EQ(state.Values(), (std::vector<float>{2, 20, 3, 30, 4, 40}));
@@ -121,7 +120,7 @@ TEST_P(ShortConvTest, ShortInputShiftsState) {
   EXPECT_TRUE(state.GuardsIntact());
 }
 
-DELTASERVE_INSTANTIATE_CPU_TEST(ShortConvTest);
+DELTASERVE_INSTANTIATE_DEVICE_TEST(ShortConvTest);
 
 }  // namespace
 }  // namespace deltaserve
