@@ -213,7 +213,7 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
   for (const auto& [name, shift] : kUnits) {
     if (unit != name) continue;
     const double bytes = std::ldexp(value, shift);
-    if (!(bytes >= 1)) return bad("not positive");
+    if (!(bytes >= 0)) return bad("negative");
     if (bytes >= std::ldexp(1.0, 62)) return bad("too large");
     return static_cast<int64_t>(bytes);
   }

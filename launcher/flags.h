@@ -77,7 +77,7 @@ class Flags {
 
 // "141GiB", "1.5 TiB", "4096": bytes, optionally with a KiB, MiB, GiB or TiB
 // suffix (powers of 1024; "B" alone is bytes); a fractional value is rounded
-// down to whole bytes. Positive and below 2^62. The error says what is
+// down to whole bytes. Below 2^62. The error says what is
 // accepted.
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 

@@ -287,6 +287,8 @@ absl::Status RunGpuPlan(const Flags& flags, const ModelConfig& config, const std
   }
   GpuBudget budget;
   DELTASERVE_ASSIGN_OR_RETURN(budget.gpu_memory_bytes, flags.GetByteSize("gpu-memory", 0));
+  if (budget.gpu_memory_bytes <= 0)
+    return absl::InvalidArgumentError("--gpu-memory must be positive");
   DELTASERVE_ASSIGN_OR_RETURN(budget.gpus_per_node, IntInRange(flags, "gpus-per-node", 8, 1, 1024));
   DELTASERVE_ASSIGN_OR_RETURN(budget.workspace_bytes,
                               flags.GetByteSize("workspace", kDefaultGpuWorkspaceBytes));

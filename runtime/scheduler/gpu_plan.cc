@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iterator>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
@@ -155,52 +156,55 @@ absl::StatusOr<GpuLayout> SmallestLayout(const ModelConfig& config, int64_t cont
                                          const GpuBudget& budget, int pp, int tp) {
   DELTASERVE_RETURN_IF_ERROR(CheckBudget(budget, 1));
   const int64_t L = config.num_layers;
-  if (pp < 0 || pp > L) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline parallelism of ", pp, " stages is outside the model's 1..", L, " layers"));
+  if (pp < 0 || pp > L || tp < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline parallelism of ", pp,
+                                                   " stages (tensor ", tp,
+                                                   ") is outside the model's 1..", L, " layers"));
   }
   if (tp > 0) {
     DELTASERVE_RETURN_IF_ERROR(CheckBudget(budget, tp));
     DELTASERVE_RETURN_IF_ERROR(CheckTensorParallel(config, tp));
   }
-  // TP sizes, largest first: divisors of a node that split the model.
+  // TP sizes, smallest first: divisors of a node that split the model.
   std::vector<int> tps;
-  for (int t = static_cast<int>(budget.gpus_per_node); t >= 1; --t) {
+  for (int t = 1; t <= budget.gpus_per_node; ++t) {
     if (tp > 0 && t != tp) continue;
     if (budget.gpus_per_node % t == 0 && CheckTensorParallel(config, t).ok()) tps.push_back(t);
+  }
+  // The candidates in the order they are tried: one stage with TP growing
+  // to the largest a node holds, then stages of that TP, one more at a time
+  // (a fixed pp or tp keeps only its own).
+  std::vector<std::pair<int, int>> candidates;  // (pp, tp)
+  for (int t : tps) candidates.push_back({pp > 0 ? pp : 1, t});
+  if (pp == 0) {
+    for (int stages = 2; stages <= L; ++stages) candidates.push_back({stages, tps.back()});
   }
   // A lower bound per TP size: the stages' totals sum to the whole rank's
   // weights and state, the cache of every MLA layer, and one workspace each,
   // so the fullest stage holds at least their mean.
-  std::vector<int64_t> spread(tps.size());
+  std::vector<int64_t> spread(static_cast<size_t>(budget.gpus_per_node) + 1, 0);
   const StagePlan whole{{StageRange{0, L}}};
-  for (size_t i = 0; i < tps.size(); ++i) {
-    DELTASERVE_ASSIGN_OR_RETURN(GpuLayout one, FitLayout(config, whole, tps[i], budget));
-    spread[i] = one.stages[0].weight_bytes + one.stages[0].kda_state_bytes +
-                one.stages[0].CacheBytes(context_tokens);
+  for (int t : tps) {
+    DELTASERVE_ASSIGN_OR_RETURN(GpuLayout one, FitLayout(config, whole, t, budget));
+    spread[static_cast<size_t>(t)] = one.stages[0].weight_bytes + one.stages[0].kda_state_bytes +
+                                     one.stages[0].CacheBytes(context_tokens);
   }
-  const int64_t max_pp = pp > 0 ? pp : L;
-  for (int64_t n = 1; n <= max_pp * budget.gpus_per_node; ++n) {
-    for (size_t i = 0; i < tps.size(); ++i) {
-      if (n % tps[i] != 0) continue;
-      const int64_t stages = n / tps[i];
-      if (stages > max_pp || (pp > 0 && stages != pp)) continue;
-      if ((spread[i] + stages - 1) / stages + budget.workspace_bytes > budget.gpu_memory_bytes) {
-        continue;
-      }
-      auto layout =
-          EvaluateLayout(config, static_cast<int>(stages), tps[i], context_tokens, budget);
-      if (layout.ok() || !absl::IsResourceExhausted(layout.status())) return layout;
+  for (const auto& [stages, t] : candidates) {
+    if ((spread[static_cast<size_t>(t)] + stages - 1) / stages + budget.workspace_bytes >
+        budget.gpu_memory_bytes) {
+      continue;
     }
+    auto layout = EvaluateLayout(config, stages, t, context_tokens, budget);
+    if (layout.ok() || !absl::IsResourceExhausted(layout.status())) return layout;
   }
   // Nothing fits: the figures of the largest layout there is.
-  auto largest =
-      EvaluateLayout(config, static_cast<int>(max_pp), tps.front(), context_tokens, budget);
+  const auto [max_pp, max_tp] = candidates.back();
+  auto largest = EvaluateLayout(config, max_pp, max_tp, context_tokens, budget);
   if (largest.ok()) {
     return absl::InternalError("the largest layout fits, but the search found none");
   }
   return absl::ResourceExhaustedError(
-      absl::StrCat("no layout of up to ", max_pp * tps.front(), " GPUs fits ", context_tokens,
+      absl::StrCat("no layout of up to ", int64_t{max_pp} * max_tp, " GPUs fits ", context_tokens,
                    " tokens of context; the largest: ", largest.status().message()));
 }
 

@@ -83,10 +83,11 @@ absl::StatusOr<GpuLayout> FitLayout(const ModelConfig& config, const StagePlan& 
 absl::StatusOr<GpuLayout> EvaluateLayout(const ModelConfig& config, int pp, int tp,
                                          int64_t context_tokens, const GpuBudget& budget);
 
-// The layout with the fewest GPUs that holds `context_tokens` tokens of
-// cache: TP inside a node (a divisor of gpus_per_node that divides the
-// model's split dimensions), pipeline stages across nodes; among layouts of
-// the same GPU count the one with the larger TP. `pp` or `tp` > 0 fixes that
+// The first layout that holds `context_tokens` tokens of cache, trying one
+// stage with TP 1, 2, ... up to the node (the divisors of gpus_per_node that
+// divide the model's split dimensions), then PP 2, 3, ... stages of the
+// largest such TP across nodes: the fewest GPUs with a TP group inside a
+// node and each further stage on whole nodes. `pp` or `tp` > 0 fixes that
 // dimension. ResourceExhausted when none fits, with the figures of the
 // largest layout tried.
 absl::StatusOr<GpuLayout> SmallestLayout(const ModelConfig& config, int64_t context_tokens,

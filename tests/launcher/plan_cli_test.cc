@@ -228,28 +228,28 @@ std::vector<int64_t> RowBytes(const std::string& row) {
 
 TEST(PlanCliTest, GpuPlanOfATinyPresetIsOneGpu) {
   std::string output;
-  ASSERT_EQ(Plan("--model k3-tiny --gpu-memory 1GiB --context 8192", &output), 0) << output;
+  ASSERT_EQ(Plan("--model k3-tiny --gpu-memory 8GiB --context 8192", &output), 0) << output;
   EXPECT_NE(output.find("preset k3-tiny"), std::string::npos) << output;
   EXPECT_NE(output.find("layout: 1 GPU on 1 node: PP 1 x TP 1"), std::string::npos) << output;
   // The context: what FitLayout leaves for the cache of one stage of k3-tiny.
   auto config = PresetConfig("k3-tiny");
   ASSERT_TRUE(config.ok());
   GpuBudget budget;
-  budget.gpu_memory_bytes = int64_t{1} << 30;
+  budget.gpu_memory_bytes = int64_t{8} << 30;
   auto layout = EvaluateLayout(*config, 1, 1, 8192, budget);
   ASSERT_TRUE(layout.ok()) << layout.status();
   const int64_t tokens = layout->max_context_tokens;
   const GpuStageMemory& m = layout->stages[0];
-  EXPECT_EQ(tokens, ((int64_t{1} << 30) - m.FixedBytes()) / m.cache_bytes_per_page * 64);
+  EXPECT_EQ(tokens, ((int64_t{8} << 30) - m.FixedBytes()) / m.cache_bytes_per_page * 64);
   EXPECT_NE(output.find(absl::StrCat("largest context per replica: ", tokens, " tokens")),
             std::string::npos)
       << output;
-  // The cache: 3 MLA layers x 28 values x 2 B (bf16) a token.
-  EXPECT_EQ(m.cache_bytes_per_page, 3 * 28 * 2 * 64);
+  // The cache: 3 MLA layers x (16 + 4) values x 2 B (bf16) a token.
+  EXPECT_EQ(m.cache_bytes_per_page, 3 * (16 + 4) * 2 * 64);
   const std::vector<int64_t> bytes = RowBytes(StageRow(output, 0));
   ASSERT_EQ(bytes.size(), 5u) << output;  // weights, state, cache, workspace, total
   EXPECT_EQ(bytes[4], m.TotalBytes(tokens));
-  EXPECT_LE(bytes[4], int64_t{1} << 30);
+  EXPECT_LE(bytes[4], int64_t{8} << 30);
 }
 
 TEST(PlanCliTest, GpuPlanOfRealK3NeedsMoreThanOneNode) {
@@ -285,9 +285,9 @@ TEST(PlanCliTest, GpuPlanOfRealK3NeedsMoreThanOneNode) {
 
 TEST(PlanCliTest, GpuPlanRefusesWhatCannotFit) {
   std::string output;
-  EXPECT_NE(Plan("--model k3 --gpu-memory 8GiB", &output), 0) << output;
-  for (const char* part : {"--gpu-memory 8GiB", "no layout of up to 744 GPUs", "PP 93 x TP 8",
-                           "does not fit in 8.00 GiB per GPU", "more than there is"}) {
+  EXPECT_NE(Plan("--model k3 --gpu-memory 6GiB", &output), 0) << output;
+  for (const char* part : {"--gpu-memory 6GiB", "no layout of up to 744 GPUs", "PP 93 x TP 8",
+                           "does not fit in 6.00 GiB per GPU", "more than there is"}) {
     EXPECT_NE(output.find(part), std::string::npos) << part << " in\n" << output;
   }
   // The tiny model fits, but not a context beyond its memory.
@@ -302,7 +302,7 @@ TEST(PlanCliTest, GpuPlanBadInputFailsNamingTheFlag) {
       {model + " --gpu-memory 141GB", {"--gpu-memory", "'141GB' is not a memory size", "GiB"}},
       {model + " --gpu-memory lots", {"--gpu-memory", "'lots' is not a memory size"}},
       {model + " --gpu-memory -4GiB", {"--gpu-memory", "not a memory size"}},
-      {model + " --gpu-memory 0GiB", {"--gpu-memory", "not positive"}},
+      {model + " --gpu-memory 0GiB", {"--gpu-memory must be positive"}},
       {model + " --gpu-memory 1.2.3GiB", {"--gpu-memory", "not a memory size"}},
       {model + " --gpu-memory 99999999TiB", {"--gpu-memory", "too large"}},
       {model + " --gpu-memory=", {"--gpu-memory"}},

@@ -108,6 +108,7 @@ TEST(GpuPlanTest, SmallestLayoutOfTinyIsOneGpu) {
   ASSERT_TRUE(c.ok());
   GpuBudget budget;
   budget.gpu_memory_bytes = int64_t{1} << 30;
+  budget.workspace_bytes = int64_t{256} << 20;
   auto layout = SmallestLayout(*c, 4096, budget);
   ASSERT_TRUE(layout.ok()) << layout.status();
   EXPECT_EQ(layout->gpus(), 1);
@@ -131,9 +132,14 @@ TEST(GpuPlanTest, K3NeedsMoreThanOneNode) {
   for (const GpuStageMemory& m : layout->stages) {
     EXPECT_LE(m.TotalBytes(layout->max_context_tokens), budget.gpu_memory_bytes);
   }
-  // One GPU fewer a stage does not fit: PP - 1 stages of TP 8 are refused.
+  // One stage fewer does not fit.
   auto fewer = EvaluateLayout(*k3, layout->pp - 1, 8, 1 << 20, budget);
   EXPECT_TRUE(absl::IsResourceExhausted(fewer.status())) << fewer.status();
+  // A fixed TP: stages of TP 2 across nodes, more of them.
+  auto tp2 = SmallestLayout(*k3, 1 << 20, budget, /*pp=*/0, /*tp=*/2);
+  ASSERT_TRUE(tp2.ok()) << tp2.status();
+  EXPECT_EQ(tp2->tp, 2);
+  EXPECT_GT(tp2->pp, layout->pp);
 }
 
 TEST(GpuPlanTest, NothingFitsIsRefused) {

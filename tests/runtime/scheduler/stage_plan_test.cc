@@ -227,7 +227,7 @@ TEST(RealConfigsTest, K3PresetIsTheRealConfigWithMxfp4Experts) {
   EXPECT_EQ(ModelConfigToJson(*preset), ModelConfigToJson(expected));
   const ParameterCount count = CountParameters(*preset);
   EXPECT_NEAR(static_cast<double>(count.total), 2.78e12, 0.01e12);
-  EXPECT_NEAR(static_cast<double>(count.active_per_token), 104e9, 1e9);
+  EXPECT_NEAR(static_cast<double>(count.active_per_token), 104e9, 1.5e9);  // as above
   auto again = ParseModelConfig(ModelConfigToJson(*preset), "k3");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*preset));
