@@ -1,13 +1,18 @@
 #include "launcher/flags.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <string_view>
+#include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 
@@ -185,6 +190,45 @@ absl::StatusOr<double> Flags::GetDouble(const std::string& name, double fallback
         absl::StrCat(command_, ": --", name, " must be a number, got '", it->second, "'"));
   }
   return v;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
+  static constexpr std::pair<const char*, int> kUnits[] = {{"KiB", 10}, {"MiB", 20}, {"GiB", 30},
+                                                           {"TiB", 40}, {"B", 0},    {"", 0}};
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a memory size (", why,
+                     "): write bytes, or a number with KiB, MiB, GiB or TiB, e.g. 141GiB"));
+  };
+  absl::string_view rest = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < rest.size() &&
+         (absl::ascii_isdigit(static_cast<unsigned char>(rest[digits])) || rest[digits] == '.')) {
+    ++digits;
+  }
+  const std::string number(rest.substr(0, digits));
+  const absl::string_view unit = absl::StripAsciiWhitespace(rest.substr(digits));
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &value)) return bad("no number");
+  for (const auto& [name, shift] : kUnits) {
+    if (unit != name) continue;
+    const double bytes = std::ldexp(value, shift);
+    if (!(bytes >= 0)) return bad("negative");
+    if (bytes >= std::ldexp(1.0, 62)) return bad("too large");
+    return static_cast<int64_t>(bytes);
+  }
+  return bad(absl::StrCat("unknown unit '", unit, "'"));
+}
+
+absl::StatusOr<int64_t> Flags::GetByteSize(const std::string& name, int64_t fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  auto bytes = ParseByteSize(it->second);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(command_, ": --", name, ": ", bytes.status().message()));
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text,

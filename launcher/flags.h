@@ -61,6 +61,8 @@ class Flags {
   absl::StatusOr<std::string> Required(const std::string& name) const;
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
+  // A memory size (ParseByteSize); the error names the flag.
+  absl::StatusOr<int64_t> GetByteSize(const std::string& name, int64_t fallback) const;
 
  private:
   // `valued` flags take a value; `switches` take none. Names without "--".
@@ -72,6 +74,12 @@ class Flags {
   std::string command_;
   std::map<std::string, std::string> values_;
 };
+
+// "141GiB", "1.5 TiB", "4096": bytes, optionally with a KiB, MiB, GiB or TiB
+// suffix (powers of 1024; "B" alone is bytes); a fractional value is rounded
+// down to whole bytes. Below 2^62. The error says what is
+// accepted.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 
 // "1,2,3" (commas and/or whitespace) to token ids; `what` names the source.
 absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text,

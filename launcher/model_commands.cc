@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
@@ -82,7 +83,17 @@ absl::Status RunMakeModel(const Args& args) {
     return absl::InvalidArgumentError("give exactly one of --preset, --config");
   }
   if (flags.Has("preset")) {
-    DELTASERVE_ASSIGN_OR_RETURN(config, PresetConfig(flags.GetString("preset")));
+    const std::string preset = flags.GetString("preset");
+    for (const std::string& full : FullSizePresetNames()) {
+      if (preset == full) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--preset ", preset,
+                         " is the full-size model, for `deltaserve plan`: its checkpoint "
+                         "is terabytes; make-model writes ",
+                         absl::StrJoin(PresetNames(), ", ")));
+      }
+    }
+    DELTASERVE_ASSIGN_OR_RETURN(config, PresetConfig(preset));
   } else {
     const std::string path = flags.GetString("config");
     std::ifstream in(path);

@@ -1,8 +1,11 @@
 // deltaserve plan: the pipeline stages of a deployment and what one rank of
-// each stage holds, from the config alone (no weights are read).
+// each stage holds, from the config alone (no weights are read); with
+// --gpu-memory, the fewest GPUs (PP x TP) that hold the model and the largest
+// context that fits on them.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -17,8 +20,10 @@
 #include "launcher/flags.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/config.h"
+#include "runtime/model/presets.h"
 #include "runtime/model/state_pool.h"
 #include "runtime/model/weight_spec.h"
+#include "runtime/scheduler/gpu_plan.h"
 #include "runtime/scheduler/stage_plan.h"
 
 namespace deltaserve {
@@ -41,8 +46,17 @@ absl::StatusOr<ModelConfig> ConfigFromFlags(const Flags& flags, std::string* sou
     return absl::InvalidArgumentError("give exactly one of --model DIR, --config FILE");
   }
   if (flags.Has("model")) {
-    *source = flags.GetString("model") + "/config.json";
-    return LoadModelConfig(flags.GetString("model"));
+    const std::string model = flags.GetString("model");
+    // A preset name, unless a directory of that name is there.
+    std::error_code error;
+    if (!std::filesystem::is_directory(model, error) && model.find('/') == std::string::npos) {
+      if (auto preset = PresetConfig(model); preset.ok()) {
+        *source = absl::StrCat("preset ", model);
+        return preset;
+      }
+    }
+    *source = model + "/config.json";
+    return LoadModelConfig(model);
   }
   *source = flags.GetString("config");
   std::ifstream in(*source, std::ios::binary);
@@ -215,16 +229,144 @@ void PrintPlan(const ModelConfig& c, const std::vector<StageReport>& reports, in
               context, total_cost, ideal > 0 ? max_cost / ideal : 1.0);
 }
 
+absl::StatusOr<int64_t> CacheBytesOf(const Flags& flags) {
+  const int given = flags.Has("cache-bytes") + flags.Has("kv-dtype") + flags.Has("kv-cache-dtype");
+  if (given > 1) {
+    return absl::InvalidArgumentError("give one of --kv-dtype, --kv-cache-dtype, --cache-bytes");
+  }
+  if (flags.Has("cache-bytes")) return IntInRange(flags, "cache-bytes", 2, 1, 8);
+  const char* name = flags.Has("kv-cache-dtype") ? "kv-cache-dtype" : "kv-dtype";
+  const std::string dtype = flags.GetString(name, "bf16");
+  if (dtype == "bf16") return 2;
+  if (dtype == "f32") return 4;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", name, " must be bf16 or f32, got '", dtype, "'"));
+}
+
+void PrintGpuLayout(const ModelConfig& c, const GpuLayout& layout, const GpuBudget& budget,
+                    int64_t context) {
+  const int64_t shown = layout.max_context_tokens;
+  std::vector<std::vector<std::string>> rows = {
+      {"stage", "layers", "MLA", "GPUs", "weights", "KDA state",
+       absl::StrCat("MLA cache at ", shown, " tokens"), "workspace", "total per GPU", "free"}};
+  for (size_t s = 0; s < layout.stages.size(); ++s) {
+    const GpuStageMemory& m = layout.stages[s];
+    rows.push_back({absl::StrCat(s), Layers(m.layers), absl::StrCat(m.mla_layers),
+                    absl::StrCat(layout.tp), Bytes(m.weight_bytes), Bytes(m.kda_state_bytes),
+                    Bytes(m.CacheBytes(shown)), Bytes(m.workspace_bytes),
+                    Bytes(m.TotalBytes(shown)),
+                    ByteSizeText(budget.gpu_memory_bytes - m.TotalBytes(shown))});
+  }
+  PrintTable(rows, {false, false, true, true, false, false, false, false, false, true});
+  std::printf("largest context per replica: %" PRId64
+              " tokens of MLA cache (stage %zu is the "
+              "tightest)\n",
+              shown, layout.tightest_stage);
+  if (shown > c.max_position_embeddings && c.max_position_embeddings > 0) {
+    std::printf("  one sequence is capped at the model's %" PRId64
+                " tokens (max_position_embeddings); the cache holds %.2f such sequences, each "
+                "needing a KDA state slot (--sequences)\n",
+                c.max_position_embeddings,
+                static_cast<double>(shown) / static_cast<double>(c.max_position_embeddings));
+  }
+  size_t fullest = 0;
+  for (size_t s = 0; s < layout.stages.size(); ++s) {
+    if (layout.stages[s].TotalBytes(context) > layout.stages[fullest].TotalBytes(context)) {
+      fullest = s;
+    }
+  }
+  std::printf("at --context %" PRId64 ": stage %zu is the fullest, %s per GPU of %s\n", context,
+              fullest, Bytes(layout.stages[fullest].TotalBytes(context)).c_str(),
+              ByteSizeText(budget.gpu_memory_bytes).c_str());
+}
+
+absl::Status RunGpuPlan(const Flags& flags, const ModelConfig& config, const std::string& source) {
+  if (flags.Has("stage-layers")) {
+    return absl::InvalidArgumentError(
+        "--stage-layers is not used with --gpu-memory (the stage planner splits the layers)");
+  }
+  GpuBudget budget;
+  DELTASERVE_ASSIGN_OR_RETURN(budget.gpu_memory_bytes, flags.GetByteSize("gpu-memory", 0));
+  if (budget.gpu_memory_bytes <= 0)
+    return absl::InvalidArgumentError("--gpu-memory must be positive");
+  DELTASERVE_ASSIGN_OR_RETURN(budget.gpus_per_node, IntInRange(flags, "gpus-per-node", 8, 1, 1024));
+  DELTASERVE_ASSIGN_OR_RETURN(budget.workspace_bytes,
+                              flags.GetByteSize("workspace", kDefaultGpuWorkspaceBytes));
+  DELTASERVE_ASSIGN_OR_RETURN(budget.sequences, IntInRange(flags, "sequences", 1, 1, 1 << 20));
+  DELTASERVE_ASSIGN_OR_RETURN(budget.bytes.cache, CacheBytesOf(flags));
+  if (flags.Has("weight-bytes")) {
+    DELTASERVE_ASSIGN_OR_RETURN(budget.bytes.weight, IntInRange(flags, "weight-bytes", 4, 1, 8));
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(budget.bytes.state, IntInRange(flags, "state-bytes", 4, 1, 8));
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t context,
+                              IntInRange(flags, "context", kDefaultContext, 1, int64_t{1} << 34));
+  int64_t pp = 0, tp = 0;
+  if (flags.Has("pp")) {
+    DELTASERVE_ASSIGN_OR_RETURN(pp, IntInRange(flags, "pp", 1, 1, config.num_layers));
+  }
+  if (flags.Has("tp")) {
+    DELTASERVE_ASSIGN_OR_RETURN(tp, IntInRange(flags, "tp", 1, 1, budget.gpus_per_node));
+    if (budget.gpus_per_node % tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tp ", tp, " does not divide --gpus-per-node ", budget.gpus_per_node,
+                       " (a TP group stays inside one node)"));
+    }
+    if (absl::Status s = CheckTensorParallel(config, static_cast<int>(tp)); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tp ", tp, ": ", s.message()));
+    }
+  }
+  const std::string memory = flags.GetString("gpu-memory");
+  absl::StatusOr<GpuLayout> found =
+      pp > 0 && tp > 0
+          ? EvaluateLayout(config, static_cast<int>(pp), static_cast<int>(tp), context, budget)
+          : SmallestLayout(config, context, budget, static_cast<int>(pp), static_cast<int>(tp));
+  if (!found.ok()) {
+    return absl::Status(found.status().code(),
+                        absl::StrCat("--gpu-memory ", memory, ": ", found.status().message()));
+  }
+  const GpuLayout& layout = *found;
+
+  PrintModel(config, source);
+  const std::string weights =
+      budget.bytes.weight == PlanBytes::kAsStored
+          ? std::string(config.quantization.mxfp4
+                            ? "as stored (bf16, MXFP4 routed experts 0.5 B + 1 scale per 32)"
+                            : "as stored")
+          : absl::StrCat(budget.bytes.weight, " B each");
+  std::printf(
+      "GPUs: %s each, %" PRId64 " per node; per GPU: weights %s, KDA state %" PRId64
+      " B a value for %" PRId64 " %s, MLA cache %s in pages of %" PRId64 " tokens, workspace %s\n",
+      ByteSizeText(budget.gpu_memory_bytes).c_str(), budget.gpus_per_node, weights.c_str(),
+      budget.bytes.state, budget.sequences, budget.sequences == 1 ? "sequence" : "sequences",
+      budget.bytes.cache == 2   ? "bf16"
+      : budget.bytes.cache == 4 ? "f32"
+                                : absl::StrCat(budget.bytes.cache, " B").c_str(),
+      kCachePageTokens, ByteSizeText(budget.workspace_bytes).c_str());
+  std::printf(
+      "layout: %" PRId64 " %s on %" PRId64
+      " %s: PP %d x TP %d (%s); stages balanced by "
+      "the prefill cost model at %" PRId64 " tokens\n\n",
+      layout.gpus(), layout.gpus() == 1 ? "GPU" : "GPUs", layout.Nodes(budget.gpus_per_node),
+      layout.Nodes(budget.gpus_per_node) == 1 ? "node" : "nodes", layout.pp, layout.tp,
+      pp > 0 && tp > 0
+          ? "as given"
+          : absl::StrCat("the fewest GPUs that hold ", context, " tokens of context").c_str(),
+      context);
+  PrintGpuLayout(config, layout, budget, context);
+  return absl::OkStatus();
+}
 }  // namespace
 
 const CommandSpec& PlanSpec() {
   static const auto* spec = new CommandSpec{
       .name = "plan",
       .summary = "the stages of a deployment and the memory and traffic of each rank",
-      .usage = "(--model DIR | --config FILE) --pp N --tp M [flags]",
+      .usage = "(--model DIR | --config FILE) (--pp N --tp M | --gpu-memory SIZE) [flags]",
       .flags =
           {
-              {"model", "DIR", "a model directory (only its config.json is read)"},
+              {"model", "DIR",
+               "a model directory (only its config.json is read), or a preset: "
+               "k3 (the real Kimi K3), k3-small, k3-tiny, kimi-linear-tiny"},
               {"config", "FILE", "a config.json"},
               {"pp", "N", "pipeline stages"},
               {"tp", "M", "tensor-parallel ranks per stage"},
@@ -236,8 +378,23 @@ const CommandSpec& PlanSpec() {
               {"cache-bytes", "B", "bytes per MLA cache element", "4"},
               {"state-bytes", "B", "bytes per KDA state element", "4"},
               {"activation-bytes", "B", "bytes per activation element sent between stages", "4"},
+              {"gpu-memory", "SIZE",
+               "plan for GPUs of this much memory (bytes, or KiB/MiB/GiB/TiB: 141GiB): the fewest "
+               "GPUs that hold --context tokens, and the largest context that fits them; "
+               "--pp/--tp then fix a layout instead of searching"},
+              {"gpus-per-node", "N", "GPUs per node (a TP group stays inside a node)", "8"},
+              {"kv-dtype", "bf16|f32", "MLA latent cache dtype, with --gpu-memory", "bf16"},
+              {"kv-cache-dtype", "bf16|f32", "the same as --kv-dtype (serve's name for it)"},
+              {"workspace", "SIZE",
+               "reserve per GPU for the CUDA context, library workspaces, communication buffers "
+               "and prefill activations, with --gpu-memory",
+               "4GiB"},
+              {"sequences", "N",
+               "sequences holding KDA state at once (one slot each), with --gpu-memory", "1"},
           },
-      .examples = {"deltaserve plan --model DIR --pp 4 --tp 8 --context 1048576"},
+      .examples = {"deltaserve plan --model DIR --pp 4 --tp 8 --context 1048576",
+                   "deltaserve plan --model k3 --gpu-memory 141GiB --gpus-per-node 8 "
+                   "--context 1048576"},
   };
   return *spec;
 }
@@ -246,6 +403,13 @@ absl::Status RunPlan(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(PlanSpec(), args));
   std::string source;
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromFlags(flags, &source));
+  if (flags.Has("gpu-memory")) return RunGpuPlan(flags, config, source);
+  for (const char* name :
+       {"gpus-per-node", "kv-dtype", "kv-cache-dtype", "workspace", "sequences"}) {
+    if (flags.Has(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs --gpu-memory"));
+    }
+  }
   DELTASERVE_RETURN_IF_ERROR(flags.Required("pp").status());
   DELTASERVE_RETURN_IF_ERROR(flags.Required("tp").status());
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, IntInRange(flags, "pp", 1, 1, kMaxParallelism));

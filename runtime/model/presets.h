@@ -1,6 +1,7 @@
 // Named model configurations for tests, benchmarks and `make-model`: the two
 // tiny golden architectures (identical to ../shared/golden/model/*/config.json)
-// and k3-small, a K3-shaped model of 111M parameters for benchmarks.
+// and k3-small, a K3-shaped model of 111M parameters for benchmarks; and, for
+// `plan` only, k3: the real Kimi K3 (2.78T parameters, routed experts MXFP4).
 #pragma once
 
 #include <string>
@@ -11,9 +12,13 @@
 
 namespace deltaserve {
 
-// "k3-tiny", "kimi-linear-tiny", "k3-small"; anything else is NotFound
+// "k3-tiny", "kimi-linear-tiny", "k3-small", "k3"; anything else is NotFound
 // naming the preset and listing the known ones.
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& name);
+// The presets a random checkpoint can be made of (make-model, the tests
+// that write every preset): all but the full-size ones.
 std::vector<std::string> PresetNames();
+// Full-size presets, configs only: their checkpoints are terabytes ("k3").
+std::vector<std::string> FullSizePresetNames();
 
 }  // namespace deltaserve

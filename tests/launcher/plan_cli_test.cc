@@ -1,14 +1,19 @@
 // deltaserve plan as a user runs it: the per-stage figures it prints agree
 // with ReportPlan, and bad input exits non-zero with a message naming the
 // flag or the dimension.
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/model/config.h"
+#include "runtime/model/presets.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/scheduler/gpu_plan.h"
 #include "runtime/scheduler/stage_plan.h"
 #include "tests/test_util.h"
 
@@ -203,6 +208,130 @@ TEST(PlanCliTest, BadInputFailsNamingTheProblem) {
           << output;
     }
   }
+}
+
+// --- --gpu-memory ------------------------------------------------------------
+
+// The exact byte counts "(N B)" of a row, in order.
+std::vector<int64_t> RowBytes(const std::string& row) {
+  std::vector<int64_t> out;
+  for (size_t open = row.find('('); open != std::string::npos; open = row.find('(', open + 1)) {
+    const size_t close = row.find(" B)", open);
+    int64_t n = 0;
+    if (close != std::string::npos &&
+        absl::SimpleAtoi(row.substr(open + 1, close - open - 1), &n)) {
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
+TEST(PlanCliTest, GpuPlanOfATinyPresetIsOneGpu) {
+  std::string output;
+  ASSERT_EQ(Plan("--model k3-tiny --gpu-memory 8GiB --context 8192", &output), 0) << output;
+  EXPECT_NE(output.find("preset k3-tiny"), std::string::npos) << output;
+  EXPECT_NE(output.find("layout: 1 GPU on 1 node: PP 1 x TP 1"), std::string::npos) << output;
+  // The context: what FitLayout leaves for the cache of one stage of k3-tiny.
+  auto config = PresetConfig("k3-tiny");
+  ASSERT_TRUE(config.ok());
+  GpuBudget budget;
+  budget.gpu_memory_bytes = int64_t{8} << 30;
+  auto layout = EvaluateLayout(*config, 1, 1, 8192, budget);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const int64_t tokens = layout->max_context_tokens;
+  const GpuStageMemory& m = layout->stages[0];
+  EXPECT_EQ(tokens, ((int64_t{8} << 30) - m.FixedBytes()) / m.cache_bytes_per_page * 64);
+  EXPECT_NE(output.find(absl::StrCat("largest context per replica: ", tokens, " tokens")),
+            std::string::npos)
+      << output;
+  // The cache: 3 MLA layers x (16 + 4) values x 2 B (bf16) a token.
+  EXPECT_EQ(m.cache_bytes_per_page, 3 * (16 + 4) * 2 * 64);
+  const std::vector<int64_t> bytes = RowBytes(StageRow(output, 0));
+  ASSERT_EQ(bytes.size(), 5u) << output;  // weights, state, cache, workspace, total
+  EXPECT_EQ(bytes[4], m.TotalBytes(tokens));
+  EXPECT_LE(bytes[4], int64_t{8} << 30);
+}
+
+TEST(PlanCliTest, GpuPlanOfRealK3NeedsMoreThanOneNode) {
+  std::string output;
+  ASSERT_EQ(Plan("--model k3 --gpu-memory 141GiB --gpus-per-node 8 --kv-dtype bf16", &output), 0)
+      << output;
+  std::printf("%s", output.c_str());
+  EXPECT_NE(output.find("93 layers: 69 KDA + 24 MLA"), std::string::npos) << output;
+  EXPECT_NE(output.find("MXFP4 routed experts"), std::string::npos) << output;
+  const size_t at = output.find("layout: ");
+  ASSERT_NE(at, std::string::npos) << output;
+  const std::string layout = output.substr(at, output.find('\n', at) - at);
+  EXPECT_NE(layout.find("x TP 8"), std::string::npos) << layout;
+  EXPECT_EQ(layout.find(" on 1 node"), std::string::npos) << layout;
+  int stages = 0;
+  for (int s = 0; !StageRow(output, s).empty(); ++s) {
+    const std::vector<int64_t> bytes = RowBytes(StageRow(output, s));
+    ASSERT_EQ(bytes.size(), 5u) << StageRow(output, s);
+    EXPECT_LT(bytes[4], int64_t{141} << 30) << StageRow(output, s);
+    EXPECT_GT(bytes[0], int64_t{60} << 30) << "weights of stage " << s;
+    ++stages;
+  }
+  EXPECT_GE(stages, 2) << output;
+  EXPECT_NE(output.find(absl::StrCat("PP ", stages, " x TP 8")), std::string::npos) << layout;
+
+  // One stage of one node cannot hold it: refused, saying by how much.
+  EXPECT_NE(Plan("--model k3 --gpu-memory 141GiB --pp 1 --tp 8", &output), 0) << output;
+  EXPECT_NE(output.find("PP 1 x TP 8 does not fit in 141.00 GiB per GPU: stage 0"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("more than there is"), std::string::npos) << output;
+}
+
+TEST(PlanCliTest, GpuPlanRefusesWhatCannotFit) {
+  std::string output;
+  EXPECT_NE(Plan("--model k3 --gpu-memory 6GiB", &output), 0) << output;
+  for (const char* part : {"--gpu-memory 6GiB", "no layout of up to 744 GPUs", "PP 93 x TP 8",
+                           "does not fit in 6.00 GiB per GPU", "more than there is"}) {
+    EXPECT_NE(output.find(part), std::string::npos) << part << " in\n" << output;
+  }
+  // The tiny model fits, but not a context beyond its memory.
+  EXPECT_NE(Plan("--model k3-tiny --gpu-memory 16MiB --workspace 0 --context 1048576", &output), 0)
+      << output;
+  EXPECT_NE(output.find("MLA cache for 1048576 tokens"), std::string::npos) << output;
+}
+
+TEST(PlanCliTest, GpuPlanBadInputFailsNamingTheFlag) {
+  const std::string model = "--model k3-tiny";
+  const std::vector<BadInput> cases = {
+      {model + " --gpu-memory 141GB", {"--gpu-memory", "'141GB' is not a memory size", "GiB"}},
+      {model + " --gpu-memory lots", {"--gpu-memory", "'lots' is not a memory size"}},
+      {model + " --gpu-memory -4GiB", {"--gpu-memory", "not a memory size"}},
+      {model + " --gpu-memory 0GiB", {"--gpu-memory must be positive"}},
+      {model + " --gpu-memory 1.2.3GiB", {"--gpu-memory", "not a memory size"}},
+      {model + " --gpu-memory 99999999TiB", {"--gpu-memory", "too large"}},
+      {model + " --gpu-memory=", {"--gpu-memory"}},
+      {model + " --gpu-memory 1GiB --workspace 4Gi", {"--workspace", "not a memory size"}},
+      {model + " --gpu-memory 1GiB --kv-dtype fp8", {"--kv-dtype", "bf16 or f32"}},
+      {model + " --gpu-memory 1GiB --gpus-per-node 0", {"--gpus-per-node"}},
+      {model + " --gpu-memory 1GiB --tp 3", {"--tp 3"}},
+      {model + " --gpu-memory 1GiB --gpus-per-node 6 --tp 4", {"--tp 4", "--gpus-per-node 6"}},
+      {model + " --gpu-memory 1GiB --pp 10", {"--pp"}},
+      {model + " --gpu-memory 1GiB --sequences 0", {"--sequences"}},
+      {model + " --gpu-memory 1GiB --kv-dtype f32 --cache-bytes 4",
+       {"--kv-dtype", "--cache-bytes"}},
+      {model + " --pp 1 --tp 1 --gpus-per-node 8", {"--gpus-per-node needs --gpu-memory"}},
+      {"--model k4 --gpu-memory 1GiB", {"k4/config.json"}},
+  };
+  for (const BadInput& bad : cases) {
+    std::string output;
+    EXPECT_NE(Plan(bad.flags, &output), 0) << bad.flags << "\n" << output;
+    for (const std::string& part : bad.message) {
+      EXPECT_NE(output.find(part), std::string::npos)
+          << bad.flags << ": expected '" << part << "' in\n"
+          << output;
+    }
+  }
+  // Sizes in each unit parse as powers of 1024.
+  std::string output;
+  ASSERT_EQ(Plan(model + " --gpu-memory 0.5GiB --workspace 65536", &output), 0) << output;
+  EXPECT_NE(output.find("GPUs: 512.00 MiB each"), std::string::npos) << output;
+  EXPECT_NE(output.find("workspace 64.00 KiB"), std::string::npos) << output;
 }
 
 }  // namespace

@@ -217,6 +217,24 @@ TEST(RealConfigsTest, MatchModelMd) {
 
 // --- memory figures --------------------------------------------------------
 
+// The k3 preset (what `plan --model k3` reads) is this config with its
+// routed experts in MXFP4, as MODEL.md says real K3 stores them.
+TEST(RealConfigsTest, K3PresetIsTheRealConfigWithMxfp4Experts) {
+  auto preset = PresetConfig("k3");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  ModelConfig expected = K3();
+  expected.quantization = RoutedExpertsMxfp4();
+  EXPECT_EQ(ModelConfigToJson(*preset), ModelConfigToJson(expected));
+  const ParameterCount count = CountParameters(*preset);
+  EXPECT_NEAR(static_cast<double>(count.total), 2.78e12, 0.01e12);
+  EXPECT_NEAR(static_cast<double>(count.active_per_token), 104e9, 1.5e9);  // as above
+  auto again = ParseModelConfig(ModelConfigToJson(*preset), "k3");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ModelConfigToJson(*again), ModelConfigToJson(*preset));
+  // Too large to write: make-model's list leaves it out.
+  for (const std::string& name : PresetNames()) EXPECT_NE(name, "k3");
+}
+
 TEST(ReportPlanTest, K3MlaCacheMatchesModelMd) {
   const PlanBytes bf16{.weight = 2, .cache = 2};
   const int64_t million = 1 << 20;
