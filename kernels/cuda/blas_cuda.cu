@@ -9,6 +9,7 @@
 
 #ifdef __CUDACC__
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include <mutex>
 #endif
@@ -18,6 +19,66 @@ namespace deltaserve::kernels::cuda::DELTASERVE_CUDA_TARGET {
 #ifdef __CUDACC__
 
 namespace {
+
+// cuBLASLt is loaded on first use, not linked: mapping and relocating it
+// costs a process some 210 MB of resident memory, which a run on the CPU
+// should not pay. Each function the calls below use is looked up once; the
+// macros after the table route the calls through it.
+// clang-format off
+#define DELTASERVE_LT_FUNCTIONS(X)                                                      \
+  X(cublasLtCreate) X(cublasLtGetStatusString) X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                       \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                         \
+  X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)                 \
+  X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)            \
+  X(cublasLtMatmul)
+// clang-format on
+
+struct LtFunctions {
+#define DELTASERVE_LT_FIELD(name) decltype(&::name) name = nullptr;
+  DELTASERVE_LT_FUNCTIONS(DELTASERVE_LT_FIELD)
+#undef DELTASERVE_LT_FIELD
+  std::string error;  // why the library or a function is missing
+};
+
+#define DELTASERVE_LT_STR2(x) #x
+#define DELTASERVE_LT_STR(x) DELTASERVE_LT_STR2(x)
+
+const LtFunctions& LtApi() {
+  static const LtFunctions api = [] {
+    LtFunctions out;
+    const std::string soname = "libcublasLt.so." DELTASERVE_LT_STR(CUBLAS_VER_MAJOR);
+    void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {  // the toolkit's own directory, where the build found it
+      lib = dlopen((std::string(DELTASERVE_CUDA_LIBRARY_DIR) + "/" + soname).c_str(),
+                   RTLD_NOW | RTLD_LOCAL);
+    }
+    if (lib == nullptr) {
+      out.error = "cannot load " + soname + ": " + dlerror();
+      return out;
+    }
+#define DELTASERVE_LT_LOAD(name)                                      \
+  out.name = reinterpret_cast<decltype(out.name)>(dlsym(lib, #name)); \
+  if (out.name == nullptr && out.error.empty()) out.error = soname + " has no " #name;
+    DELTASERVE_LT_FUNCTIONS(DELTASERVE_LT_LOAD)
+#undef DELTASERVE_LT_LOAD
+    return out;
+  }();
+  return api;
+}
+
+#define cublasLtCreate LtApi().cublasLtCreate
+#define cublasLtGetStatusString LtApi().cublasLtGetStatusString
+#define cublasLtMatmulDescCreate LtApi().cublasLtMatmulDescCreate
+#define cublasLtMatmulDescDestroy LtApi().cublasLtMatmulDescDestroy
+#define cublasLtMatmulDescSetAttribute LtApi().cublasLtMatmulDescSetAttribute
+#define cublasLtMatrixLayoutCreate LtApi().cublasLtMatrixLayoutCreate
+#define cublasLtMatrixLayoutDestroy LtApi().cublasLtMatrixLayoutDestroy
+#define cublasLtMatmulPreferenceCreate LtApi().cublasLtMatmulPreferenceCreate
+#define cublasLtMatmulPreferenceDestroy LtApi().cublasLtMatmulPreferenceDestroy
+#define cublasLtMatmulPreferenceSetAttribute LtApi().cublasLtMatmulPreferenceSetAttribute
+#define cublasLtMatmulAlgoGetHeuristic LtApi().cublasLtMatmulAlgoGetHeuristic
+#define cublasLtMatmul LtApi().cublasLtMatmul
 
 // What cuBLASLt's heuristics may use for split-K and stream-K: the 32 MiB
 // NVIDIA recommends for Hopper.
@@ -31,6 +92,10 @@ struct Lt {
 const Lt& Handle() {
   static const Lt lt = [] {
     Lt out;
+    if (!LtApi().error.empty()) {
+      out.error = LtApi().error;
+      return out;
+    }
     const cublasStatus_t status = cublasLtCreate(&out.handle);
     if (status != CUBLAS_STATUS_SUCCESS) {
       out.error = std::string("cublasLtCreate: ") + cublasLtGetStatusString(status);
