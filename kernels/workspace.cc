@@ -1,5 +1,8 @@
 #include "kernels/workspace.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +127,47 @@ void Workspace::CopyToHost(void* dst, const void* src, size_t bytes) {
   if (!error.empty()) ReportError("CopyToHost", error);
 }
 
+void Workspace::Zero(void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  if (device_ == Device::kCpu) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  const std::string error = DELTASERVE_CUDA_DISPATCH(DeviceZero)(dst, bytes, stream_);
+  if (!error.empty()) ReportError("Zero", error);
+}
+
+std::string Workspace::Memory(size_t* free_bytes, size_t* total_bytes) const {
+  if (device_ == Device::kCpu) {
+    const long page = sysconf(_SC_PAGESIZE);
+    *free_bytes = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(page);
+    *total_bytes = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(page);
+    return std::string();
+  }
+  return DELTASERVE_CUDA_DISPATCH(DeviceMemory)(free_bytes, total_bytes);
+}
+
+int CudaDeviceCount(std::string* error) {
+  if (cuda::ActiveBackend() == cuda::Backend::kNone) {
+    *error = cuda::BackendProblem();
+    return 0;
+  }
+  return DELTASERVE_CUDA_DISPATCH(DeviceCount)(error);
+}
+
+namespace {
+std::atomic<int> selected_cuda_device{0};
+}  // namespace
+
+std::string SelectCudaDevice(int ordinal) {
+  if (cuda::ActiveBackend() == cuda::Backend::kNone) return cuda::BackendProblem();
+  std::string error = DELTASERVE_CUDA_DISPATCH(SelectDevice)(ordinal);
+  if (error.empty()) selected_cuda_device = ordinal;
+  return error;
+}
+
+int SelectedCudaDevice() { return selected_cuda_device; }
+
 void* Workspace::Allocate(size_t bytes) {
   DELTASERVE_CHECK(bytes > 0);
   const size_t size = SizeClass(bytes);
@@ -206,10 +250,60 @@ void Buffer::Release() {
 }
 
 Temp::Temp(Device device, DType dtype, int64_t rows, int64_t cols) {
-  DELTASERVE_CHECK(device == Device::kCpu);  // the scratch stack is host memory
+  if (device != Device::kCpu) {
+    device_ = Buffer(device, dtype, rows, cols);
+    view_ = device_.view();
+    return;
+  }
   const size_t bytes = BytesOf(dtype, rows, cols);
   bytes_ = ScratchBytes(bytes);
   view_ = ViewOf(bytes > 0 ? bytes_.data() : nullptr, device, dtype, rows, cols);
+}
+
+std::string DeviceBlock::Allocate(Device device, size_t bytes, DeviceBlock* out) {
+  DELTASERVE_CHECK(bytes > 0);
+  void* data = nullptr;
+  if (device == Device::kCpu) {
+    data = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (data == nullptr) return "out of memory";
+  } else {
+    DELTASERVE_CHECK(device == Device::kCuda && cuda::ActiveBackend() != cuda::Backend::kNone);
+    std::string error = DELTASERVE_CUDA_DISPATCH(DeviceMalloc)(bytes, &data);
+    if (!error.empty()) return error;
+  }
+  out->Release();
+  out->device_ = device;
+  out->data_ = data;
+  out->bytes_ = bytes;
+  return std::string();
+}
+
+DeviceBlock::DeviceBlock(DeviceBlock&& other) noexcept
+    : device_(other.device_),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBlock& DeviceBlock::operator=(DeviceBlock&& other) noexcept {
+  if (this != &other) {
+    Release();
+    device_ = other.device_;
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+DeviceBlock::~DeviceBlock() { Release(); }
+
+void DeviceBlock::Release() {
+  if (data_ == nullptr) return;
+  if (device_ == Device::kCpu) {
+    std::free(data_);
+  } else {
+    DELTASERVE_CUDA_DISPATCH(DeviceFree)(data_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
 }
 
 }  // namespace deltaserve::kernels

@@ -69,6 +69,11 @@ class Workspace {
   // (ReportError) and comes back from Synchronize. On the CPU, memcpy.
   void CopyFromHost(void* dst, const void* src, size_t bytes);
   void CopyToHost(void* dst, const void* src, size_t bytes);
+  // Zeros `bytes` of this device's memory at `dst`, in the stream's order.
+  void Zero(void* dst, size_t bytes);
+  // The device's free and total memory (the host's for the CPU and the SIMT
+  // harness): "" or why they cannot be read.
+  std::string Memory(size_t* free_bytes, size_t* total_bytes) const;
 
   // Records that `op`'s kernel failed asynchronously; the first report since
   // the last Synchronize is the one returned.
@@ -95,6 +100,14 @@ class Workspace {
   Stats stats_;
   DeviceError error_;
 };
+
+// CUDA devices this process can use (0 without a backend; *error says why),
+// and the choice of one, made before the first CUDA allocation: "" or why
+// `ordinal` cannot be used.
+int CudaDeviceCount(std::string* error);
+std::string SelectCudaDevice(int ordinal);
+// The ordinal SelectCudaDevice last chose (0 before).
+int SelectedCudaDevice();
 
 // An owning [rows, cols] array of one dtype on one device, from that
 // device's workspace; uninitialised. Movable, not copyable (copies are ops:
@@ -126,10 +139,11 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
-// A temporary [rows, cols] array from the calling thread's scratch stack on
-// `device`'s workspace, for the span of a layer; uninitialised. Drop
-// temporaries in the reverse order of taking them where possible (the stack
-// keeps the space of one dropped early until those above it go).
+// A temporary [rows, cols] array for the span of a layer; uninitialised. On
+// the CPU it comes from the calling thread's scratch stack: drop temporaries
+// in the reverse order of taking them where possible (the stack keeps the
+// space of one dropped early until those above it go). On CUDA it is a
+// block of the device workspace's cache, whose reuse the stream orders.
 class Temp {
  public:
   Temp() = default;
@@ -140,8 +154,37 @@ class Temp {
   operator Tensor() const { return view_; }         // NOLINT: a view of it
 
  private:
-  ScratchBytes bytes_;
+  ScratchBytes bytes_;  // the CPU's
+  Buffer device_;       // another device's
   MutableTensor view_;
+};
+
+// Memory that lives as long as what owns it (a model's weights, its state
+// pool): one allocation from the device itself rather than the workspace's
+// cache, whose size classes round a request up by as much as a quarter.
+// Host memory on the CPU. Movable; uninitialised.
+class DeviceBlock {
+ public:
+  DeviceBlock() = default;
+  // `bytes` (> 0) on `device` into *out: "" or why it failed (the device's
+  // error), *out unchanged then.
+  static std::string Allocate(Device device, size_t bytes, DeviceBlock* out);
+  DeviceBlock(DeviceBlock&& other) noexcept;
+  DeviceBlock& operator=(DeviceBlock&& other) noexcept;
+  DeviceBlock(const DeviceBlock&) = delete;
+  DeviceBlock& operator=(const DeviceBlock&) = delete;
+  ~DeviceBlock();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void Release();
+
+  Device device_ = Device::kCpu;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 }  // namespace deltaserve::kernels

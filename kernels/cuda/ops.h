@@ -89,6 +89,13 @@ DELTASERVE_CUDA_DECLARE(CopyToDevice, std::string(void* dst, const void* src, si
 DELTASERVE_CUDA_DECLARE(CopyToHost, std::string(void* dst, const void* src, size_t bytes,
                                                 const deltaserve::kernels::Stream& stream))
 DELTASERVE_CUDA_DECLARE(StreamSynchronize, std::string(const deltaserve::kernels::Stream& stream))
+// Zeros `bytes` at `dst` in the stream's order.
+DELTASERVE_CUDA_DECLARE(DeviceZero, std::string(void* dst, size_t bytes,
+                                                const deltaserve::kernels::Stream& stream))
+// Makes device `ordinal` this process's (before its first allocation), and
+// reads its free and total memory.
+DELTASERVE_CUDA_DECLARE(SelectDevice, std::string(int ordinal))
+DELTASERVE_CUDA_DECLARE(DeviceMemory, std::string(size_t* free_bytes, size_t* total_bytes))
 
 // The ops, one line each; an entry point has checked the views.
 DELTASERVE_CUDA_DECLARE(RmsNorm, void(const float* x, int64_t ldx, const float* w, int64_t rows,
