@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/threads.h"
+#include "kernels/workspace.h"
+#include "runtime/comm/launch_env.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/single_communicator.h"
 #include "runtime/common/status_macros.h"
@@ -43,9 +46,51 @@ const std::vector<FlagSpec>& DeploymentFlags() {
       {"tp", "M", "tensor-parallel ranks per stage", "1"},
       {"stage-layers", "2,3,4",
        "layers per pipeline stage, one count per stage (default: balanced by the cost model)"},
+      {"device", "cpu|cuda|cuda:N",
+       "where the model runs: the CPU, or a CUDA GPU (cuda: under mpirun or srun, the GPU of "
+       "the process's rank on its node; else cuda:0)",
+       "cpu"},
   };
   return *flags;
 }
+
+namespace {
+
+// --device: the CPU, or the CUDA device it names, selected for this process.
+absl::StatusOr<kernels::Device> SelectDevice(const Flags& flags) {
+  const std::string value = flags.GetString("device", "cpu");
+  if (value == "cpu") return kernels::Device::kCpu;
+  if (value != "cuda" && !value.starts_with("cuda:")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device is '", value, "'; it must be cpu, cuda or cuda:N"));
+  }
+  std::string error;
+  const int count = kernels::CudaDeviceCount(&error);
+  if (count <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--device ", value, ": ", error));
+  }
+  int ordinal = 0;
+  if (value == "cuda") {
+    // One GPU per rank of a node, in local-rank order.
+    const int local = LauncherLocalRank();
+    ordinal = local >= 0 ? local % count : 0;
+  } else if (!absl::SimpleAtoi(value.substr(5), &ordinal) || ordinal < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device is '", value, "'; N in cuda:N must be a number >= 0"));
+  }
+  if (ordinal >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", value, ": this machine has ", count,
+                                                   " CUDA device", count == 1 ? "" : "s",
+                                                   " (cuda:0 to cuda:", count - 1, ")"));
+  }
+  if (error = kernels::SelectCudaDevice(ordinal); !error.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device ", value, ": cannot select cuda:", ordinal, ": ", error));
+  }
+  return kernels::Device::kCuda;
+}
+
+}  // namespace
 
 absl::StatusOr<ModelConfig> DeploymentConfig(const Flags& flags) {
   DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
@@ -86,6 +131,7 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
         absl::StrCat("--kv-state-slots is ", options.state_slots,
                      "; it must be >= 2 (a prefix and a sequence that forks from it)"));
   }
+  DELTASERVE_ASSIGN_OR_RETURN(options.device, SelectDevice(flags));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t pp, flags.GetInt("pp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t tp, flags.GetInt("tp", 1));
   DELTASERVE_ASSIGN_OR_RETURN(d.layout,
@@ -93,7 +139,8 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   d.distributed = LaunchedUnderMpi() || d.layout.WorldSize() > 1 || flags.Has("stage-layers");
   if (!d.distributed) {
     DELTASERVE_ASSIGN_OR_RETURN(
-        d.comms, MakeRankCommunicators(d.layout, std::make_unique<SingleCommunicator>()));
+        d.comms,
+        MakeRankCommunicators(d.layout, std::make_unique<SingleCommunicator>(), options.device));
     DELTASERVE_ASSIGN_OR_RETURN(d.model, Model::Load(dir, {}, d.comms.tp.get(), options));
     d.executor =
         std::make_unique<StepExecutor>(*d.model, d.layout, *d.comms.control, *d.comms.stage);
@@ -106,7 +153,8 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   mpi_started = true;
   // Refuses a layout that does not match the world before any work, then
   // builds the stage and TP data communicators (collective over the world).
-  DELTASERVE_ASSIGN_OR_RETURN(d.comms, MakeRankCommunicators(d.layout, std::move(world)));
+  DELTASERVE_ASSIGN_OR_RETURN(d.comms,
+                              MakeRankCommunicators(d.layout, std::move(world), options.device));
   const RankCoord coord = d.layout.CoordOf(d.comms.control->rank());
 
   StagePlan plan;

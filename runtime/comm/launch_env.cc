@@ -54,4 +54,14 @@ bool LaunchedUnderMpi() {
   return false;
 }
 
+int LauncherLocalRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}) {
+    if (std::optional<int> rank = IntFromEnv(name); rank && *rank >= 0) return *rank;
+  }
+  if (InSlurmStep()) {
+    if (std::optional<int> rank = IntFromEnv("SLURM_LOCALID"); rank && *rank >= 0) return *rank;
+  }
+  return -1;
+}
+
 }  // namespace deltaserve

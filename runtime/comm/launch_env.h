@@ -21,4 +21,9 @@ struct LauncherTaskCount {
 // launch. Unparsable values are skipped.
 std::vector<LauncherTaskCount> LauncherTaskCounts();
 
+// This process's rank among the tasks the launcher started on its node:
+// OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID (MPICH, Intel MPI), or inside
+// an srun step SLURM_LOCALID; -1 when none says (a process on its own).
+int LauncherLocalRank();
+
 }  // namespace deltaserve

@@ -3,8 +3,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/workspace.h"
 #include "runtime/comm/host_data_communicator.h"
+#include "runtime/comm/staged_data_communicator.h"
+#include "runtime/common/build_config.h"
 #include "runtime/common/status_macros.h"
+#if DELTASERVE_HAVE_NCCL
+#include "runtime/comm/nccl_runtime.h"
+#endif
 
 namespace deltaserve {
 namespace {
@@ -17,14 +24,19 @@ absl::StatusOr<std::unique_ptr<DataCommunicator>> MakeDataCommunicator(
     case kernels::Device::kCpu:
       return std::make_unique<HostDataCommunicator>(std::move(group));
     case kernels::Device::kCuda:
-      // The GPU data path: an NCCL communicator of the same ranks, bootstrapped
-      // over `group` (MakeNcclDataCommunicator in nccl_runtime.h, with this
-      // rank's GPU), goes here once the worker runs its layers on GPUs.
-      break;
+#if DELTASERVE_HAVE_NCCL
+      // GPUs of several ranks: NCCL, bootstrapped over `group`, on the GPU
+      // this process selected.
+      if (group->size() > 1 && kernels::cuda::ActiveBackend() == kernels::cuda::Backend::kGpu) {
+        return MakeNcclDataCommunicator(*group, kernels::SelectedCudaDevice());
+      }
+#endif
+      // One rank (nothing crosses), or the SIMT harness: the host path, with
+      // the device buffers copied through host memory.
+      return std::make_unique<StagedDataCommunicator>(
+          std::make_unique<HostDataCommunicator>(std::move(group)), device);
   }
-  return absl::UnimplementedError(
-      absl::StrCat("the ", which, " data communicator on ", kernels::DeviceName(device),
-                   " is not supported yet: the data path runs on the CPU (mpi or single)"));
+  return absl::InternalError(absl::StrCat("the ", which, " data communicator: unknown device"));
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ void GatedMlp(const Weight& gate_up, const Weight& down, const kernels::Activati
 
 absl::Status TpAllReduce(DataCommunicator* tp, const kernels::MutableTensor& data) {
   if (tp == nullptr || tp->size() == 1) return absl::OkStatus();
-  DELTASERVE_CHECK_VIEW(data, kernels::DType::kF32, data.rows, data.cols);
+  DELTASERVE_CHECK_VIEW_ON(data.device, data, kernels::DType::kF32, data.rows, data.cols);
   return tp->AllReduceSum(data.As<float>(), static_cast<size_t>(data.rows * data.cols),
                           kernels::Workspace::Of(data.device).stream());
 }

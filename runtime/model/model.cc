@@ -35,6 +35,38 @@ int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype
   return std::min({wanted, most, int64_t{INT32_MAX} * kCachePageTokens});
 }
 
+absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelShard& shard,
+                                          kernels::Device device, kernels::DType cache_dtype,
+                                          int64_t slots) {
+  size_t free_bytes = 0, total_bytes = 0;
+  const std::string error = kernels::Workspace::Of(device).Memory(&free_bytes, &total_bytes);
+  if (!error.empty()) {
+    return absl::InternalError(absl::StrCat("cannot read the free memory of the ",
+                                            kernels::DeviceName(device), ": ", error));
+  }
+  const int64_t layer_end = shard.layer_end < 0 ? local.num_layers : shard.layer_end;
+  int64_t mla_layers = 0;
+  for (int64_t i = shard.layer_begin; i < layer_end; ++i) {
+    mla_layers += local.layer_kinds[i] == LayerKind::kMla ? 1 : 0;
+  }
+  // A rank without MLA layers holds no cache: any count does.
+  if (mla_layers == 0) return kCachePageTokens;
+  const int64_t token_bytes =
+      mla_layers * local.MlaCacheWidth() * (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
+  const int64_t reserve =
+      std::min<int64_t>(kDeviceWorkspaceReserveBytes, static_cast<int64_t>(total_bytes / 10));
+  const int64_t room = static_cast<int64_t>(static_cast<double>(free_bytes) * kDeviceCacheShare) -
+                       slots * KdaSlotBytes(local, shard) - reserve;
+  if (room < kCachePageTokens * token_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the ", kernels::DeviceName(device), " has ", free_bytes,
+                     " bytes free after the weights: no room for an MLA cache beside ", slots,
+                     " KDA state slots and a workspace of ", reserve,
+                     " bytes (--kv-cache-tokens and --kv-state-slots set smaller ones)"));
+  }
+  return room / token_bytes / kCachePageTokens * kCachePageTokens;
+}
+
 Model::Model(ModelConfig config, ModelShard shard, ModelWeights weights, DataCommunicator* tp,
              int64_t bytes_read, ModelOptions options, std::shared_ptr<StatePool> state_pool)
     : arch_(&ArchitectureOf(config)),
@@ -80,16 +112,23 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     return absl::InvalidArgumentError(
         absl::StrCat("the MLA cache of ", options.cache_tokens, " tokens: it must be >= 0"));
   }
-  const int64_t cache_tokens = options.cache_tokens > 0
-                                   ? options.cache_tokens
-                                   : DefaultCacheTokens(config, options.kv_cache_dtype);
   if (options.state_slots < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.state_slots, " KDA state slots: there must be >= 0"));
   }
   StatePoolSize size;
-  size.pages = CachePagesFor(cache_tokens);
   size.slots = options.state_slots > 0 ? options.state_slots : kDefaultStateSlots;
+  int64_t cache_tokens = options.cache_tokens;
+  if (cache_tokens == 0) {
+    cache_tokens = DefaultCacheTokens(config, options.kv_cache_dtype);
+    if (options.device != kernels::Device::kCpu) {
+      DELTASERVE_ASSIGN_OR_RETURN(
+          const int64_t fits, DeviceCacheTokens(LocalConfig(config, shard), shard, options.device,
+                                                options.kv_cache_dtype, size.slots));
+      cache_tokens = std::min(cache_tokens, fits);
+    }
+  }
+  size.pages = CachePagesFor(cache_tokens);
   DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<StatePool> pool,
                               StatePool::Create(LocalConfig(config, shard), shard, options.device,
                                                 options.kv_cache_dtype, size));
@@ -159,12 +198,29 @@ absl::StatusOr<PreparedBatch> Model::Prepare(std::span<const ForwardInput> input
   return prepared;
 }
 
+namespace {
+
+// Host ids as an i32 [1, n] view on `device`: the ids themselves on the CPU,
+// else a copy in *holder.
+kernels::Tensor IdsOn(kernels::Device device, std::span<const int32_t> ids, kernels::Temp* holder) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const kernels::Tensor host = kernels::Tensor::I32(ids.data(), 1, n);
+  if (device == kernels::Device::kCpu) return host;
+  *holder = kernels::Temp(device, kernels::DType::kI32, 1, n);
+  kernels::Workspace::Of(device).CopyFromHost(holder->view().data, ids.data(),
+                                              ids.size() * sizeof(int32_t));
+  return *holder;
+}
+
+}  // namespace
+
 Activations Model::Embed(const std::vector<int32_t>& tokens) const {
   Activations act;
   act.rows = static_cast<int64_t>(tokens.size());
   act.prefix =
       kernels::Buffer(options_.device, kernels::DType::kF32, act.rows, config_.hidden_size);
-  kernels::Embedding(weights_.embed, kernels::Tensor::I32(tokens.data(), 1, act.rows), act.prefix);
+  kernels::Temp ids;
+  kernels::Embedding(weights_.embed, IdsOn(options_.device, tokens, &ids), act.prefix);
   return act;
 }
 
@@ -202,13 +258,23 @@ std::vector<float> Model::Logits(const Activations& act, const std::vector<int64
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
   const kernels::Buffer hidden = arch_->FinalHidden(config_, weights_, act);
   const int64_t n = static_cast<int64_t>(rows.size());
+  const kernels::Device device = hidden.device();
   const std::vector<int32_t> ids(rows.begin(), rows.end());
-  const kernels::Temp selected(hidden.device(), kernels::DType::kF32, n, D);
-  kernels::GatherRows(hidden, kernels::Tensor::I32(ids.data(), 1, n), selected);
+  kernels::Temp device_ids;
+  const kernels::Temp selected(device, kernels::DType::kF32, n, D);
+  kernels::GatherRows(hidden, IdsOn(device, ids, &device_ids), selected);
   kernels::RmsNorm(selected, weights_.norm.view(), config_.rms_norm_eps, selected);
   // The rows that leave the device: [n, V] in host memory.
   std::vector<float> logits(n * V);
-  kernels::Linear(selected, weights_.lm_head, kernels::MutableTensor::F32(logits.data(), n, V));
+  const kernels::MutableTensor host = kernels::MutableTensor::F32(logits.data(), n, V);
+  if (device == kernels::Device::kCpu) {
+    kernels::Linear(selected, weights_.lm_head, host);
+    return logits;
+  }
+  const kernels::Temp on_device(device, kernels::DType::kF32, n, V);
+  kernels::Linear(selected, weights_.lm_head, on_device);
+  kernels::Workspace::Of(device).CopyToHost(logits.data(), on_device.view().data,
+                                            logits.size() * sizeof(float));
   return logits;
 }
 

@@ -39,8 +39,9 @@ struct ModelOptions {
   // prefixes), one fixed slot each; 0: kDefaultStateSlots. Address space is
   // reserved for all; memory is committed as slots are taken.
   int64_t state_slots = 0;
-  // Where the weights, activations and sequence state live (PlaceWeights);
-  // this build has the CPU only.
+  // Where the weights, activations and sequence state live (PlaceWeights):
+  // the CPU, or the CUDA device of the active backend (kernels/cuda/ops.h)
+  // that SelectCudaDevice chose.
   kernels::Device device = kernels::Device::kCpu;
 };
 
@@ -48,6 +49,18 @@ struct ModelOptions {
 // most 1 TiB of address space for all of the model's MLA layers (so the same
 // on every rank of a replica, whatever its stage).
 int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype);
+
+// On a device, whose state pool is allocated whole at load, the default pool
+// is also at most what fits in kDeviceCacheShare of the memory free once the
+// weights are placed, less the `slots` KDA slots and a workspace reserve
+// (kDeviceWorkspaceReserveBytes, or a tenth of the device when smaller):
+// the tokens of MLA cache of the rank's layers (`local`, `shard`) that fit,
+// in whole pages. ResourceExhausted when not one page fits.
+inline constexpr double kDeviceCacheShare = 0.9;
+inline constexpr int64_t kDeviceWorkspaceReserveBytes = int64_t{4} << 30;
+absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelShard& shard,
+                                          kernels::Device device, kernels::DType cache_dtype,
+                                          int64_t slots);
 
 struct ForwardInput {
   SequenceState* state = nullptr;

@@ -1,5 +1,6 @@
 #include "runtime/model/sequence_state.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/convert.h"
@@ -45,6 +46,7 @@ absl::StatusOr<std::unique_ptr<SequenceState>> SequenceState::Fork() const {
     }
   }
   // Pages reserved past the length hold nothing yet: the child takes its own.
+  child->MirrorPages();
   return child;
 }
 
@@ -65,14 +67,32 @@ int64_t SequenceState::PagesNeeded(int64_t tokens) const {
 absl::Status SequenceState::ReservePages(int64_t tokens) {
   const int64_t need = PagesNeeded(tokens);
   if (need == 0) return absl::OkStatus();
-  return pool_->Allocate(need, &pages_);
+  DELTASERVE_RETURN_IF_ERROR(pool_->Allocate(need, &pages_));
+  MirrorPages();
+  return absl::OkStatus();
+}
+
+void SequenceState::MirrorPages() {
+  const kernels::Device device = pool_->device();
+  if (device == kernels::Device::kCpu || pages_.empty()) return;
+  const int64_t n = static_cast<int64_t>(pages_.size());
+  if (device_pages_.cols() < n) {
+    // Doubling: a growing sequence reallocates its mirror log(pages) times.
+    device_pages_ = kernels::Buffer(device, kernels::DType::kI32, 1,
+                                    std::max<int64_t>(n, 2 * device_pages_.cols()));
+  }
+  kernels::Workspace::Of(device).CopyFromHost(device_pages_.view().data, pages_.data(),
+                                              pages_.size() * sizeof(int32_t));
 }
 
 kernels::MutablePagedCache SequenceState::MlaCache(int64_t layer) const {
-  return kernels::MutablePagedCache{
-      pool_->Layer(layer),
-      kernels::Tensor::I32(pages_.data(), 1, static_cast<int64_t>(pages_.size())),
-      kCachePageTokens};
+  const int64_t n = static_cast<int64_t>(pages_.size());
+  kernels::Tensor table = kernels::Tensor::I32(pages_.data(), 1, n);
+  if (pool_->device() != kernels::Device::kCpu) {
+    table.data = device_pages_.view().data;
+    table.device = pool_->device();
+  }
+  return kernels::MutablePagedCache{pool_->Layer(layer), table, kCachePageTokens};
 }
 
 int64_t SequenceState::MlaCacheBytes() const {

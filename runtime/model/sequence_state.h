@@ -4,7 +4,8 @@
 // the MLA cache, through its page table, one entry per 64 tokens, the same for
 // every MLA layer. KDA state is constant in sequence length; the MLA cache
 // grows by C + R values per token per MLA layer, float32 or bf16
-// (--kv-cache-dtype), a page at a time.
+// (--kv-cache-dtype), a page at a time. On a device the page table is
+// mirrored in its memory whenever it changes.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/paged_cache.h"
 #include "kernels/tensor.h"
+#include "kernels/workspace.h"
 #include "runtime/model/state_pool.h"
 
 namespace deltaserve {
@@ -62,9 +64,16 @@ class SequenceState {
   SequenceState(std::shared_ptr<StatePool> pool, int32_t slot)
       : pool_(std::move(pool)), slot_(slot) {}
 
+  // Copies the page table to the pool's device after it changed (nothing on
+  // the CPU, where the kernels read pages_ itself).
+  void MirrorPages();
+
   std::shared_ptr<StatePool> pool_;
   int32_t slot_;
   std::vector<int32_t> pages_;  // the page table
+  // Off the CPU: the page table as the kernels read it, [1, capacity] of
+  // which the first pages_.size() entries are current.
+  kernels::Buffer device_pages_;
 };
 
 }  // namespace deltaserve

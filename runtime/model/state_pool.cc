@@ -8,13 +8,28 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/workspace.h"
+#include "runtime/common/status_macros.h"
 
 namespace deltaserve {
-namespace {
 
-// `bytes` of address space, backed on first touch; ResourceExhausted naming
-// `what` when it cannot be reserved.
-absl::StatusOr<void*> Reserve(size_t bytes, const std::string& what) {
+// On the CPU, `bytes` of address space, backed on first touch (zeros). On
+// CUDA, whose memory cannot be committed on first touch, `bytes` of device
+// memory held from the start (uninitialised). ResourceExhausted naming
+// `what` when it cannot be had.
+absl::Status StatePool::Reserve(size_t bytes, const std::string& what, Region* region) const {
+  if (device_ != kernels::Device::kCpu) {
+    const std::string error = kernels::DeviceBlock::Allocate(device_, bytes, &region->device);
+    if (!error.empty()) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of ",
+                                                       kernels::DeviceName(device_), " memory for ",
+                                                       what, ": ", error));
+    }
+    region->base = region->device.data();
+    region->bytes = bytes;
+    return absl::OkStatus();
+  }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
@@ -22,8 +37,12 @@ absl::StatusOr<void*> Reserve(size_t bytes, const std::string& what) {
                                                      " bytes of address space for ", what, ": ",
                                                      std::strerror(errno)));
   }
-  return base;
+  region->base = base;
+  region->bytes = bytes;
+  return absl::OkStatus();
 }
+
+namespace {
 
 int64_t LayerEnd(const ModelConfig& local, const ModelShard& shard) {
   return shard.layer_end < 0 ? local.num_layers : shard.layer_end;
@@ -47,9 +66,10 @@ absl::StatusOr<std::shared_ptr<StatePool>> StatePool::Create(const ModelConfig& 
                                                              kernels::Device device,
                                                              kernels::DType cache_dtype,
                                                              StatePoolSize size) {
-  if (device != kernels::Device::kCpu) {
-    return absl::UnimplementedError(absl::StrCat("sequence state on ", kernels::DeviceName(device),
-                                                 ": this version runs models on the cpu only"));
+  if (device == kernels::Device::kCuda &&
+      kernels::cuda::ActiveBackend() == kernels::cuda::Backend::kNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence state on cuda: ", kernels::cuda::BackendProblem()));
   }
   if (cache_dtype != kernels::DType::kF32 && cache_dtype != kernels::DType::kBF16) {
     return absl::InvalidArgumentError(
@@ -77,11 +97,11 @@ absl::StatusOr<std::shared_ptr<StatePool>> StatePool::Create(const ModelConfig& 
     if (local.layer_kinds[i] != LayerKind::kMla) continue;
     // Checked: pages < 2^31 and a page of a layer is far below 2^32.
     const size_t bytes = static_cast<size_t>(size.pages) * layer_page_bytes;
-    absl::StatusOr<void*> base =
-        Reserve(bytes, absl::StrCat("the MLA cache of layer ", i, " (", size.pages, " pages of ",
-                                    kCachePageTokens, " tokens; --kv-cache-tokens sets fewer)"));
-    if (!base.ok()) return base.status();
-    pool->regions_[i] = {*base, bytes};
+    DELTASERVE_RETURN_IF_ERROR(
+        pool->Reserve(bytes,
+                      absl::StrCat("the MLA cache of layer ", i, " (", size.pages, " pages of ",
+                                   kCachePageTokens, " tokens; --kv-cache-tokens sets fewer)"),
+                      &pool->regions_[i]));
     pool->page_bytes_ += layer_page_bytes;
     ++pool->layer_count_;
   }
@@ -112,16 +132,17 @@ absl::StatusOr<std::shared_ptr<StatePool>> StatePool::Create(const ModelConfig& 
                                                      " bytes do not fit in the address space"));
     }
     const size_t bytes = static_cast<size_t>(size.slots) * pool->slot_stride_;
-    absl::StatusOr<void*> base =
-        Reserve(bytes, absl::StrCat("the KDA state (", size.slots, " slots of ", offset,
-                                    " bytes; --kv-state-slots sets fewer)"));
-    if (!base.ok()) return base.status();
-    pool->slots_ = {*base, bytes};
+    DELTASERVE_RETURN_IF_ERROR(
+        pool->Reserve(bytes,
+                      absl::StrCat("the KDA state (", size.slots, " slots of ", offset,
+                                   " bytes; --kv-state-slots sets fewer)"),
+                      &pool->slots_));
   }
   return pool;
 }
 
 StatePool::~StatePool() {
+  if (device_ != kernels::Device::kCpu) return;  // the regions' DeviceBlocks free it
   for (const Region& r : regions_) {
     if (r.base != nullptr) munmap(r.base, r.bytes);
   }
@@ -217,7 +238,14 @@ absl::StatusOr<int32_t> StatePool::AcquireSlot() {
   }
   slot_held_[slot] = true;
   ++used_slots_;
-  // Zeros already: never touched, or handed back to the system when freed.
+  if (device_ != kernels::Device::kCpu && slots_.base != nullptr) {
+    // Device memory starts as whatever was there: zeroed in the stream's
+    // order, before any work on the slot.
+    kernels::Workspace::Of(device_).Zero(static_cast<char*>(slots_.base) + slot * slot_stride_,
+                                         static_cast<size_t>(slot_stride_));
+  }
+  // On the CPU, zeros already: never touched, or handed back to the system
+  // when freed.
   return slot;
 }
 
@@ -228,7 +256,10 @@ void StatePool::ReleaseSlot(int32_t slot) {
   }
   if (slots_.base != nullptr) {
     // The memory goes back; the slot reads as zeros when it is taken again.
-    madvise(static_cast<char*>(slots_.base) + slot * slot_stride_, slot_stride_, MADV_DONTNEED);
+    // (Device memory is zeroed when the slot is taken.)
+    if (device_ == kernels::Device::kCpu) {
+      madvise(static_cast<char*>(slots_.base) + slot * slot_stride_, slot_stride_, MADV_DONTNEED);
+    }
   }
   slot_held_[slot] = false;
   free_slots_.push_back(slot);

@@ -21,20 +21,25 @@
 // tokens a layer; and a page of a K3 layer (576 values, bf16) is 72 KB, large
 // enough that a million-token table is 16,384 entries.
 //
-// The regions are address space reserved up front and backed on first touch,
-// so memory is committed only for pages and slots that were written. A freed
-// page is reused before any never touched one; a freed slot's memory goes
-// back to the system (a slot always starts as zeros). Thread-safe.
+// On the CPU the regions are address space reserved up front and backed on
+// first touch, so memory is committed only for pages and slots that were
+// written; a freed slot's memory goes back to the system (a slot always
+// starts as zeros). Device memory cannot be committed on first touch, so on
+// CUDA the regions are allocated whole at load and a slot is zeroed when
+// taken.
+// A freed page is reused before any never touched one. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
+#include "kernels/workspace.h"
 #include "runtime/model/config.h"
 #include "runtime/model/shard.h"
 
@@ -122,7 +127,9 @@ class StatePool {
   struct Region {
     void* base = nullptr;  // null: nothing reserved
     size_t bytes = 0;
+    kernels::DeviceBlock device;  // what holds it off the CPU
   };
+  absl::Status Reserve(size_t bytes, const std::string& what, Region* region) const;
   std::vector<Region> regions_;  // MLA rows, by layer
 
   // KDA: per layer, where its tail and state start in a slot (-1: not a KDA

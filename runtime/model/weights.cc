@@ -1,11 +1,15 @@
 #include "runtime/model/weights.h"
 
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/check.h"
 #include "kernels/convert.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/workspace.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/arch/architecture.h"
 #include "runtime/model/weight_loader.h"
@@ -25,6 +29,15 @@ VectorWeight VectorWeight::FromHost(std::span<const float> values) {
 kernels::Tensor VectorWeight::view(int64_t rows, int64_t cols) const {
   DELTASERVE_CHECK(rows * cols == size());
   return view().Reshaped(rows, cols);
+}
+
+void VectorWeight::MoveTo(kernels::Device device) {
+  if (empty() || values_.device() == device) return;
+  kernels::Buffer moved(device, kernels::DType::kF32, 1, size());
+  DELTASERVE_CHECK(values_.device() == kernels::Device::kCpu);
+  kernels::Workspace::Of(device).CopyFromHost(moved.view().data, values_.view().data,
+                                              static_cast<size_t>(bytes()));
+  values_ = std::move(moved);
 }
 
 Weight Weight::Allocate(kernels::DType dtype, int64_t rows, int64_t cols) {
@@ -244,11 +257,64 @@ void ForEachVector(ModelWeights* w, const std::function<void(VectorWeight&)>& fn
   VisitVectors(*w, fn);
 }
 
-absl::Status PlaceWeights(ModelWeights* w, kernels::Device device) {
-  if (device != kernels::Device::kCpu) {
-    return absl::UnimplementedError(absl::StrCat("weights on ", kernels::DeviceName(device),
-                                                 ": this version runs models on the cpu only"));
+namespace {
+
+// Copies every matrix and vector of `w` (host memory, as loaded) to the CUDA
+// device. A matrix seen before (the head tied to the embedding) takes the
+// same device copy.
+absl::Status CopyWeightsToCuda(ModelWeights* w) {
+  using kernels::Device;
+  if (kernels::cuda::ActiveBackend() == kernels::cuda::Backend::kNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("weights on cuda: ", kernels::cuda::BackendProblem()));
   }
+  kernels::Workspace& workspace = kernels::Workspace::Of(Device::kCuda);
+  std::map<const void*, Weight> placed;  // by host data
+  absl::Status status;
+  ForEachMatrix(w, [&](Weight& m) {
+    if (m.empty() || !status.ok()) return;
+    const kernels::Tensor& host = m.tensor();
+    if (auto it = placed.find(host.data); it != placed.end()) {
+      m = it->second;
+      return;
+    }
+    const size_t data_bytes = static_cast<size_t>(host.rows * host.RowBytes());
+    const size_t scale_bytes = static_cast<size_t>(host.rows * host.ScaleRowBytes());
+    auto block = std::make_shared<kernels::DeviceBlock>();
+    const std::string error =
+        kernels::DeviceBlock::Allocate(Device::kCuda, data_bytes + scale_bytes, block.get());
+    if (!error.empty()) {
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          "weights on cuda: ", data_bytes + scale_bytes, " bytes for a ",
+          kernels::DTypeName(host.dtype), " [", host.rows, ", ", host.cols, "] matrix: ", error));
+      return;
+    }
+    kernels::Tensor on = host;
+    on.device = Device::kCuda;
+    on.data = block->data();
+    workspace.CopyFromHost(block->data(), host.data, data_bytes);
+    if (scale_bytes > 0) {
+      on.scales = static_cast<const uint8_t*>(block->data()) + data_bytes;
+      workspace.CopyFromHost(static_cast<uint8_t*>(block->data()) + data_bytes, host.scales,
+                             scale_bytes);
+    }
+    Weight moved(on, std::move(block), /*mapped=*/false);
+    placed.emplace(host.data, moved);
+    m = std::move(moved);
+  });
+  DELTASERVE_RETURN_IF_ERROR(status);
+  ForEachVector(w, [](VectorWeight& v) { v.MoveTo(Device::kCuda); });
+  if (const kernels::DeviceError error = workspace.Synchronize(); !error.ok()) {
+    return absl::InternalError(
+        absl::StrCat("weights on cuda: ", error.op, " failed: ", error.message));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PlaceWeights(ModelWeights* w, kernels::Device device) {
+  if (device == kernels::Device::kCuda) return CopyWeightsToCuda(w);
   // What the loader made is host memory: mapped views and its own copies of
   // matrices, and the vectors' Buffers.
   absl::Status status;

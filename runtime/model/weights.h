@@ -42,6 +42,9 @@ class VectorWeight {
   kernels::Device device() const { return values_.device(); }
   kernels::Tensor view() const { return values_; }  // [1, n]; empty when empty
   kernels::Tensor view(int64_t rows, int64_t cols) const;
+  // The same values in a Buffer on `device`, copied in its workspace's
+  // stream order.
+  void MoveTo(kernels::Device device);
 
  private:
   kernels::Buffer values_;
@@ -165,8 +168,12 @@ WeightBytes CountWeightBytes(const ModelWeights& w);
 
 // Places the loaded weights on `device`, in one pass over them: on the CPU
 // they stay as loaded (views of the mapped checkpoint in their stored dtype,
-// and the copies made at load); another device is refused by a build without
-// its backend, naming it.
+// and the copies made at load). On CUDA each matrix is copied once, as
+// stored (MXFP4 codes with their scales), into device memory of its own
+// (one copy for a head tied to the embedding), and the host bytes are let
+// go; a device that cannot hold them is ResourceExhausted, naming what
+// failed, and CUDA without an active backend is FailedPrecondition saying
+// why.
 absl::Status PlaceWeights(ModelWeights* w, kernels::Device device);
 
 // Loads the tensors `shard` owns: its layers, and of those its

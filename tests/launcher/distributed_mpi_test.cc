@@ -196,6 +196,60 @@ INSTANTIATE_TEST_SUITE_P(Golden, DistributedTest, ::testing::ValuesIn(testing::k
 INSTANTIATE_TEST_SUITE_P(GoldenMxfp4, DistributedTest,
                          ::testing::ValuesIn(testing::kMxfp4GoldenModels), testing::GoldenTestName);
 
+// The model on the CUDA device of every rank, here the SIMT harness's: the
+// weights, activations and state in device memory, the activation packets
+// and TP sums copied through host memory. One process and a 2 x 2 job give
+// the CPU's logits; a short prompt keeps the harness's slowness in bounds.
+TEST(DistributedCudaTest, EveryRankOnTheDeviceMatchesOneCpuProcess) {
+  const std::string model = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("dist_cuda");
+  const testing::GoldenLogits golden = testing::LoadGoldenLogits("k3-tiny");
+  const std::string tokens =
+      WriteTokens(dir, std::vector<int32_t>(golden.tokens.begin(), golden.tokens.begin() + 70));
+  const std::vector<float> single = Score(testing::BinPath("deltaserve"), model, tokens, "");
+  const std::vector<double> reference = testing::ToDouble(single);
+  const double float32_error = testing::RelL2(
+      single, std::vector<double>(golden.logits.begin(), golden.logits.begin() + 70 * 256));
+  const std::string device =
+      "--device cuda --kv-cache-tokens 4096 --kv-state-slots 4 --prefill-chunk 66";
+  const std::string sim = "DELTASERVE_CUDA_BACKEND=sim ";
+  std::string log;
+  // Chunks of 66: a prefill chunk across the first page, then a short one.
+  EXPECT_LE(
+      testing::RelL2(Score(sim + testing::BinPath("deltaserve"), model, tokens, device), reference),
+      5e-5);
+  // TP sums in another order: the bound of the CPU's TP layouts above.
+  EXPECT_LE(testing::RelL2(Score(sim + Mpirun(4), model, tokens, "--pp 2 --tp 2 " + device, &log),
+                           reference),
+            std::max(5e-5, 2 * float32_error))
+      << log;
+}
+
+// --device names a device this process can use, or the command stops
+// before loading anything, saying why.
+TEST(DistributedCudaTest, ADeviceThatCannotBeUsedIsRefusedNamingIt) {
+  const std::string model = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("dist_cuda_bad");
+  const std::string cases[][2] = {
+      {"DELTASERVE_CUDA_BACKEND=off ",
+       "--device cuda: DELTASERVE_CUDA_BACKEND is 'off'; it is gpu or sim"},
+      {"DELTASERVE_CUDA_BACKEND=sim ",
+       "--device cuda:1: this machine has 1 CUDA device (cuda:0 to cuda:0)"},
+      {"", "--device is 'gpu'; it must be cpu, cuda or cuda:N"},
+  };
+  const std::string flags[] = {"--device cuda", "--device cuda:1", "--device gpu"};
+  for (int i = 0; i < 3; ++i) {
+    std::string log;
+    const int rc = testing::RunCommand(
+        absl::StrCat(cases[i][0], testing::BinPath("deltaserve"), " score --model ", model,
+                     " --tokens 1,2,3 ", flags[i], " --logits-out ", dir, "/x.safetensors"),
+        &log);
+    EXPECT_NE(rc, 0) << log;
+    EXPECT_NE(log.find(cases[i][1]), std::string::npos) << log;
+    EXPECT_FALSE(fs::exists(dir + "/x.safetensors"));
+  }
+}
+
 TEST(DistributedErrorsTest, LayoutNotMatchingTheWorldIsRefused) {
   const std::string model = testing::GoldenPath("model/k3-tiny");
   const std::string dir = testing::TempDir("dist_refuse");
