@@ -48,6 +48,13 @@ absl::StatusOr<RankCommunicators> MakeRankCommunicators(const WorldLayout& layou
     return absl::InvalidArgumentError("MakeRankCommunicators: no control communicator");
   }
   DELTASERVE_RETURN_IF_ERROR(layout.CheckWorld(control->size()));
+  if (device == kernels::Device::kCuda &&
+      kernels::cuda::ActiveBackend() == kernels::cuda::Backend::kNone) {
+    // Before the splits: every rank of a job sees the same build and
+    // environment, so all refuse alike.
+    return absl::FailedPreconditionError(
+        absl::StrCat("the data path on cuda: ", kernels::cuda::BackendProblem()));
+  }
   const RankCoord me = layout.CoordOf(control->rank());
   RankCommunicators comms;
   // Both splits on every rank, in this order, before any other check can

@@ -31,9 +31,12 @@ struct RankCommunicators {
 // Collective over `control` (every rank calls it with the same layout and
 // device): checks that the world has layout.WorldSize() ranks, then makes the
 // stage and TP groups by splitting it. `device` is where the data path runs:
-// kCpu builds them over the host communicator (mpi or single); kCuda is not
-// supported yet (Unimplemented, on every rank alike). Returns `control` as
-// the control communicator.
+// kCpu builds them over the host communicator (mpi or single); kCuda over
+// NCCL for groups of GPUs, else (one rank, or the SIMT harness) over the
+// host communicator with device buffers staged through host memory
+// (staged_data_communicator.h); kCuda without a CUDA backend is
+// FailedPrecondition saying why. Returns `control` as the control
+// communicator.
 absl::StatusOr<RankCommunicators> MakeRankCommunicators(
     const WorldLayout& layout, std::unique_ptr<Communicator> control,
     kernels::Device device = kernels::Device::kCpu);
