@@ -178,7 +178,7 @@ absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const Serv
     }
     ERR_clear_error();  // the end of the file
   }
-  bool used_key = false;
+  bool key_used = false;
   {
     BioPtr bio(BIO_new_mem_buf(key->data(), static_cast<int>(key->size())));
     EVP_PKEY* pkey = bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr;
@@ -186,13 +186,12 @@ absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const Serv
       return absl::InvalidArgumentError(OpenSslError(
           absl::StrCat("--tls-key ", tls.key_file, ": no private key in it (PEM, unencrypted)")));
     }
-    // Refused here too when it is not the certificate's key.
-    const bool used = SSL_CTX_use_PrivateKey(ctx, pkey) == 1;
+    // OpenSSL refuses a key that is not the certificate's already here.
+    key_used = SSL_CTX_use_PrivateKey(ctx, pkey) == 1;
     EVP_PKEY_free(pkey);
     ERR_clear_error();
-    used_key = used;
   }
-  if (!used_key || SSL_CTX_check_private_key(ctx) != 1) {
+  if (!key_used || SSL_CTX_check_private_key(ctx) != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls-key ", tls.key_file,
                      " is not the key of the certificate in --tls-cert ", tls.cert_file));

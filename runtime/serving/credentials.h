@@ -1,7 +1,8 @@
-// TLS and bearer tokens on gRPC's two ends: the credentials a listener of the
-// coordinator serves with, and the channel a client, `deltaserve batch`,
-// bench-serve or a worker opens to it (TLS if asked, and the token on every
-// call). docs/security.md says which flag sets which field.
+// TLS and bearer tokens on gRPC's two ends: the TLS a listener of the
+// coordinator serves with (terminated by its HTTP/2 guard), and the channel
+// a client, `deltaserve batch`, bench-serve or a worker opens to it (TLS if
+// asked, and the token on every call). docs/security.md says which flag
+// sets which field.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -305,8 +305,9 @@ struct H2Guard::Relay {
         down(o.buffer_bytes) {}
   ~Relay() {
     if (ssl != nullptr) {
-      // close_notify if it fits in the socket now; the client may be gone.
-      if (handshaken) {
+      // close_notify if it fits in the socket now (the client may be gone);
+      // OpenSSL allows none after a fatal error.
+      if (handshaken && !tls_failed) {
         ERR_clear_error();
         SSL_shutdown(ssl);
       }
@@ -347,6 +348,7 @@ struct H2Guard::Relay {
   const int tcp;
   SSL* const ssl;
   bool handshaken = false;  // a TLS port's handshake is done
+  bool tls_failed = false;  // and a record or alert failed since
   // The verified client certificate's identity (CertificateIdentity), once
   // the handshake is done on a port with a client CA.
   std::optional<std::string> identity;
@@ -386,6 +388,7 @@ ssize_t H2Guard::Relay::ReadClient(char* data, size_t n) {
     case SSL_ERROR_ZERO_RETURN:  // close_notify, or the end of the TCP stream
       return 0;
     default:
+      tls_failed = true;
       return kFailed;
   }
 }
@@ -405,7 +408,9 @@ ssize_t H2Guard::Relay::WriteClient(const char* data, size_t n) {
   const int sent = SSL_write(ssl, data, static_cast<int>(std::min<size_t>(n, INT_MAX)));
   if (sent > 0) return sent;
   const int error = SSL_get_error(ssl, sent);
-  return error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE ? kWouldBlock : kFailed;
+  if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) return kWouldBlock;
+  tls_failed = true;
+  return kFailed;
 }
 
 ssize_t H2Guard::Relay::Handshake() {
