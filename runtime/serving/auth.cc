@@ -199,15 +199,17 @@ absl::StatusOr<std::string> Authenticator::Check(const grpc::ServerContext& cont
     return *principal;
   }
   if (client_certs_) {
-    // The TLS handshake verified the certificate; its identity names the peer.
-    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-    std::string name;
-    if (auth != nullptr) {
-      for (const grpc::string_ref& id : auth->GetPeerIdentity()) {
-        name.assign(id.data(), id.size());
-        break;
-      }
+    // The TLS handshake, in the guard, verified the certificate; its identity
+    // names the peer. A connection the guard no longer knows (it closed
+    // meanwhile) has none, and its call is refused rather than run as no one.
+    std::optional<std::string> identity;
+    if (peer_identity_) identity = peer_identity_(context.peer());
+    if (!identity.has_value()) {
+      return absl::UnauthenticatedError(
+          "this server requires a client certificate, and the call's connection has no "
+          "verified one");
     }
+    const std::string& name = *identity;
     // Kept to the principal alphabet, so that it is safe in a log line and
     // contains no '/' (ScopedRequestId's separator).
     std::string principal = "x509:";

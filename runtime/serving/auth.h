@@ -6,7 +6,8 @@
 // The rule, per listener: a listener with tokens refuses a call without the
 // `authorization: Bearer TOKEN` metadata of one of them (UNAUTHENTICATED); a
 // listener with mutual TLS refuses a connection without a certificate its CA
-// signed (in the TLS handshake, before any call). The check runs at the start
+// signed (in the TLS handshake, before any call, which the HTTP/2 guard in
+// front of the port does: h2_guard.h). The check runs at the start
 // of every handler of the Generation and WorkerLink services;
 // grpc.health.v1.Health and server reflection answer without it (they tell a
 // load balancer whether to send traffic, and the public API's schema).
@@ -88,6 +89,15 @@ class Authenticator {
   void SetOnAuthenticated(std::function<void(const std::string& peer)> hook) {
     on_authenticated_ = std::move(hook);
   }
+  // Under mutual TLS: the identity of the verified client certificate of
+  // the connection a call's peer (grpc::ServerContext::peer) names, or
+  // nullopt if it has none. The HTTP/2 guard terminates TLS (h2_guard.h),
+  // so gRPC's own AuthContext knows no certificate. Set before the listener
+  // serves; without it, a listener with client certificates refuses every
+  // call.
+  void SetPeerIdentity(std::function<std::optional<std::string>(const std::string& peer)> lookup) {
+    peer_identity_ = std::move(lookup);
+  }
 
   // Whether callers are told apart (tokens or certificates).
   bool enabled() const { return tokens_.has_value() || client_certs_; }
@@ -98,6 +108,7 @@ class Authenticator {
   std::optional<TokenSet> tokens_;
   bool client_certs_;
   std::function<void(const std::string& peer)> on_authenticated_;
+  std::function<std::optional<std::string>(const std::string& peer)> peer_identity_;
 };
 
 // The request id the coordinator knows a client's request by: the id within

@@ -1,6 +1,12 @@
 #include "runtime/serving/credentials.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -69,10 +75,44 @@ class BearerInterceptorFactory final
   const std::string value_;
 };
 
+struct BioFree {
+  void operator()(BIO* bio) const { BIO_free(bio); }
+};
+struct X509Free {
+  void operator()(X509* cert) const { X509_free(cert); }
+};
+using BioPtr = std::unique_ptr<BIO, BioFree>;
+using X509Ptr = std::unique_ptr<X509, X509Free>;
+
+// `what`, and OpenSSL's reason for the last error if it gave one.
+std::string OpenSslError(const std::string& what) {
+  const unsigned long code = ERR_get_error();
+  ERR_clear_error();
+  if (code == 0) return what;
+  char reason[256];
+  ERR_error_string_n(code, reason, sizeof(reason));
+  return absl::StrCat(what, " (", reason, ")");
+}
+
+// ALPN: HTTP/2 or nothing. A client that offers other protocols only gets
+// no_application_protocol, not a connection that fails on its first bytes.
+int SelectH2(SSL*, const unsigned char** out, unsigned char* out_length, const unsigned char* in,
+             unsigned int in_length, void*) {
+  static const unsigned char kH2[] = {2, 'h', '2'};
+  unsigned char* selected = nullptr;
+  if (SSL_select_next_proto(&selected, out_length, kH2, sizeof(kH2), in, in_length) !=
+      OPENSSL_NPN_NEGOTIATED) {
+    return SSL_TLSEXT_ERR_ALERT_FATAL;
+  }
+  *out = selected;
+  return SSL_TLSEXT_ERR_OK;
+}
+
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const ServerTls& tls) {
+ServerTlsContext::~ServerTlsContext() { SSL_CTX_free(ctx_); }
+
+absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const ServerTls& tls) {
   if (tls.cert_file.empty() != tls.key_file.empty()) {
     return absl::InvalidArgumentError("give both --tls-cert and --tls-key, or neither");
   }
@@ -81,24 +121,142 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
       return absl::InvalidArgumentError(
           "a client CA (mutual TLS) needs the server's own --tls-cert and --tls-key");
     }
-    return grpc::InsecureServerCredentials();
+    return std::shared_ptr<const ServerTlsContext>();
   }
-  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   auto cert = ReadPem(tls.cert_file, "--tls-cert");
   if (!cert.ok()) return cert.status();
   auto key = ReadSecretFile(tls.key_file, "--tls-key", kMaxPemBytes);
   if (!key.ok()) return key.status();
-  pair.cert_chain = std::move(*cert);
-  pair.private_key = std::move(*key);
-  options.pem_key_cert_pairs.push_back(std::move(pair));
+  std::string client_ca;
   if (!tls.client_ca_file.empty()) {
     auto ca = ReadPem(tls.client_ca_file, "client CA");
     if (!ca.ok()) return ca.status();
-    options.pem_root_certs = std::move(*ca);
-    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    client_ca = std::move(*ca);
   }
-  return grpc::SslServerCredentials(options);
+  ERR_clear_error();
+  SSL_CTX* raw = SSL_CTX_new(TLS_server_method());
+  if (raw == nullptr) return absl::InternalError(OpenSslError("cannot make a TLS context"));
+  // Owned from here on, also on the error paths.
+  std::shared_ptr<const ServerTlsContext> context(
+      new ServerTlsContext(raw, !tls.client_ca_file.empty()));
+  SSL_CTX* ctx = raw;
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  // gRPC's own server ciphers for TLS 1.2 (TLS 1.3 keeps OpenSSL's).
+  SSL_CTX_set_cipher_list(ctx,
+                          "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+                          "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:"
+                          "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305");
+  // No renegotiation, and no resumption: no session cache or tickets, so
+  // that handshakes leave nothing behind in the server, and TLS 1.3 sends
+  // no tickets after the handshake. A client that closes without
+  // close_notify has ended its stream (HTTP/2 frames say where requests end).
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_TICKET |
+                               SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_IGNORE_UNEXPECTED_EOF |
+                               SSL_OP_NO_COMPRESSION);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_num_tickets(ctx, 0);
+  // The guard writes from a buffer that may move and gives as much as it
+  // has; idle connections give their record buffers back.
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                            SSL_MODE_RELEASE_BUFFERS);
+  SSL_CTX_set_alpn_select_cb(ctx, SelectH2, nullptr);
+
+  {
+    BioPtr bio(BIO_new_mem_buf(cert->data(), static_cast<int>(cert->size())));
+    X509Ptr leaf(bio ? PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr) : nullptr);
+    if (leaf == nullptr || SSL_CTX_use_certificate(ctx, leaf.get()) != 1) {
+      return absl::InvalidArgumentError(
+          OpenSslError(absl::StrCat("--tls-cert ", tls.cert_file, ": no certificate in it")));
+    }
+    // The rest of the file is the chain presented with it.
+    while (X509* next = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+      if (SSL_CTX_add0_chain_cert(ctx, next) != 1) {
+        X509_free(next);
+        return absl::InvalidArgumentError(
+            OpenSslError(absl::StrCat("--tls-cert ", tls.cert_file, ": a bad chain certificate")));
+      }
+    }
+    ERR_clear_error();  // the end of the file
+  }
+  bool key_used = false;
+  {
+    BioPtr bio(BIO_new_mem_buf(key->data(), static_cast<int>(key->size())));
+    EVP_PKEY* pkey = bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr;
+    if (pkey == nullptr) {
+      return absl::InvalidArgumentError(OpenSslError(
+          absl::StrCat("--tls-key ", tls.key_file, ": no private key in it (PEM, unencrypted)")));
+    }
+    // OpenSSL refuses a key that is not the certificate's already here.
+    key_used = SSL_CTX_use_PrivateKey(ctx, pkey) == 1;
+    EVP_PKEY_free(pkey);
+    ERR_clear_error();
+  }
+  if (!key_used || SSL_CTX_check_private_key(ctx) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-key ", tls.key_file,
+                     " is not the key of the certificate in --tls-cert ", tls.cert_file));
+  }
+  if (!client_ca.empty()) {
+    BioPtr bio(BIO_new_mem_buf(client_ca.data(), static_cast<int>(client_ca.size())));
+    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+    STACK_OF(X509_NAME)* names = sk_X509_NAME_new_null();
+    int count = 0;
+    while (X509* ca = bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr) {
+      X509_STORE_add_cert(store, ca);
+      if (X509_NAME* name = X509_NAME_dup(X509_get_subject_name(ca)); name != nullptr) {
+        sk_X509_NAME_push(names, name);
+      }
+      X509_free(ca);
+      ++count;
+    }
+    ERR_clear_error();
+    // The CertificateRequest names the CAs, so that a client with several
+    // certificates picks the right one.
+    SSL_CTX_set_client_CA_list(ctx, names);
+    if (count == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client CA ", tls.client_ca_file, ": no certificate in it"));
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  }
+  static const unsigned char kContextId[] = "deltaserve";
+  SSL_CTX_set_session_id_context(ctx, kContextId, sizeof(kContextId) - 1);
+  return context;
+}
+
+std::string CertificateIdentity(const x509_st* cert) {
+  if (cert == nullptr) return "";
+  auto* names =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  std::string identity;
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names) && identity.empty(); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type == GEN_DNS || name->type == GEN_URI || name->type == GEN_EMAIL) {
+      const ASN1_IA5STRING* text = name->d.ia5;
+      identity.assign(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
+                      static_cast<size_t>(ASN1_STRING_length(text)));
+    } else if (name->type == GEN_IPADD) {
+      const ASN1_OCTET_STRING* ip = name->d.iPAddress;
+      const int length = ASN1_STRING_length(ip);
+      char text[INET6_ADDRSTRLEN] = "";
+      if ((length == 4 || length == 16) &&
+          inet_ntop(length == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(ip), text,
+                    sizeof(text)) != nullptr) {
+        identity = text;
+      }
+    }
+  }
+  GENERAL_NAMES_free(names);
+  if (!identity.empty()) return identity;
+  X509_NAME* subject = X509_get_subject_name(cert);
+  const int at = subject == nullptr ? -1 : X509_NAME_get_index_by_NID(subject, NID_commonName, -1);
+  if (at < 0) return "";
+  const ASN1_STRING* cn = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
+  unsigned char* utf8 = nullptr;
+  const int length = ASN1_STRING_to_UTF8(&utf8, cn);
+  if (length > 0) identity.assign(reinterpret_cast<const char*>(utf8), static_cast<size_t>(length));
+  OPENSSL_free(utf8);
+  return identity;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& target,

@@ -1,7 +1,8 @@
-// TLS and bearer tokens on gRPC's two ends: the credentials a listener of the
-// coordinator serves with, and the channel a client, `deltaserve batch`,
-// bench-serve or a worker opens to it (TLS if asked, and the token on every
-// call). docs/security.md says which flag sets which field.
+// TLS and bearer tokens on gRPC's two ends: the TLS a listener of the
+// coordinator serves with (terminated by its HTTP/2 guard), and the channel
+// a client, `deltaserve batch`, bench-serve or a worker opens to it (TLS if
+// asked, and the token on every call). docs/security.md says which flag
+// sets which field.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -10,6 +11,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+
+// OpenSSL's types, declared as <openssl/types.h> does.
+struct ssl_ctx_st;
+struct x509_st;
 
 namespace deltaserve {
 
@@ -20,11 +25,41 @@ struct ServerTls {
   std::string client_ca_file;  // non-empty: mutual TLS, peers need a cert this CA signed
 };
 
-// Plaintext when `tls` names no files; refused, naming the file, when a file
-// cannot be read, the key is readable by others, or a CA is given without a
-// certificate.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const ServerTls& tls);
+// A listener's TLS, loaded once: the HTTP/2 guard in front of each gRPC port
+// terminates TLS itself with it (h2_guard.h says why), so every handshake
+// shares one certificate, key and client CA store. TLS 1.2 and 1.3, ALPN
+// "h2", no session resumption (nothing to cache per client), and with a
+// client CA a certificate it signed is required and verified.
+class ServerTlsContext {
+ public:
+  ~ServerTlsContext();
+  ServerTlsContext(const ServerTlsContext&) = delete;
+  ServerTlsContext& operator=(const ServerTlsContext&) = delete;
+
+  // OpenSSL's SSL_CTX, for SSL_new.
+  ssl_ctx_st* get() const { return ctx_; }
+  // Whether peers must present a certificate of the client CA (mutual TLS).
+  bool client_certs() const { return client_certs_; }
+
+ private:
+  friend absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(
+      const ServerTls& tls);
+  ServerTlsContext(ssl_ctx_st* ctx, bool client_certs) : ctx_(ctx), client_certs_(client_certs) {}
+  ssl_ctx_st* const ctx_;
+  const bool client_certs_;
+};
+
+// nullptr (plaintext) when `tls` names no files; refused, naming the file,
+// when a file cannot be read or holds no certificate or key, the key is
+// readable by others or does not match the certificate, or a CA is given
+// without a certificate.
+absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const ServerTls& tls);
+
+// The identity gRPC would give a verified client certificate
+// (grpc::AuthContext::GetPeerIdentity): its first subject alternative name
+// (DNS, URI, e-mail or IP address), else its subject's common name; "" when
+// it has neither. `cert` is an OpenSSL X509.
+std::string CertificateIdentity(const x509_st* cert);
 
 // How a client reaches a server.
 struct ChannelSecurity {

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -11,6 +13,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <system_error>
@@ -66,6 +70,54 @@ std::string PeerName(const sockaddr_storage& addr, std::string* source) {
   }
   *source = "";
   return "an unknown peer";
+}
+
+// The socket under a connection's TLS: OpenSSL's own socket BIO writes with
+// write(2), and a write to a client that has gone would raise SIGPIPE and
+// end the server; this one sends with MSG_NOSIGNAL, as the plaintext relay
+// does. The BIO's data is the descriptor.
+int SocketFd(BIO* bio) { return static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(bio))); }
+
+int SocketWrite(BIO* bio, const char* data, int n) {
+  BIO_clear_retry_flags(bio);
+  ssize_t sent;
+  do {
+    sent = ::send(SocketFd(bio), data, static_cast<size_t>(n), MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent >= 0) return static_cast<int>(sent);
+  if (WouldBlock(errno)) BIO_set_retry_write(bio);
+  return -1;
+}
+
+int SocketRead(BIO* bio, char* data, int n) {
+  BIO_clear_retry_flags(bio);
+  ssize_t got;
+  do {
+    got = ::recv(SocketFd(bio), data, static_cast<size_t>(n), 0);
+  } while (got < 0 && errno == EINTR);
+  if (got >= 0) return static_cast<int>(got);  // 0: the end of the client's stream
+  if (WouldBlock(errno)) BIO_set_retry_read(bio);
+  return -1;
+}
+
+long SocketCtrl(BIO*, int command, long, void*) { return command == BIO_CTRL_FLUSH ? 1 : 0; }
+
+// A BIO over the non-blocking socket `fd` (not owned), or null.
+BIO* SocketBio(int fd) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "deltaserve socket");
+    if (m != nullptr) {
+      BIO_meth_set_write(m, SocketWrite);
+      BIO_meth_set_read(m, SocketRead);
+      BIO_meth_set_ctrl(m, SocketCtrl);
+    }
+    return m;
+  }();
+  BIO* bio = method == nullptr ? nullptr : BIO_new(method);
+  if (bio == nullptr) return nullptr;
+  BIO_set_data(bio, reinterpret_cast<void*>(static_cast<intptr_t>(fd)));
+  BIO_set_init(bio, 1);
+  return bio;
 }
 
 // epoll_ctl(op) of `fd` for `events`, reported with `tag`.
@@ -241,8 +293,10 @@ struct H2Guard::Relay {
     size_t capacity, begin = 0, end = 0;
   };
 
-  Relay(int tcp, std::string peer, std::string source, const H2GuardOptions& o)
+  // `ssl`: the connection's TLS (owned), or null on a plaintext port.
+  Relay(int tcp, SSL* ssl, std::string peer, std::string source, const H2GuardOptions& o)
       : tcp(tcp),
+        ssl(ssl),
         source(std::move(source)),
         peer(std::move(peer)),
         accepted_at(Clock::now()),
@@ -250,6 +304,16 @@ struct H2Guard::Relay {
         up(o.buffer_bytes),
         down(o.buffer_bytes) {}
   ~Relay() {
+    if (ssl != nullptr) {
+      // close_notify if it fits in the socket now (the client may be gone);
+      // OpenSSL allows none after a fatal error.
+      if (handshaken && !tls_failed) {
+        ERR_clear_error();
+        SSL_shutdown(ssl);
+      }
+      SSL_free(ssl);
+      ERR_clear_error();
+    }
     ::close(tcp);
     if (inner >= 0) ::close(inner);
   }
@@ -271,7 +335,23 @@ struct H2Guard::Relay {
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP)) != 0;
   }
 
+  // The client's side, through TLS on a TLS port: bytes moved (> 0), 0 at
+  // the end of the client's stream, kWouldBlock, or kFailed (reset, or a TLS
+  // error: a bad record or alert).
+  static constexpr ssize_t kWouldBlock = -1, kFailed = -2;
+  ssize_t ReadClient(char* data, size_t n);
+  ssize_t WriteClient(const char* data, size_t n);
+  // On a TLS port, moves the handshake on: 1 once it is done, 0 while it
+  // waits for the socket, kFailed when it failed.
+  ssize_t Handshake();
+
   const int tcp;
+  SSL* const ssl;
+  bool handshaken = false;  // a TLS port's handshake is done
+  bool tls_failed = false;  // and a record or alert failed since
+  // The verified client certificate's identity (CertificateIdentity), once
+  // the handshake is done on a port with a client CA.
+  std::optional<std::string> identity;
   // The guard's end of the socketpair to gRPC, made once the client preface
   // has come (-1 until then): a socket that sends nothing costs gRPC nothing.
   int inner = -1;
@@ -289,12 +369,79 @@ struct H2Guard::Relay {
   std::list<Relay*>::iterator tier_at[2];
 };
 
+ssize_t H2Guard::Relay::ReadClient(char* data, size_t n) {
+  if (ssl == nullptr) {
+    ssize_t got;
+    do {
+      got = ::recv(tcp, data, n, 0);
+    } while (got < 0 && errno == EINTR);
+    if (got >= 0) return got;
+    return WouldBlock(errno) ? kWouldBlock : kFailed;
+  }
+  ERR_clear_error();
+  const int got = SSL_read(ssl, data, static_cast<int>(std::min<size_t>(n, INT_MAX)));
+  if (got > 0) return got;
+  switch (SSL_get_error(ssl, got)) {
+    case SSL_ERROR_WANT_READ:
+    case SSL_ERROR_WANT_WRITE:
+      return kWouldBlock;
+    case SSL_ERROR_ZERO_RETURN:  // close_notify, or the end of the TCP stream
+      return 0;
+    default:
+      tls_failed = true;
+      return kFailed;
+  }
+}
+
+ssize_t H2Guard::Relay::WriteClient(const char* data, size_t n) {
+  if (ssl == nullptr) {
+    ssize_t sent;
+    do {
+      sent = ::send(tcp, data, n, MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent >= 0) return sent;
+    return WouldBlock(errno) ? kWouldBlock : kFailed;
+  }
+  // A write that would block is retried with the same bytes at the front of
+  // `down` (and maybe more after them): what SSL_write asks of a retry.
+  ERR_clear_error();
+  const int sent = SSL_write(ssl, data, static_cast<int>(std::min<size_t>(n, INT_MAX)));
+  if (sent > 0) return sent;
+  const int error = SSL_get_error(ssl, sent);
+  if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) return kWouldBlock;
+  tls_failed = true;
+  return kFailed;
+}
+
+ssize_t H2Guard::Relay::Handshake() {
+  ERR_clear_error();
+  const int done = SSL_do_handshake(ssl);
+  if (done == 1) {
+    handshaken = true;
+    if (X509* cert = SSL_get1_peer_certificate(ssl); cert != nullptr) {
+      // Verified against the port's client CA (the handshake fails otherwise).
+      if (SSL_get_verify_result(ssl) == X509_V_OK) identity = CertificateIdentity(cert);
+      X509_free(cert);
+    }
+    return 1;
+  }
+  const int error = SSL_get_error(ssl, done);
+  if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) return 0;
+  ERR_clear_error();
+  return kFailed;  // not TLS, no certificate of the CA, no protocol in common
+}
+
 H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
+  if (ssl != nullptr && !handshaken) {
+    const ssize_t done = Handshake();
+    if (done == kFailed) return State::kEnded;
+    if (done == 0) return State::kOpen;  // the socket says when it can go on
+  }
   bool moved = true;
   while (moved) {
     moved = false;
     if (const size_t room = up.room(); !client_eof && room > 0) {
-      const ssize_t n = ::recv(tcp, up.data.get() + up.end, room, 0);
+      const ssize_t n = ReadClient(up.data.get() + up.end, room);
       if (n > 0) {
         if (absl::Status ok =
                 check.Consume({up.data.get() + up.end, static_cast<size_t>(n)}, Clock::now());
@@ -306,10 +453,8 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
         moved = true;
       } else if (n == 0) {
         client_eof = moved = true;
-      } else if (!WouldBlock(errno)) {
-        return State::kEnded;  // reset by the client
-      } else {
-        moved |= errno == EINTR;
+      } else if (n == kFailed) {
+        return State::kEnded;  // reset by the client, or a bad TLS record
       }
     }
     if (inner < 0) {
@@ -343,15 +488,13 @@ H2Guard::Relay::State H2Guard::Relay::Pump(absl::Status* why) {
       }
     }
     if (down.size() > 0) {
-      const ssize_t n = ::send(tcp, down.data.get() + down.begin, down.size(), MSG_NOSIGNAL);
+      const ssize_t n = WriteClient(down.data.get() + down.begin, down.size());
       if (n > 0) {
         check.Sent({down.data.get() + down.begin, static_cast<size_t>(n)});
         down.begin += static_cast<size_t>(n);
         moved = true;
-      } else if (!WouldBlock(errno)) {
+      } else if (n == kFailed) {
         return State::kEnded;  // the client is gone
-      } else {
-        moved |= errno == EINTR;
       }
     }
     if (grpc_eof && down.size() == 0) return State::kEnded;
@@ -458,6 +601,10 @@ bool H2Guard::HandOff(Relay* relay) {
   }
   relay->grpc_fd = pair[0];
   by_grpc_fd_[pair[0]] = relay;
+  if (relay->identity.has_value()) {
+    std::lock_guard<std::mutex> lock(identities_mu_);
+    identities_[pair[0]] = {relay, *relay->identity};
+  }
   relay->inner = pair[1];
   Watch(epoll_fd_, EPOLL_CTL_ADD, relay->inner, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, relay);
   return true;
@@ -497,8 +644,15 @@ void H2Guard::Drop(Relay* relay) {
         it != by_grpc_fd_.end() && it->second == relay) {
       by_grpc_fd_.erase(it);
     }
-    std::lock_guard<std::mutex> lock(marks_mu_);
-    marked_.erase(relay->grpc_fd);
+    {
+      std::lock_guard<std::mutex> lock(marks_mu_);
+      marked_.erase(relay->grpc_fd);
+    }
+    std::lock_guard<std::mutex> lock(identities_mu_);
+    if (const auto it = identities_.find(relay->grpc_fd);
+        it != identities_.end() && it->second.first == relay) {
+      identities_.erase(it);
+    }
   }
   flushing_.erase(relay);
   relays_.erase(relay);  // closes both sockets: gRPC sees its end close
@@ -544,6 +698,17 @@ void H2Guard::MarkAuthenticated(absl::string_view grpc_peer) {
   }
   const uint64_t one = 1;
   [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+}
+
+std::optional<std::string> H2Guard::PeerIdentity(absl::string_view grpc_peer) const {
+  int fd = -1;
+  if (!absl::ConsumePrefix(&grpc_peer, "fd:") || !absl::SimpleAtoi(grpc_peer, &fd) || fd < 0) {
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(identities_mu_);
+  const auto it = identities_.find(fd);
+  if (it == identities_.end()) return std::nullopt;
+  return it->second.second;
 }
 
 bool H2Guard::ReclaimFrom(Tier& tier, const std::string& source) {
@@ -617,7 +782,23 @@ void H2Guard::AcceptAll(Clock::time_point* accept_resume) {
     }
     const int one = 1;
     ::setsockopt(tcp, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    auto owned = std::make_unique<Relay>(tcp, std::move(peer), std::move(source), options_);
+    SSL* ssl = nullptr;
+    if (options_.tls != nullptr) {
+      // The context holds the certificate, key and CA store: a connection
+      // costs its own state only, made here and freed with it.
+      ERR_clear_error();
+      ssl = SSL_new(options_.tls->get());
+      BIO* bio = ssl == nullptr ? nullptr : SocketBio(tcp);
+      if (bio == nullptr) {
+        SSL_free(ssl);
+        ERR_clear_error();
+        ::close(tcp);
+        continue;  // out of memory: the client may retry
+      }
+      SSL_set_bio(ssl, bio, bio);  // the SSL owns the BIO
+      SSL_set_accept_state(ssl);
+    }
+    auto owned = std::make_unique<Relay>(tcp, ssl, std::move(peer), std::move(source), options_);
     Relay* relay = owned.get();
     relays_.emplace(relay, std::move(owned));
     Join(unrequested_, relay);
@@ -726,6 +907,8 @@ void H2Guard::Run() {
   by_grpc_fd_.clear();
   flushing_.clear();
   relays_.clear();
+  std::lock_guard<std::mutex> lock(identities_mu_);
+  identities_.clear();
 }
 
 }  // namespace deltaserve

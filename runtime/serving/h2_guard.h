@@ -1,4 +1,4 @@
-// An HTTP/2 frame guard in front of gRPC's plaintext (h2c) ports.
+// An HTTP/2 frame guard in front of gRPC's ports, plaintext (h2c) and TLS.
 //
 // gRPC 1.51 (Debian bookworm's, which we cannot replace) takes a header block
 // that never ends (HEADERS without END_HEADERS, then CONTINUATION frames
@@ -18,11 +18,22 @@
 // such connections, from one address and from all, have a cap of their own,
 // so that sockets which send nothing cannot lock out callers.
 //
+// On a TLS port the guard terminates TLS itself (OpenSSL, one context per
+// port: ServerTlsContext), and relays the plaintext frames to gRPC as on a
+// plaintext port. gRPC's own TLS listener would hand the decrypted frames
+// straight to its parser, where the guard cannot read them: a flood of
+// PINGs over TLS grew a coordinator from 25 to 264 MiB, and the memory
+// stayed; and sockets that send nothing, or complete a handshake and then
+// nothing, had no deadline or cap of ours. Terminated here, the same frame rules
+// and slot caps hold for both kinds of port. With mutual TLS the guard
+// verifies the client certificate against the port's CA, and the
+// Authenticator asks it for the identity (PeerIdentity) of the connection a
+// call came on, since gRPC sees only the plaintext socketpair.
+//
 // One thread runs an epoll loop over the listening socket and every
-// connection. Each direction of a connection has a fixed buffer; a side that
-// cannot take more is not read from (backpressure: no buffer grows).
-// TLS ports cannot be guarded this way (their frames are encrypted):
-// docs/security.md says what covers them.
+// connection, TLS handshakes and records included (non-blocking). Each
+// direction of a connection has a fixed buffer; a side that cannot take
+// more is not read from (backpressure: no buffer grows).
 #pragma once
 
 #include <atomic>
@@ -32,6 +43,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -40,6 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/serving/credentials.h"
 
 namespace deltaserve {
 
@@ -126,6 +139,11 @@ class H2FrameCheck {
 
 struct H2GuardOptions {
   H2Rules rules;
+  // Set: the port speaks TLS, terminated by the guard with this context (its
+  // certificate, key and client CA); the frame rules and slots apply to what
+  // the TLS records carry. A connection counts as having no request until
+  // its handshake is done and a request has come.
+  std::shared_ptr<const ServerTlsContext> tls;
   // Connections relayed at once. When all are taken, a new connection
   // closes the oldest that has not sent a request, if there is one; else it
   // waits in the listen backlog.
@@ -196,6 +214,11 @@ class H2Guard {
   // authenticated a call, so it no longer gives way to others. Other peers
   // are ignored.
   void MarkAuthenticated(absl::string_view grpc_peer);
+  // From any thread: the identity of the verified client certificate of the
+  // connection gRPC knows as `grpc_peer` (CertificateIdentity; "" if the
+  // certificate names nothing), or nullopt when that connection is not one
+  // of this guard's open ones or presented no certificate.
+  std::optional<std::string> PeerIdentity(absl::string_view grpc_peer) const;
 
   int64_t connections_cut() const { return cut_.load(); }
   // Connections closed to free their slot (on_reclaim).
@@ -260,6 +283,12 @@ class H2Guard {
   std::mutex marks_mu_;
   std::vector<int> marks_;          // guarded by marks_mu_: to apply
   std::unordered_set<int> marked_;  // guarded by marks_mu_: queued or applied
+
+  // The client certificate identities of the connections handed off with
+  // one, by gRPC's descriptor, and whose they are (an entry goes with its
+  // relay, not with a later one that got the same descriptor number).
+  mutable std::mutex identities_mu_;
+  std::unordered_map<int, std::pair<const Relay*, std::string>> identities_;  // guarded
 };
 
 }  // namespace deltaserve

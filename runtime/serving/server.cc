@@ -465,12 +465,13 @@ absl::Status CheckExposure(const ServerOptions& o) {
 
 }  // namespace
 
-// One gRPC port. With TLS gRPC listens itself; in plaintext the guard owns
-// the listening socket and hands gRPC each connection (h2_guard.h). The
-// guard is declared last so that it stops before the server it feeds goes.
+// One gRPC port: the guard owns the listening socket, terminates TLS if the
+// port has it, and hands gRPC each connection in plaintext (h2_guard.h).
+// The guard is declared last so that it stops before the server it feeds
+// goes.
 struct GrpcPort {
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<H2Guard> guard;  // plaintext only
+  std::unique_ptr<H2Guard> guard;
   int port = -1;
 };
 
@@ -523,54 +524,48 @@ struct GuardCounters {
 };
 
 // Builds and starts `builder`'s server on host:port as `who` ("the client
-// port"): TLS (`tls`) through gRPC's own listener, plaintext behind an
-// H2Guard whose cut connections are logged and counted, and which `auth`
-// tells of each connection that authenticated a call.
+// port"), behind an H2Guard (with TLS when `tls` is set) whose cut
+// connections are logged and counted, and which `auth` tells of each
+// connection that authenticated a call and asks for the client certificate
+// of each call under mutual TLS.
 absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOptions& options,
-                                   int port, bool tls,
-                                   const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                   int port, std::shared_ptr<const ServerTlsContext> tls,
                                    const std::string& who, const GuardCounters& counters,
                                    Authenticator& auth) {
   const std::string address = absl::StrCat(options.host, ":", port);
   GrpcPort out;
-  if (tls) {
-    builder.AddListeningPort(address, credentials, &out.port);
-  } else {
-    H2GuardOptions guard;
-    // A block gRPC would refuse with RESOURCE_EXHAUSTED (over the metadata
-    // limit) still reaches it up to twice the limit, so a client sending too
-    // much metadata gets that answer; past it the connection is cut.
-    guard.rules.max_header_block_bytes = 2 * int64_t{options.max_metadata_bytes} + (16 << 10);
-    Counter& cut = counters.cut;
-    Counter& reclaimed = counters.reclaimed;
-    guard.on_cut = [who, &cut](const std::string& peer, const absl::Status& why) {
-      cut.Add();
-      std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(),
-                   peer.c_str(), std::string(why.message()).c_str());
-    };
-    guard.on_reclaim = [&reclaimed] { reclaimed.Add(); };
-    DELTASERVE_ASSIGN_OR_RETURN(out.guard,
-                                H2Guard::Listen(options.host, port, who, std::move(guard)));
-    out.port = out.guard->port();
-    // Calls end before the server, and the server before the guard, shuts down.
-    H2Guard* guarded = out.guard.get();
-    auth.SetOnAuthenticated(
-        [guarded](const std::string& peer) { guarded->MarkAuthenticated(peer); });
-  }
+  H2GuardOptions guard;
+  guard.tls = std::move(tls);
+  // A block gRPC would refuse with RESOURCE_EXHAUSTED (over the metadata
+  // limit) still reaches it up to twice the limit, so a client sending too
+  // much metadata gets that answer; past it the connection is cut.
+  guard.rules.max_header_block_bytes = 2 * int64_t{options.max_metadata_bytes} + (16 << 10);
+  Counter& cut = counters.cut;
+  Counter& reclaimed = counters.reclaimed;
+  guard.on_cut = [who, &cut](const std::string& peer, const absl::Status& why) {
+    cut.Add();
+    std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(), peer.c_str(),
+                 std::string(why.message()).c_str());
+  };
+  guard.on_reclaim = [&reclaimed] { reclaimed.Add(); };
+  DELTASERVE_ASSIGN_OR_RETURN(out.guard,
+                              H2Guard::Listen(options.host, port, who, std::move(guard)));
+  out.port = out.guard->port();
+  // Calls end before the server, and the server before the guard, shuts down.
+  H2Guard* guarded = out.guard.get();
+  auth.SetOnAuthenticated([guarded](const std::string& peer) { guarded->MarkAuthenticated(peer); });
+  auth.SetPeerIdentity([guarded](const std::string& peer) { return guarded->PeerIdentity(peer); });
   out.server = builder.BuildAndStart();
-  if (out.server == nullptr || out.port <= 0) {
-    if (out.server) out.server->Shutdown();
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " for ", who,
-                                               " (in use, or not an address of this host)"));
+  if (out.server == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot start the gRPC server for ", who, " on ", address));
   }
-  if (out.guard) {
-    grpc::Server* server = out.server.get();
-    absl::Status started =
-        out.guard->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
-    if (!started.ok()) {
-      out.server->Shutdown();
-      return started;
-    }
+  grpc::Server* server = out.server.get();
+  absl::Status started =
+      out.guard->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
+  if (!started.ok()) {
+    out.server->Shutdown();
+    return started;
   }
   return out;
 }
@@ -596,32 +591,11 @@ void ShutdownPorts(std::initializer_list<GrpcPort*> ports,
   }
 }
 
-// A TLS port whose peers need no certificate lets anyone who completes the
-// handshake send HTTP/2 frames to gRPC 1.51, which the guard cannot read
-// (they are encrypted): header blocks that never end and floods of control
-// frames; a bearer token is checked only after the headers.
-void WarnOfUnauthenticatedTls(const ServerOptions& o) {
-  std::string ports;
-  if (o.tls.client_ca_file.empty()) ports = "the client port (--tls-client-ca)";
-  if (o.worker_port >= 0 && o.worker_ca_file.empty()) {
-    absl::StrAppend(&ports, ports.empty() ? "" : " and ", "the worker port (--tls-worker-ca)");
-  }
-  if (ports.empty()) return;
-  std::fprintf(stderr,
-               "server: warning: TLS without client certificates on %s: any peer that completes "
-               "the handshake reaches gRPC's HTTP/2 parser, which does not bound a header block "
-               "that never ends (CVE-2023-33953, gRPC 1.51) nor keep the memory a PING flood "
-               "takes; use mutual TLS, or keep the port on a trusted network "
-               "(docs/security.md)\n",
-               ports.c_str());
-}
-
 // Each guarded connection takes three descriptors (the client's socket and
 // both ends of its socketpair), up to 1024 connections per port: the soft
 // limit many systems start a process with (1024) would run out at about 330
-// and leave the guard unable to accept (a TLS port's connections take one
-// each, and there is no cap). Raised towards the hard limit; a limit that
-// stays low is said once.
+// and leave the guard unable to accept. Raised towards the hard limit; a
+// limit that stays low is said once.
 void RaiseDescriptorLimit() {
   constexpr rlim_t kWanted = 8192;  // two ports' 3 x 1024, and room for the rest
   rlimit limit{};
@@ -631,7 +605,7 @@ void RaiseDescriptorLimit() {
   if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
   if (limit.rlim_cur < kWanted) {
     std::fprintf(stderr,
-                 "server: warning: at most %llu open files (RLIMIT_NOFILE): each plaintext "
+                 "server: warning: at most %llu open files (RLIMIT_NOFILE): each gRPC "
                  "connection takes three, so fewer than 1024 per port can be served; raise the "
                  "hard limit (ulimit -Hn) to %llu\n",
                  static_cast<unsigned long long>(limit.rlim_cur),
@@ -658,17 +632,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   DELTASERVE_RETURN_IF_ERROR(CheckExposure(options));
   DELTASERVE_RETURN_IF_ERROR(CheckLimits(options));
   auto impl = std::make_unique<Impl>();
-  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> client_credentials,
-                              MakeServerCredentials(options.tls));
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<const ServerTlsContext> client_tls,
+                              MakeServerTls(options.tls));
   DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> client_tokens,
                               TokensFrom(options.client_tokens_file));
   impl->client_auth = std::make_unique<Authenticator>(std::move(client_tokens),
                                                       !options.tls.client_ca_file.empty());
-  std::shared_ptr<grpc::ServerCredentials> worker_credentials;
+  std::shared_ptr<const ServerTlsContext> worker_tls;
   if (options.worker_port >= 0) {
-    ServerTls worker_tls = options.tls;
-    worker_tls.client_ca_file = options.worker_ca_file;
-    DELTASERVE_ASSIGN_OR_RETURN(worker_credentials, MakeServerCredentials(worker_tls));
+    ServerTls worker_files = options.tls;
+    worker_files.client_ca_file = options.worker_ca_file;
+    DELTASERVE_ASSIGN_OR_RETURN(worker_tls, MakeServerTls(worker_files));
     DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> worker_tokens,
                                 TokensFrom(options.worker_tokens_file));
     impl->worker_auth =
@@ -700,22 +674,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const GuardCounters counters{
       impl->metrics.AddCounter(
           "deltaserve_http2_connections_cut_total",
-          "Plaintext gRPC connections closed by the HTTP/2 guard for breaking its rules "
+          "gRPC connections closed by the HTTP/2 guard for breaking its rules "
           "(an endless or oversized header block, a flood of control frames, a bad preface or "
           "frame)."),
       impl->metrics.AddCounter(
           "deltaserve_http2_connections_reclaimed_total",
-          "Plaintext gRPC connections closed by the HTTP/2 guard before they sent a request, "
+          "gRPC connections closed by the HTTP/2 guard before they sent a request, "
           "to free their slot (none within 10 s, or too many such connections).")};
-  const bool tls = !options.tls.cert_file.empty();
   RaiseDescriptorLimit();
-  if (tls) WarnOfUnauthenticatedTls(options);
   grpc::ServerBuilder builder;
   Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());
-  DELTASERVE_ASSIGN_OR_RETURN(impl->client,
-                              StartPort(builder, options, options.port, tls, client_credentials,
-                                        "the client port", counters, *impl->client_auth));
+  DELTASERVE_ASSIGN_OR_RETURN(
+      impl->client, StartPort(builder, options, options.port, client_tls, "the client port",
+                              counters, *impl->client_auth));
   if (options.worker_port >= 0) {
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
     grpc::ServerBuilder worker_builder;
@@ -724,7 +696,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     worker_builder.SetOption(
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     worker_builder.RegisterService(impl->worker_link.get());
-    auto worker = StartPort(worker_builder, options, options.worker_port, tls, worker_credentials,
+    auto worker = StartPort(worker_builder, options, options.worker_port, worker_tls,
                             "the worker port", counters, *impl->worker_auth);
     if (!worker.ok()) {
       ShutdownPorts({&impl->client}, std::chrono::system_clock::now());

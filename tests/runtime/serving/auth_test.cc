@@ -1,13 +1,18 @@
 // Token files, token lookup, request-id scopes and loopback addresses
 // (runtime/serving/auth.h): what is accepted, and each refusal naming the
-// file, the line and the fix.
+// file, the line and the fix. The identity a client certificate gives
+// (runtime/serving/credentials.h), as gRPC's AuthContext gave it.
 #include "runtime/serving/auth.h"
 
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include "gtest/gtest.h"
+#include "runtime/serving/credentials.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -119,6 +124,39 @@ TEST(LoopbackTest, OnlyLoopbackAddressesAreLoopback) {
                            "localhost.example.com", "", "::ffff:10.0.0.1"}) {
     EXPECT_FALSE(IsLoopbackHost(host)) << host;
   }
+}
+
+// A self-signed certificate with `subject` and, if not empty, the
+// subjectAltName `san` (openssl's syntax): its identity.
+std::string IdentityOf(const std::string& subject, const std::string& san) {
+  const std::string dir = testing::TempDir("cert");
+  std::string command = "cd " + dir +
+                        " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+                        "-nodes -keyout key.pem -out cert.pem -days 1 -subj " +
+                        subject;
+  if (!san.empty()) command += " -addext subjectAltName=" + san;
+  std::string output;
+  EXPECT_EQ(testing::RunCommand(command + " 2>&1", &output), 0) << output;
+  std::FILE* f = std::fopen((dir + "/cert.pem").c_str(), "r");
+  if (f == nullptr) return "(no certificate)";
+  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
+  std::fclose(f);
+  const std::string identity = CertificateIdentity(cert);
+  X509_free(cert);
+  return identity;
+}
+
+// The first subject alternative name of the kinds gRPC reads (DNS, URI,
+// e-mail, IP address), in the certificate's order, else the common name.
+TEST(CertificateIdentityTest, IsTheFirstSubjectAltNameElseTheCommonName) {
+  EXPECT_EQ(IdentityOf("/CN=alice", ""), "alice");
+  EXPECT_EQ(IdentityOf("/O=org/CN=alice", "DNS:worker-1.example,IP:10.0.0.1"), "worker-1.example");
+  EXPECT_EQ(IdentityOf("/CN=alice", "IP:10.0.0.1,DNS:worker-1.example"), "10.0.0.1");
+  EXPECT_EQ(IdentityOf("/CN=alice", "IP:2001:db8::1"), "2001:db8::1");
+  EXPECT_EQ(IdentityOf("/CN=alice", "URI:spiffe://example/worker"), "spiffe://example/worker");
+  EXPECT_EQ(IdentityOf("/CN=alice", "email:alice@example.org"), "alice@example.org");
+  EXPECT_EQ(IdentityOf("/O=only-an-organisation", ""), "");
+  EXPECT_EQ(CertificateIdentity(nullptr), "");
 }
 
 }  // namespace
