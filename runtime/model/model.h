@@ -50,18 +50,6 @@ struct ModelOptions {
 // on every rank of a replica, whatever its stage).
 int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype);
 
-// On a device, whose state pool is allocated whole at load, the default pool
-// is also at most what fits in kDeviceCacheShare of the memory free once the
-// weights are placed, less the `slots` KDA slots and a workspace reserve
-// (kDeviceWorkspaceReserveBytes, or a tenth of the device when smaller):
-// the tokens of MLA cache of the rank's layers (`local`, `shard`) that fit,
-// in whole pages. ResourceExhausted when not one page fits.
-inline constexpr double kDeviceCacheShare = 0.9;
-inline constexpr int64_t kDeviceWorkspaceReserveBytes = int64_t{4} << 30;
-absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelShard& shard,
-                                          kernels::Device device, kernels::DType cache_dtype,
-                                          int64_t slots);
-
 struct ForwardInput {
   SequenceState* state = nullptr;
   std::span<const int32_t> tokens;  // new tokens, appended after state->length

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +60,37 @@ int64_t KdaSlotBytes(const ModelConfig& local, const ModelShard& shard) {
     if (local.layer_kinds[i] == LayerKind::kKda) bytes += layer_bytes;
   }
   return bytes;
+}
+
+absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelShard& shard,
+                                          kernels::Device device, kernels::DType cache_dtype,
+                                          int64_t slots) {
+  size_t free_bytes = 0, total_bytes = 0;
+  const std::string error = kernels::Workspace::Of(device).Memory(&free_bytes, &total_bytes);
+  if (!error.empty()) {
+    return absl::InternalError(absl::StrCat("cannot read the free memory of the ",
+                                            kernels::DeviceName(device), ": ", error));
+  }
+  int64_t mla_layers = 0;
+  for (int64_t i = shard.layer_begin; i < LayerEnd(local, shard); ++i) {
+    mla_layers += local.layer_kinds[i] == LayerKind::kMla ? 1 : 0;
+  }
+  // A rank without MLA layers holds no cache: any count does.
+  if (mla_layers == 0) return kCachePageTokens;
+  const int64_t token_bytes =
+      mla_layers * local.MlaCacheWidth() * (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
+  const int64_t reserve =
+      std::min<int64_t>(kDeviceWorkspaceReserveBytes, static_cast<int64_t>(total_bytes / 10));
+  const int64_t room = static_cast<int64_t>(static_cast<double>(free_bytes) * kDeviceCacheShare) -
+                       slots * KdaSlotBytes(local, shard) - reserve;
+  if (room < kCachePageTokens * token_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the ", kernels::DeviceName(device), " has ", free_bytes,
+                     " bytes free after the weights: no room for an MLA cache beside ", slots,
+                     " KDA state slots and a workspace of ", reserve,
+                     " bytes (--kv-cache-tokens and --kv-state-slots set smaller ones)"));
+  }
+  return room / token_bytes / kCachePageTokens * kCachePageTokens;
 }
 
 absl::StatusOr<std::shared_ptr<StatePool>> StatePool::Create(const ModelConfig& local,

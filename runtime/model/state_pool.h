@@ -60,6 +60,20 @@ inline constexpr int64_t kDefaultStateSlots = 256;
 // head counts): what a slot holds.
 int64_t KdaSlotBytes(const ModelConfig& local, const ModelShard& shard);
 
+// On a device, whose pool is allocated whole at load, the default pool
+// (Model::Load's) is also at most what fits in kDeviceCacheShare of the memory free once the
+// weights are placed, less the `slots` KDA slots and a workspace reserve
+// (kDeviceWorkspaceReserveBytes, or a tenth of the device when smaller: the
+// CUDA context, library workspaces, communicator buffers and a prefill
+// chunk's activations; a planning figure, not a measurement):
+// the tokens of MLA cache of the rank's layers (`local`, `shard`) that fit,
+// in whole pages. ResourceExhausted when not one page fits.
+inline constexpr double kDeviceCacheShare = 0.9;
+inline constexpr int64_t kDeviceWorkspaceReserveBytes = int64_t{4} << 30;
+absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelShard& shard,
+                                          kernels::Device device, kernels::DType cache_dtype,
+                                          int64_t slots);
+
 struct StatePoolSize {
   int64_t pages = 1;  // MLA cache pages of kCachePageTokens tokens
   int64_t slots = 2;  // sequences holding state at once (>= 2: a prefix and its fork)

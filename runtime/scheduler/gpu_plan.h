@@ -12,14 +12,14 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/model/config.h"
+#include "runtime/model/state_pool.h"
 #include "runtime/scheduler/stage_plan.h"
 
 namespace deltaserve {
 
-// A flat reserve per GPU for what the figures below do not count: the CUDA
-// context, library workspaces, communicator buffers and a prefill chunk's
-// activations. A planning default, not a measurement.
-inline constexpr int64_t kDefaultGpuWorkspaceBytes = int64_t{4} << 30;
+// A flat reserve per GPU for what the figures below do not count: the one a
+// model on a GPU keeps when it sizes its own cache (state_pool.h).
+inline constexpr int64_t kDefaultGpuWorkspaceBytes = kDeviceWorkspaceReserveBytes;
 
 struct GpuBudget {
   int64_t gpu_memory_bytes = 0;  // usable memory of one GPU
