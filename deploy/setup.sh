@@ -13,6 +13,7 @@ packages=(
   libgtest-dev             # tests
   libopenmpi-dev openmpi-bin  # DELTASERVE_MPI (default ON)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # serving API
+  libssl-dev               # the server's TLS certificate checks
   libonig-dev              # tokenizer pre-tokenization patterns
   libre2-dev               # quantization_config target patterns (also a gRPC dependency)
   python3-grpcio python3-protobuf  # Python client example and e2e tests

@@ -25,6 +25,7 @@
 #include "runtime/serving/h2_guard.h"
 #include "runtime/serving/http_server.h"
 #include "runtime/serving/request_validation.h"
+#include "runtime/serving/tls_check.h"
 #include "runtime/serving/worker_codec.h"
 #include "runtime/serving/write_watchdog.h"
 
@@ -444,8 +445,8 @@ absl::Status CheckExposure(const ServerOptions& o) {
   if (o.insecure) return absl::OkStatus();
   const bool clients = !o.tls.cert_file.empty() || !o.client_tokens_file.empty();
   const bool client_auth = !o.tls.client_ca_file.empty() || !o.client_tokens_file.empty();
-  const bool workers =
-      o.worker_port < 0 || !o.worker_ca_file.empty() || !o.worker_tokens_file.empty();
+  const bool workers = o.worker_port < 0 || !o.worker_ca_file.empty() ||
+                       !o.worker_tokens_file.empty() || !o.worker_token.empty();
   if (client_auth && !workers) {
     return absl::InvalidArgumentError(
         "clients must authenticate but workers need not: give --worker-token-file or "
@@ -655,11 +656,14 @@ absl::Status CheckLimits(const ServerOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  // The TLS flags first: a client CA without a certificate is a mistake
+  // about clients, whatever the workers have.
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> client_credentials,
+                              MakeServerCredentials(options.tls));
+  DELTASERVE_RETURN_IF_ERROR(CheckServerCertificate(options.tls));
   DELTASERVE_RETURN_IF_ERROR(CheckExposure(options));
   DELTASERVE_RETURN_IF_ERROR(CheckLimits(options));
   auto impl = std::make_unique<Impl>();
-  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> client_credentials,
-                              MakeServerCredentials(options.tls));
   DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> client_tokens,
                               TokensFrom(options.client_tokens_file));
   impl->client_auth = std::make_unique<Authenticator>(std::move(client_tokens),
@@ -671,10 +675,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     DELTASERVE_ASSIGN_OR_RETURN(worker_credentials, MakeServerCredentials(worker_tls));
     DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> worker_tokens,
                                 TokensFrom(options.worker_tokens_file));
+    if (!options.worker_token.empty()) {
+      worker_tokens = TokenSet({TokenEntry{"worker", options.worker_token}});
+    }
     impl->worker_auth =
         std::make_unique<Authenticator>(std::move(worker_tokens), !options.worker_ca_file.empty());
     DELTASERVE_RETURN_IF_ERROR(CheckWorkerRole(options));
-  } else if (!options.worker_ca_file.empty() || !options.worker_tokens_file.empty()) {
+  } else if (!options.worker_ca_file.empty() || !options.worker_tokens_file.empty() ||
+             !options.worker_token.empty()) {
     return absl::InvalidArgumentError(
         "worker credentials are for a worker port: this server runs its worker in-process");
   }

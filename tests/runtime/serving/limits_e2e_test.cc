@@ -128,8 +128,7 @@ TEST(LimitsTest, AConfigJsonThatIsNoSmallRegularFileIsRefusedAtOnce) {
 
 // Attaches with `hello` and returns the status the coordinator ends it with.
 grpc::Status AttachWith(const std::string& address, const v1::WorkerHello& hello) {
-  auto link =
-      v1::WorkerLink::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto link = v1::WorkerLink::NewStub(testing::WorkerChannel(address));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto stream = link->Attach(&context);

@@ -16,7 +16,10 @@
 #include <thread>
 
 #include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/comm/world_layout.h"
+#include "runtime/model/config.h"
 #include "runtime/serving/credentials.h"
+#include "runtime/serving/worker_codec.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
 namespace deltaserve {
@@ -510,6 +513,91 @@ TEST_F(SecurityTest, AHeaderFloodGetsAnErrorAndTheServerServesOn) {
   EXPECT_EQ(served.ids.size(), 4u);
 }
 
+// The mode of `path`'s permission bits, -1 when it does not exist.
+int Mode(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// A coordinator given no worker credentials makes a worker token: written
+// mode 600 beside its port file and in this user's runtime directory, where
+// a `deltaserve worker` of the same user finds it with no flags; a link
+// without it is refused. --insecure-workers keeps the port open.
+TEST_F(SecurityTest, WithoutWorkerCredentialsTheCoordinatorMakesAWorkerToken) {
+  const std::string runtime = *dir_ + "/runtime";
+  fs::create_directories(runtime);
+  ASSERT_EQ(setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1), 0);
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
+  const std::string port = coordinator.worker_address.substr(10);
+  const std::string in_runtime = runtime + "/deltaserve/worker-token-" + port;
+  EXPECT_EQ(Mode(coordinator.worker_token_file), 0600) << coordinator.process->Log();
+  EXPECT_EQ(Mode(in_runtime), 0600) << coordinator.process->Log();
+  EXPECT_EQ(Mode(runtime + "/deltaserve"), 0700);
+  const std::string token = Slurp(in_runtime);
+  EXPECT_EQ(token.size(), 65u) << token;  // 256 bits in hex, a line
+  EXPECT_EQ(Slurp(coordinator.worker_token_file), token);
+  EXPECT_NE(coordinator.process->Log().find("workers must send the worker token in"),
+            std::string::npos)
+      << coordinator.process->Log();
+
+  // A link without the token (another user's process) is refused.
+  auto status_of = [](const std::shared_ptr<grpc::Channel>& channel) {
+    auto link = v1::WorkerLink::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = link->Attach(&context);
+    v1::CoordinatorMessage message;
+    while (stream->Read(&message)) {
+    }
+    return stream->Finish();
+  };
+  EXPECT_EQ(
+      status_of(grpc::CreateChannel(coordinator.worker_address, grpc::InsecureChannelCredentials()))
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+
+  // A worker of this user with no flags reads it and attaches.
+  auto worker = StartWorker(coordinator.worker_address, "", "default-token-worker.log");
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+      std::chrono::seconds(60)))
+      << worker->Log() << coordinator.process->Log();
+  EXPECT_NE(worker->Log().find("using the coordinator's worker token in " + in_runtime),
+            std::string::npos)
+      << worker->Log();
+  const testing::Streamed served = Generate(*coordinator.stub, 4);
+  EXPECT_TRUE(served.status.ok()) << served.status.error_message();
+
+  // Its files go with it.
+  coordinator.process->Signal(SIGTERM);
+  EXPECT_EQ(coordinator.process->Wait(std::chrono::seconds(30)), 0) << coordinator.process->Log();
+  EXPECT_FALSE(fs::exists(in_runtime));
+  EXPECT_FALSE(fs::exists(coordinator.worker_token_file));
+  worker->Wait(std::chrono::seconds(30));
+
+  // --insecure-workers: no token, and a link without one attaches.
+  auto open = testing::StartServer("coordinator --model " + K3Tiny() + " --insecure-workers");
+  ASSERT_FALSE(open.worker_address.empty()) << open.process->Log();
+  EXPECT_FALSE(fs::exists(open.worker_token_file));
+  EXPECT_FALSE(fs::exists(runtime + "/deltaserve/worker-token-" + open.worker_address.substr(10)));
+  {
+    auto link = v1::WorkerLink::NewStub(
+        grpc::CreateChannel(open.worker_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    auto stream = link->Attach(&context);
+    auto config = LoadModelConfig(K3Tiny());
+    ASSERT_TRUE(config.ok());
+    v1::WorkerMessage hello;
+    *hello.mutable_hello() = MakeWorkerHello(*config, *WorldLayout::Make(1, 1, 1), "open");
+    ASSERT_TRUE(stream->Write(hello));
+    EXPECT_TRUE(testing::WaitForStatus(
+        *open.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+        std::chrono::seconds(10)));
+    context.TryCancel();
+  }
+}
+
 // A host other than loopback with nothing to authenticate is refused, with
 // a message naming what to give; --insecure or credentials let it start.
 TEST_F(SecurityTest, ANonLoopbackHostNeedsTlsOrTokensOrInsecure) {
@@ -519,8 +607,11 @@ TEST_F(SecurityTest, ANonLoopbackHostNeedsTlsOrTokensOrInsecure) {
   EXPECT_EQ(testing::RunCommand(base, &output), 1) << output;
   EXPECT_NE(output.find("--host 0.0.0.0 is not a loopback address"), std::string::npos) << output;
   EXPECT_NE(output.find("--insecure"), std::string::npos) << output;
-  // Tokens for clients but none for workers is refused too.
-  EXPECT_EQ(testing::RunCommand(base + " --client-tokens-file " + File("clients"), &output), 1)
+  // Tokens for clients but none for workers (when it makes none) is
+  // refused too.
+  EXPECT_EQ(testing::RunCommand(
+                base + " --insecure-workers --client-tokens-file " + File("clients"), &output),
+            1)
       << output;
   EXPECT_NE(output.find("--worker-token-file"), std::string::npos) << output;
   // A token file others can read is refused, naming the fix.
