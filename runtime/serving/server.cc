@@ -517,6 +517,21 @@ void Configure(grpc::ServerBuilder& builder, const ServerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
+// The most a worker may send in one message, which gRPC refuses past (with
+// RESOURCE_EXHAUSTED) as a client's limit would let through far more: a
+// hello (kMaxHelloBytes), or a step result, whose rows (prompt tokens and
+// decode rows, --step-tokens plus --max-running) carry a log-prob and at
+// most kMaxTopLogprobs top ids and log-probs each (under 256 bytes encoded),
+// and whose outputs a short error text each; at least 16 MiB.
+int WorkerMessageLimit(const ServerOptions& options) {
+  const CoordinatorOptions& c = options.coordinator;
+  static_assert(kMaxTopLogprobs * 10 + 16 <= 256);
+  const int64_t result = (c.step_tokens + c.max_running) * 256 + c.max_running * (4 << 10);
+  const int64_t limit =
+      std::max({int64_t{16} << 20, static_cast<int64_t>(kMaxHelloBytes), result}) + (1 << 20);
+  return static_cast<int>(std::min<int64_t>(limit, INT32_MAX));
+}
+
 // The counters of the guards of both ports.
 struct GuardCounters {
   Counter& cut;        // connections closed for breaking a rule
@@ -728,6 +743,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
     grpc::ServerBuilder worker_builder;
     Configure(worker_builder, options, quota);
+    worker_builder.SetMaxReceiveMessageSize(WorkerMessageLimit(options));
     worker_builder.SetOption(std::make_unique<NoPlugins>());
     worker_builder.SetOption(
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));

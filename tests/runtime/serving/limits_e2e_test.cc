@@ -181,6 +181,44 @@ TEST(LimitsTest, AWorkerHelloOverTheLimitsIsRefused) {
   EXPECT_EQ(served.ids.size(), 8u);
 }
 
+// The peak resident memory of `pid` (VmHWM), in bytes.
+int64_t PeakRssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      int64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+    std::string rest;
+    std::getline(in, rest);
+  }
+  return -1;
+}
+
+// A 190 MiB hello from a worker with the token is refused by the worker
+// port's message limit (RESOURCE_EXHAUSTED) before it is parsed: the
+// coordinator holds it once, not also as a parsed message (+383 MiB before
+// the limit). gRPC 1.51 still takes a message whole before its size limit
+// applies (its flow control grants a stream the window for the message it
+// announced).
+TEST(LimitsTest, AHugeHelloIsRefusedBeforeItIsHeldWhole) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  ASSERT_NE(coordinator.stub, nullptr);
+  auto config = LoadModelConfig(K3Tiny());
+  ASSERT_TRUE(config.ok()) << config.status();
+  v1::WorkerHello huge = MakeWorkerHello(*config, *WorldLayout::Make(1, 1, 1), "limits test");
+  huge.set_description(std::string(190 << 20, 'x'));
+  const int64_t before = PeakRssBytes(coordinator.process->pid());
+  ASSERT_GT(before, 0);
+  const grpc::Status status = AttachWith(coordinator.worker_address, huge);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  const int64_t grew = PeakRssBytes(coordinator.process->pid()) - before;
+  EXPECT_LT(grew, int64_t{190 + 40} << 20) << grew / (1 << 20) << " MiB";
+  EXPECT_TRUE(testing::Status(*coordinator.stub).workers() == 0);
+}
+
 TEST(LimitsTest, AClientThatStopsReadingIsCancelledAndOthersAreServed) {
   auto server =
       testing::StartServer("serve --model " + K3Tiny() + " --threads 1 --client-write-timeout 2");

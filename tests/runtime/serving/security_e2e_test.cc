@@ -376,7 +376,11 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   // Workers: none without a certificate of the workers' CA; a client's
   // certificate is not one.
   const std::string ca = " --tls-ca " + File("ca.pem");
-  ExpectRefused(coordinator.worker_address, "", "plain-worker.log", *alice, "cannot reach");
+  // A plaintext worker is told at once that the port speaks TLS.
+  const auto plain_start = std::chrono::steady_clock::now();
+  ExpectRefused(coordinator.worker_address, "", "plain-worker.log", *alice,
+                "speaks TLS and this worker connects in plaintext: give --tls-ca");
+  EXPECT_LT(std::chrono::steady_clock::now() - plain_start, std::chrono::seconds(4));
   ExpectRefused(coordinator.worker_address, ca, "certless-worker.log", *alice, "cannot reach");
   ExpectRefused(coordinator.worker_address,
                 ca + " --tls-cert " + File("mallory.pem") + " --tls-key " + File("mallory.key"),
@@ -596,6 +600,53 @@ TEST_F(SecurityTest, WithoutWorkerCredentialsTheCoordinatorMakesAWorkerToken) {
         std::chrono::seconds(10)));
     context.TryCancel();
   }
+}
+
+// TLS mistakes are named at start: a key that is not the certificate's, a
+// client CA without a certificate (about clients, whatever the workers
+// have), and a certificate past its notAfter (a warning naming it).
+TEST_F(SecurityTest, TlsMistakesAreNamedAtStart) {
+  const std::string base = testing::BinPath("deltaserve") + " coordinator --model " + K3Tiny() +
+                           " --port 0 --worker-port 0";
+  std::string output;
+  EXPECT_EQ(testing::RunCommand(base + " --tls-cert " + File("server.pem") + " --tls-key " +
+                                    File("alice.key") + " 2>&1",
+                                &output),
+            1)
+      << output;
+  EXPECT_NE(
+      output.find("--tls-key " + File("alice.key") +
+                  " is not the private key of the certificate in --tls-cert " + File("server.pem")),
+      std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("cannot listen"), std::string::npos) << output;
+
+  EXPECT_EQ(testing::RunCommand(base + " --tls-client-ca " + File("ca.pem") + " 2>&1", &output), 1)
+      << output;
+  EXPECT_NE(output.find("a client CA (mutual TLS) needs the server's own --tls-cert"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("workers"), std::string::npos) << output;
+
+  // A server certificate that ended in 2020, signed with openssl ca (x509
+  // -req takes no dates in the past).
+  const std::string& d = *dir_;
+  Shell("cd " + d +
+        " && mkdir -p old-ca/certs && : >old-ca/index.txt && echo 01 >old-ca/serial && " +
+        "printf '[ca]\ndefault_ca=d\n[d]\ndir=old-ca\ndatabase=$dir/index.txt\n"
+        "new_certs_dir=$dir/certs\nserial=$dir/serial\ndefault_md=sha256\npolicy=p\n"
+        "[p]\ncommonName=supplied\n' >old-ca.cnf && "
+        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout old.key "
+        "-out old.csr -subj /CN=old 2>&1 && chmod 600 old.key && "
+        "openssl ca -batch -config old-ca.cnf -cert ca.pem -keyfile ca.key -in old.csr -out "
+        "old.pem -startdate 20200101000000Z -enddate 20200102000000Z -notext 2>&1");
+  auto expired = testing::StartServer("coordinator --model " + K3Tiny() + " --tls-cert " +
+                                      File("old.pem") + " --tls-key " + File("old.key"));
+  ASSERT_NE(expired.process, nullptr);
+  EXPECT_NE(expired.process->Log().find("the certificate in --tls-cert " + File("old.pem") +
+                                        " expired at Jan  2 00:00:00 2020 GMT (notAfter)"),
+            std::string::npos)
+      << expired.process->Log();
 }
 
 // A host other than loopback with nothing to authenticate is refused, with
