@@ -119,7 +119,7 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            "-1"},
           {"port-file", "F",
            "once listening, write to F the client port, the metrics port and the worker port, "
-           "a line each (-1: none)"},
+           "a line each (-1: none); a worker token the coordinator made goes to F.worker-token"},
           {"tls-cert", "F", "serve TLS with this certificate chain (PEM) on every gRPC port"},
           {"tls-key", "F", "its private key (PEM, mode 600)"},
           {"tls-client-ca", "F",
