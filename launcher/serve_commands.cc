@@ -1,6 +1,7 @@
 // serve, coordinator and worker: the serving processes.
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
@@ -21,6 +23,7 @@
 #include "runtime/serving/local_worker.h"
 #include "runtime/serving/server.h"
 #include "runtime/serving/worker.h"
+#include "runtime/serving/worker_token.h"
 
 namespace deltaserve {
 namespace {
@@ -91,6 +94,10 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
        "seconds a remote worker may take to answer a step or read a write before it is dropped "
        "(its requests run elsewhere)",
        absl::StrCat(c.step_timeout_s)},
+      {"step-timeout-floor", "S",
+       "once a worker's cost model has learned its steps, a step may take 10 times what the model "
+       "expects, but at least S seconds (and at most --step-timeout)",
+       absl::StrCat(c.step_timeout_floor_s)},
       {"step-log", "F",
        "write a JSON line per step to F (worker, prefill chunks and their prefixes, decode rows, "
        "wall and per-stage compute seconds)"},
@@ -112,7 +119,7 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            "-1"},
           {"port-file", "F",
            "once listening, write to F the client port, the metrics port and the worker port, "
-           "a line each (-1: none)"},
+           "a line each (-1: none); a worker token the coordinator made goes to F.worker-token"},
           {"tls-cert", "F", "serve TLS with this certificate chain (PEM) on every gRPC port"},
           {"tls-key", "F", "its private key (PEM, mode 600)"},
           {"tls-client-ca", "F",
@@ -127,7 +134,12 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
                                "mutual TLS on the worker port: workers need a certificate this "
                                "CA signed"},
                               {"worker-token-file", "F",
-                               "workers must send one of these bearer tokens (mode 600)"},
+                               "workers must send one of these bearer tokens (mode 600); "
+                               "without it or --tls-worker-ca the coordinator makes a token "
+                               "(docs/security.md)"},
+                              {"insecure-workers", "",
+                               "let workers attach with no credentials (any local process could "
+                               "attach and read every prompt)"},
                           });
   }
   flags = Concat(
@@ -264,6 +276,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
     return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");
   }
+  DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_floor_s,
+                              flags.GetDouble("step-timeout-floor", c.step_timeout_floor_s));
+  if (!(c.step_timeout_floor_s > 0) || c.step_timeout_floor_s > 1e6) {
+    return absl::InvalidArgumentError("--step-timeout-floor must be in (0, 1e6] seconds");
+  }
   if (flags.Has("step-log")) {
     const std::string path = flags.GetString("step-log");
     absl::StatusOr<std::unique_ptr<std::ostream>> log = OpenOutputStream(path);
@@ -306,6 +323,54 @@ absl::Status Announce(const Flags& flags, const Server& server, const std::strin
   const std::string text =
       absl::StrCat(server.port(), "\n", server.metrics_port(), "\n", server.worker_port(), "\n");
   return WriteFileAtomically(flags.GetString("port-file"), [&](std::ostream& out) { out << text; });
+}
+
+// A coordinator given no worker credentials makes a worker token (unless
+// --insecure-workers) and writes it, mode 600, where its workers find it:
+// beside --port-file (`<port-file>.worker-token`, for scripts and for workers
+// on other hosts of a shared file system), and at DefaultWorkerTokenPath of
+// its worker port, where `deltaserve worker` of this user on this host looks
+// by itself. Returns the files written.
+absl::StatusOr<std::vector<std::string>> WriteWorkerToken(const Flags& flags, const Server& server,
+                                                          const std::string& token) {
+  std::vector<std::string> written;
+  std::vector<std::string> failed;
+  if (flags.Has("port-file")) {
+    const std::string path = flags.GetString("port-file") + ".worker-token";
+    absl::Status s = WriteWorkerTokenFile(path, token, /*make_dir=*/false);
+    if (s.ok()) {
+      written.push_back(path);
+    } else {
+      failed.emplace_back(s.message());
+    }
+  }
+  if (const std::string path = DefaultWorkerTokenPath(server.worker_port()); !path.empty()) {
+    absl::Status s = WriteWorkerTokenFile(path, token, /*make_dir=*/true);
+    if (s.ok()) {
+      written.push_back(path);
+    } else {
+      failed.emplace_back(s.message());
+    }
+  } else {
+    failed.emplace_back("neither XDG_RUNTIME_DIR nor HOME is set");
+  }
+  for (const std::string& f : failed) {
+    std::fprintf(stderr, "deltaserve coordinator: warning: worker token not written: %s\n",
+                 f.c_str());
+  }
+  if (written.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no worker credentials were given and the worker token this coordinator made could not "
+        "be written anywhere (",
+        absl::StrJoin(failed, "; "),
+        "): give --worker-token-file or --tls-worker-ca, or --insecure-workers"));
+  }
+  std::fprintf(stderr,
+               "deltaserve coordinator: workers must send the worker token in %s (made for this "
+               "run, mode 600): `deltaserve worker` of this user on this host reads it by "
+               "itself; elsewhere give it --worker-token-file\n",
+               absl::StrJoin(written, " and ").c_str());
+  return written;
 }
 
 }  // namespace
@@ -410,11 +475,37 @@ absl::Status RunServe(const Args& args) {
 absl::Status RunCoordinator(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(CoordinatorSpec(), args));
   DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, true));
+  const bool credentials = !options.worker_ca_file.empty() || !options.worker_tokens_file.empty();
+  if (flags.Has("insecure-workers") && credentials) {
+    return absl::InvalidArgumentError(
+        "--insecure-workers lets workers attach without credentials: it cannot go with "
+        "--worker-token-file or --tls-worker-ca");
+  }
+  // Safe by default: with no worker credentials, a token of its own.
+  if (!credentials && !flags.Has("insecure-workers")) {
+    DELTASERVE_ASSIGN_OR_RETURN(options.worker_token, NewWorkerToken());
+  }
   const sigset_t signals = BlockStopSignals();
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
-  DELTASERVE_RETURN_IF_ERROR(Announce(flags, *server, "coordinator"));
+  std::vector<std::string> token_files;
+  if (!options.worker_token.empty()) {
+    // Before the port file, so that whoever waits for it finds the token.
+    absl::StatusOr<std::vector<std::string>> written =
+        WriteWorkerToken(flags, *server, options.worker_token);
+    if (!written.ok()) {
+      server->Shutdown();
+      return written.status();
+    }
+    token_files = std::move(*written);
+  }
+  if (absl::Status announced = Announce(flags, *server, "coordinator"); !announced.ok()) {
+    server->Shutdown();
+    for (const std::string& f : token_files) RemoveWorkerTokenFile(f, options.worker_token);
+    return announced;
+  }
   DELTASERVE_ASSIGN_OR_RETURN(const double drain_timeout, DrainTimeout(flags));
   DrainAndStop(*server, signals, WaitForSignal(signals), drain_timeout, "coordinator");
+  for (const std::string& f : token_files) RemoveWorkerTokenFile(f, options.worker_token);
   return absl::OkStatus();
 }
 
@@ -455,8 +546,21 @@ absl::Status RunWorkerCommand(const Args& args) {
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive * 1000));
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(keepalive * 500));
     channel_args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    auto channel =
-        OpenChannel(coordinator, ChannelSecurityFrom(flags, "worker-token-file"), channel_args);
+    ChannelSecurity security = ChannelSecurityFrom(flags, "worker-token-file");
+    // The token a coordinator of this user on this host made for itself.
+    if (security.token_file.empty()) {
+      if (std::optional<int> port = TargetPort(coordinator)) {
+        const std::string path = DefaultWorkerTokenPath(*port);
+        if (!path.empty() && ::access(path.c_str(), F_OK) == 0) {
+          std::fprintf(stderr, "deltaserve worker: using the coordinator's worker token in %s\n",
+                       path.c_str());
+          security.token_file = path;
+        }
+      }
+    }
+    options.target = coordinator;
+    options.tls = security.tls();
+    auto channel = OpenChannel(coordinator, security, channel_args);
     if (!channel.ok()) {
       (void)replica.Stop();  // the other ranks follow this one: release them
       return channel.status();

@@ -436,6 +436,16 @@ std::optional<FinishReason> Scheduler::Ends(const Sequence& s, int32_t token,
   return std::nullopt;
 }
 
+double Scheduler::ExpectedSeconds(uint64_t step_id) const {
+  for (const InFlight& f : in_flight_) {
+    if (f.step_id != step_id) continue;
+    std::vector<StepPiece> pieces;
+    for (const Item& item : f.items) pieces.push_back(item.piece);
+    return cost_.Cost(pieces);
+  }
+  return 0;
+}
+
 Scheduler::Update Scheduler::TakeResult(StepResult result) {
   Update update;
   const bool expected = std::any_of(in_flight_.begin(), in_flight_.end(),

@@ -209,6 +209,9 @@ class Scheduler {
   // and state bytes over its ranks; tokens as this scheduler counts them).
   const HeldState& held() const { return held_; }
   const ChunkCostModel& cost() const { return cost_; }
+  // What the cost model expects step `step_id`, in flight, to take on the
+  // replica's slowest stage (seconds); 0 when it is not in flight.
+  double ExpectedSeconds(uint64_t step_id) const;
   const SchedulerOptions& options() const { return options_; }
 
  private:

@@ -21,6 +21,12 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 // How long a write to a remote worker may take once shutdown has begun.
 constexpr auto kGoodbyeTimeout = std::chrono::seconds(2);
 
+// A step's deadline from the cost model (CoordinatorOptions::step_timeout_s):
+// trusted once it has fitted this many of the worker's steps (the first ones
+// also page the weights in), with this much slack over what it expects.
+constexpr int64_t kStepsBeforeExpecting = 8;
+constexpr double kStepSlack = 10;
+
 // Workers a request may lose before it fails: a request that takes down
 // every worker it runs on (a poison request) must not take the fleet too.
 constexpr int kMaxWorkersLost = 3;
@@ -45,6 +51,20 @@ std::string PeerError(const std::string& text) {
     absl::StrAppend(&out, "... (", text.size() - kMaxPeerErrorBytes, " more bytes)");
   }
   return out;
+}
+
+// Why a checked result of a remote worker says the worker, not a request,
+// failed: it refused the step, or every output it carries is an error; ""
+// otherwise. The errors have been through PeerError.
+std::string AllFailed(const StepResult& result) {
+  if (!result.error.empty()) return absl::StrCat("it refused a step: ", result.error);
+  if (result.outputs.empty() ||
+      !std::all_of(result.outputs.begin(), result.outputs.end(),
+                   [](const SequenceResult& out) { return !out.error.empty(); })) {
+    return "";
+  }
+  return absl::StrCat("it failed every sequence of a step (", result.outputs.size(),
+                      "), the first with: ", result.outputs.front().error);
 }
 
 }  // namespace
@@ -577,6 +597,15 @@ absl::Status Coordinator::OnStepResult(uint64_t worker, StepResult result) {
                      /*end_link=*/false, /*leaving=*/false);
     return ok;
   }
+  // A worker that refused the step, or failed every sequence it asked for,
+  // may be what is broken: its requests run again elsewhere rather than
+  // fail, and a request that fails on kMaxWorkersLost workers in turn ends
+  // with the last one's error. A step where some sequences fail and others
+  // do not fails just those (a prompt the model gives non-finite logits).
+  if (std::string why = AllFailed(result); !why.empty()) {
+    LoseWorkerLocked(it->second, why, /*end_link=*/true, /*leaving=*/false);
+    return absl::OkStatus();
+  }
   TakeResultLocked(*it->second, std::move(result));
   work_cv_.notify_all();
   return absl::OkStatus();
@@ -787,6 +816,7 @@ void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
   Scheduler::Update update = w.scheduler.TakeResult(std::move(result));
   if (options_.step_log != nullptr) WriteStepRecords(*options_.step_log, w.id, update.records);
   for (int64_t i = 0; i < update.steps && !w.sent.empty(); ++i) w.sent.pop_front();
+  if (update.steps > 0) w.answered = Clock::now();
   steps_ += update.steps;
   w.steps += update.steps;
   metrics_.steps.Add(static_cast<double>(update.steps));
@@ -815,7 +845,8 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
       continue;
     }
     if (timed) {
-      w->sent.push_back(Clock::now());  // the result is due within the step timeout
+      // The result is due within the step's allowance.
+      w->sent.push_back({Clock::now(), AllowedLocked(*w, step->id)});
       watchdog_cv_.notify_all();
     }
     lock.unlock();
@@ -843,15 +874,33 @@ void Coordinator::SchedulerLoop(std::shared_ptr<Worker> w) {
   threads_cv_.notify_all();
 }
 
+double Coordinator::AllowedLocked(const Worker& w, uint64_t step_id) const {
+  if (w.steps < kStepsBeforeExpecting) return options_.step_timeout_s;
+  // The cost model fits the slowest stage; a step passes through them all.
+  const double expected = w.scheduler.ExpectedSeconds(step_id) *
+                          static_cast<double>(std::max(1, w.info.pipeline_stages));
+  return std::clamp(kStepSlack * expected,
+                    std::min(options_.step_timeout_floor_s, options_.step_timeout_s),
+                    options_.step_timeout_s);
+}
+
 std::optional<Clock::time_point> Coordinator::DueLocked(const Worker& w, std::string* why) const {
   if (w.connection->Inline()) return std::nullopt;
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.step_timeout_s));
   std::optional<Clock::time_point> due;
   if (!w.sent.empty()) {
-    due = w.sent.front() + timeout;
-    *why =
-        absl::StrCat("no answer to a step within ", options_.step_timeout_s, " s (--step-timeout)");
+    // Results come in step order: the oldest step's clock starts when it was
+    // sent or when the one before it was answered.
+    const Worker::Sent& front = w.sent.front();
+    due = std::max(front.at, w.answered) + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(front.allowed_s));
+    *why = front.allowed_s < options_.step_timeout_s
+               ? absl::StrCat("no answer to a step within ", front.allowed_s, " s (", kStepSlack,
+                              " times what its cost model expects, at least ",
+                              options_.step_timeout_floor_s, " s, --step-timeout-floor)")
+               : absl::StrCat("no answer to a step within ", options_.step_timeout_s,
+                              " s (--step-timeout)");
   }
   if (w.writing && (!due || *w.writing + timeout < *due)) {
     due = *w.writing + timeout;

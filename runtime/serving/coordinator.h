@@ -51,8 +51,14 @@ struct CoordinatorOptions {
   int64_t max_waiting_tokens = 1 << 23;  // prompt tokens queued
   int64_t step_tokens = 512;             // token budget of one step
   // A remote worker's step result, or a write to its stream, overdue by this
-  // much drops the worker (its requests re-run elsewhere).
+  // much drops the worker (its requests re-run elsewhere). Once its cost
+  // model has learned from kStepsBeforeExpecting steps, a step's result is
+  // due within kStepSlack times what the model expects it to take through
+  // every stage, but never less than step_timeout_floor_s nor more than
+  // step_timeout_s, counted from when it was sent or the previous result
+  // came, whichever is later.
   double step_timeout_s = 300;
+  double step_timeout_floor_s = 30;
   // When set, a JSON line per step taken in (worker, step, prefill pieces,
   // decode rows, wall and stage compute times): `--step-log`.
   std::shared_ptr<std::ostream> step_log;
@@ -273,7 +279,12 @@ class Coordinator {
     bool done = false;   // the loop has ended
     // A remote worker's deadlines: when each step in flight was sent (in
     // step order), and when a write that is not a step (goodbye) began.
-    std::deque<Clock::time_point> sent;
+    struct Sent {
+      Clock::time_point at;
+      double allowed_s;  // how long its result may take (see CoordinatorOptions)
+    };
+    std::deque<Sent> sent;
+    Clock::time_point answered;  // when the last result came in
     std::optional<Clock::time_point> writing;
     int64_t steps = 0;  // results taken in
   };
@@ -299,6 +310,8 @@ class Coordinator {
   // Drops remote workers whose step or write is overdue; runs until Shutdown.
   void Watchdog();
   std::optional<Clock::time_point> DueLocked(const Worker& w, std::string* why) const;
+  // How long step `step_id`, about to be sent to `w`, may take to answer.
+  double AllowedLocked(const Worker& w, uint64_t step_id) const;
 
   const ModelConfig config_;
   const std::unique_ptr<Tokenizer> tokenizer_;

@@ -25,6 +25,7 @@
 #include "runtime/serving/h2_guard.h"
 #include "runtime/serving/http_server.h"
 #include "runtime/serving/request_validation.h"
+#include "runtime/serving/tls_check.h"
 #include "runtime/serving/worker_codec.h"
 #include "runtime/serving/write_watchdog.h"
 
@@ -444,8 +445,8 @@ absl::Status CheckExposure(const ServerOptions& o) {
   if (o.insecure) return absl::OkStatus();
   const bool clients = !o.tls.cert_file.empty() || !o.client_tokens_file.empty();
   const bool client_auth = !o.tls.client_ca_file.empty() || !o.client_tokens_file.empty();
-  const bool workers =
-      o.worker_port < 0 || !o.worker_ca_file.empty() || !o.worker_tokens_file.empty();
+  const bool workers = o.worker_port < 0 || !o.worker_ca_file.empty() ||
+                       !o.worker_tokens_file.empty() || !o.worker_token.empty();
   if (client_auth && !workers) {
     return absl::InvalidArgumentError(
         "clients must authenticate but workers need not: give --worker-token-file or "
@@ -515,6 +516,21 @@ void Configure(grpc::ServerBuilder& builder, const ServerOptions& options,
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+// The most a worker may send in one message, which gRPC refuses past (with
+// RESOURCE_EXHAUSTED) as a client's limit would let through far more: a
+// hello (kMaxHelloBytes), or a step result, whose rows (prompt tokens and
+// decode rows, --step-tokens plus --max-running) carry a log-prob and at
+// most kMaxTopLogprobs top ids and log-probs each (under 256 bytes encoded),
+// and whose outputs a short error text each; at least 16 MiB.
+int WorkerMessageLimit(const ServerOptions& options) {
+  const CoordinatorOptions& c = options.coordinator;
+  static_assert(kMaxTopLogprobs * 10 + 16 <= 256);
+  const int64_t result = (c.step_tokens + c.max_running) * 256 + c.max_running * (4 << 10);
+  const int64_t limit =
+      std::max({int64_t{16} << 20, static_cast<int64_t>(kMaxHelloBytes), result}) + (1 << 20);
+  return static_cast<int>(std::min<int64_t>(limit, INT32_MAX));
 }
 
 // The counters of the guards of both ports.
@@ -629,11 +645,14 @@ absl::Status CheckLimits(const ServerOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  // The TLS flags first: a client CA without a certificate is a mistake
+  // about clients, whatever the workers have.
+  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<const ServerTlsContext> client_tls,
+                              MakeServerTls(options.tls));
+  DELTASERVE_RETURN_IF_ERROR(CheckServerCertificate(options.tls));
   DELTASERVE_RETURN_IF_ERROR(CheckExposure(options));
   DELTASERVE_RETURN_IF_ERROR(CheckLimits(options));
   auto impl = std::make_unique<Impl>();
-  DELTASERVE_ASSIGN_OR_RETURN(std::shared_ptr<const ServerTlsContext> client_tls,
-                              MakeServerTls(options.tls));
   DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> client_tokens,
                               TokensFrom(options.client_tokens_file));
   impl->client_auth = std::make_unique<Authenticator>(std::move(client_tokens),
@@ -645,10 +664,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     DELTASERVE_ASSIGN_OR_RETURN(worker_tls, MakeServerTls(worker_files));
     DELTASERVE_ASSIGN_OR_RETURN(std::optional<TokenSet> worker_tokens,
                                 TokensFrom(options.worker_tokens_file));
+    if (!options.worker_token.empty()) {
+      worker_tokens = TokenSet({TokenEntry{"worker", options.worker_token}});
+    }
     impl->worker_auth =
         std::make_unique<Authenticator>(std::move(worker_tokens), !options.worker_ca_file.empty());
     DELTASERVE_RETURN_IF_ERROR(CheckWorkerRole(options));
-  } else if (!options.worker_ca_file.empty() || !options.worker_tokens_file.empty()) {
+  } else if (!options.worker_ca_file.empty() || !options.worker_tokens_file.empty() ||
+             !options.worker_token.empty()) {
     return absl::InvalidArgumentError(
         "worker credentials are for a worker port: this server runs its worker in-process");
   }
@@ -692,6 +715,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->worker_link = std::make_unique<WorkerLinkService>(*impl->coordinator, *impl->worker_auth);
     grpc::ServerBuilder worker_builder;
     Configure(worker_builder, options, quota);
+    worker_builder.SetMaxReceiveMessageSize(WorkerMessageLimit(options));
     worker_builder.SetOption(std::make_unique<NoPlugins>());
     worker_builder.SetOption(
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));

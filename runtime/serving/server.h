@@ -31,7 +31,10 @@ struct ServerOptions {
   std::string worker_ca_file;  // mutual TLS on the worker port
   std::string client_tokens_file;  // bearer tokens of clients (auth.h's token file)
   std::string worker_tokens_file;  // bearer tokens of workers
-  bool insecure = false;           // serve a non-loopback host unauthenticated
+  // A token workers must send, instead of worker_tokens_file's: the one a
+  // coordinator makes when it is given no worker credentials (worker_token.h).
+  std::string worker_token;
+  bool insecure = false;  // serve a non-loopback host unauthenticated
   // HTTP/2, per listener: streams one connection may have open, the header
   // list (metadata) one call may send, and the memory gRPC may hold for all
   // connections (its ResourceQuota), so that no peer can grow the server

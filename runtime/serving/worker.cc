@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/serving/tls_check.h"
 #include "runtime/serving/worker_codec.h"
 
 namespace deltaserve {
@@ -149,9 +150,23 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   const auto connect_by =
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(options.connect_timeout_s * 1e3));
+  bool probed = false;
   while (!options.channel->WaitForConnected(
       std::min(connect_by, std::chrono::system_clock::now() + std::chrono::milliseconds(200)))) {
     if (options.leave != nullptr && options.leave->requested()) return replica.Stop();
+    // A plaintext connection a TLS server closes fails without a word from
+    // gRPC: asked once, the server says what it speaks.
+    if (!probed && !options.tls && !options.target.empty() &&
+        options.channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      probed = true;
+      if (SpeaksTls(options.target, std::chrono::seconds(2))) {
+        (void)replica.Stop();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the coordinator at ", options.target,
+            " speaks TLS and this worker connects in plaintext: give --tls-ca (the CA of its "
+            "certificate), and --tls-cert/--tls-key if it asks for a worker certificate"));
+      }
+    }
     if (std::chrono::system_clock::now() >= connect_by) {
       (void)replica.Stop();
       return absl::UnavailableError(

@@ -54,6 +54,10 @@ struct WorkerOptions {
   std::string description;        // for the coordinator's log
   double connect_timeout_s = 60;  // waiting for the coordinator to be up
   LeaveSignal* leave = nullptr;   // the leader's: asks it to detach (may be null)
+  // The coordinator's address, and whether `channel` does TLS: a plaintext
+  // channel to a TLS port fails at once, saying so.
+  std::string target;
+  bool tls = false;
 };
 
 // Returns OK when the coordinator ended the link (shutdown) or the worker

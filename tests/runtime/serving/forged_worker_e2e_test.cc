@@ -14,7 +14,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -38,8 +40,7 @@ TEST(ForgedWorkerTest, AMalformedResultDropsTheWorkerAndTheCoordinatorServesOn) 
   ASSERT_TRUE(layout.ok());
 
   // The forger: a valid hello, then a result that does not add up.
-  auto channel =
-      grpc::CreateChannel(coordinator.worker_address, grpc::InsecureChannelCredentials());
+  auto channel = testing::WorkerChannel(coordinator.worker_address);
   auto link = v1::WorkerLink::NewStub(channel);
   grpc::ClientContext link_context;
   auto stream = link->Attach(&link_context);
@@ -114,8 +115,7 @@ class TimedForger {
  public:
   TimedForger(const std::string& worker_address, const ModelConfig& config, int pp,
               double seconds_per_token)
-      : link_(v1::WorkerLink::NewStub(
-            grpc::CreateChannel(worker_address, grpc::InsecureChannelCredentials()))),
+      : link_(v1::WorkerLink::NewStub(testing::WorkerChannel(worker_address))),
         stream_(link_->Attach(&context_)) {
     auto layout = WorldLayout::Make(1, pp, 1);
     EXPECT_TRUE(layout.ok()) << layout.status();
@@ -220,6 +220,162 @@ TEST(ForgedWorkerTest, EachReplicasCostModelFitsItsOwnSteps) {
     EXPECT_NEAR((*at)[2], 512 * kSlow, 0.2 * 512 * kSlow) << status.DebugString();
     EXPECT_NEAR((*at)[2] / (*at)[1], kSlow / kFast, 0.05 * kSlow / kFast) << status.DebugString();
   }
+}
+
+// A replica whose answers `answer` writes: given each step and how many came
+// before it, the result to send, or nullopt to send nothing (it stays
+// attached and reads on). Counts the steps it got and sees its stream end.
+class ScriptedForger {
+ public:
+  using Answer = std::function<std::optional<v1::WorkerMessage>(const v1::StepPlan&, int index)>;
+  ScriptedForger(const std::string& worker_address, const ModelConfig& config, Answer answer)
+      : link_(v1::WorkerLink::NewStub(testing::WorkerChannel(worker_address))),
+        stream_(link_->Attach(&context_)) {
+    v1::WorkerMessage hello;
+    *hello.mutable_hello() = MakeWorkerHello(config, *WorldLayout::Make(1, 1, 1), "scripted");
+    EXPECT_TRUE(stream_->Write(hello));
+    thread_ = std::thread([this, answer = std::move(answer)] {
+      v1::CoordinatorMessage message;
+      while (stream_->Read(&message) && message.has_step() && !message.step().shutdown()) {
+        std::optional<v1::WorkerMessage> reply = answer(message.step(), steps_++);
+        if (reply && !stream_->Write(*reply)) break;
+      }
+      ended_ = true;
+    });
+  }
+  ~ScriptedForger() {
+    context_.TryCancel();
+    thread_.join();
+  }
+  int steps() const { return steps_; }
+  bool ended() const { return ended_; }
+  bool WaitForEnd(std::chrono::seconds within) const {
+    const auto end = std::chrono::steady_clock::now() + within;
+    while (!ended_ && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return ended_;
+  }
+
+ private:
+  std::unique_ptr<v1::WorkerLink::Stub> link_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
+  std::atomic<int> steps_{0};
+  std::atomic<bool> ended_{false};
+  std::thread thread_;
+};
+
+// A well-formed answer to `step`: token 5 for each sample, -1 for each
+// scored target, `seconds` of compute; every output failed with `error`
+// when it is not empty.
+v1::WorkerMessage Answer(const v1::StepPlan& step, double seconds, const std::string& error = "") {
+  v1::WorkerMessage answer;
+  v1::StepResult* result = answer.mutable_result();
+  result->set_step_id(step.step_id());
+  for (const auto& work : step.work()) {
+    if (work.output() == v1::SequenceWork::OUTPUT_NONE) continue;
+    v1::SequenceOutput* out = result->add_outputs();
+    out->set_sequence_id(work.sequence_id());
+    if (!error.empty()) {
+      out->set_error(error);
+      continue;
+    }
+    if (work.output() == v1::SequenceWork::OUTPUT_SAMPLE) out->set_token(5);
+    for (int i = 0; i < work.targets_size(); ++i) out->add_target_logprobs(-1.0f);
+  }
+  result->set_wall_s(seconds);
+  result->add_stage_compute_s(seconds);
+  return answer;
+}
+
+// A worker that refuses every step, then one that fails every sequence it
+// is given: each is dropped, and the request they held runs on a real
+// worker and succeeds, instead of failing with their errors.
+TEST(ForgedWorkerTest, AWorkerWhoseStepsAllFailIsDroppedAndItsRequestRunsElsewhere) {
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  ASSERT_NE(coordinator.stub, nullptr);
+  auto config = LoadModelConfig(K3Tiny());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto refuser = std::make_unique<ScriptedForger>(
+      coordinator.worker_address, *config, [](const v1::StepPlan& step, int) {
+        v1::WorkerMessage answer;
+        answer.mutable_result()->set_step_id(step.step_id());
+        answer.mutable_result()->set_error("out of\nluck");
+        return std::optional<v1::WorkerMessage>(answer);
+      });
+  ASSERT_TRUE(testing::WaitForHealth(coordinator.address, "SERVING")) << coordinator.process->Log();
+  auto held = std::async(std::launch::async, [&] {
+    return testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 60);
+  });
+  ASSERT_TRUE(refuser->WaitForEnd(std::chrono::seconds(10))) << coordinator.process->Log();
+  refuser.reset();
+  ScriptedForger failer(coordinator.worker_address, *config, [](const v1::StepPlan& step, int) {
+    return std::optional<v1::WorkerMessage>(Answer(step, 1e-3, "every sequence fails"));
+  });
+  ASSERT_TRUE(failer.WaitForEnd(std::chrono::seconds(10))) << coordinator.process->Log();
+  EXPECT_EQ(held.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+
+  auto worker = testing::ChildProcess::Start(
+      testing::BinPath("deltaserve") + " worker --coordinator " + coordinator.worker_address +
+          " --model " + K3Tiny() + " --threads 1",
+      testing::TempDir("failing_worker") + "/worker.log");
+  const testing::Streamed rerun = held.get();
+  EXPECT_TRUE(rerun.status.ok()) << rerun.status.error_message() << coordinator.process->Log();
+  EXPECT_EQ(rerun.ids.size(), 8u);
+  const std::string log = coordinator.process->Log();
+  EXPECT_NE(log.find("worker 1 lost: it refused a step: out of\\nluck"), std::string::npos) << log;
+  EXPECT_NE(log.find("worker 2 lost: it failed every sequence of a step"), std::string::npos)
+      << log;
+  worker->Signal(SIGTERM);
+  worker->Wait(std::chrono::seconds(30));
+}
+
+// A worker that answers its first steps at once, so that its cost model
+// expects milliseconds, then answers none while its link stays up: dropped
+// after --step-timeout-floor, not --step-timeout, and sent no more steps
+// meanwhile than its one stage keeps in flight.
+TEST(ForgedWorkerTest, AWorkerThatFallsSilentIsDroppedByItsCostModelsDeadline) {
+  auto coordinator =
+      testing::StartServer("coordinator --model " + K3Tiny() +
+                           " --step-timeout 300 --step-timeout-floor 1 --drain-timeout 0");
+  ASSERT_NE(coordinator.stub, nullptr);
+  auto config = LoadModelConfig(K3Tiny());
+  ASSERT_TRUE(config.ok()) << config.status();
+  constexpr int kAnswered = 20;
+  std::atomic<int64_t> silent_since_ms{0};
+  ScriptedForger forger(
+      coordinator.worker_address, *config, [&](const v1::StepPlan& step, int index) {
+        if (index < kAnswered) return std::optional<v1::WorkerMessage>(Answer(step, 1e-3));
+        if (index == kAnswered) {
+          silent_since_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count();
+        }
+        return std::optional<v1::WorkerMessage>();
+      });
+  ASSERT_TRUE(testing::WaitForHealth(coordinator.address, "SERVING")) << coordinator.process->Log();
+  auto held = std::async(std::launch::async, [&] {
+    v1::GenerateRequest request = testing::TokensRequest({1, 2, 3, 4}, 200);
+    request.set_ignore_eos(true);
+    return testing::GenerateAll(*coordinator.stub, request, 60);
+  });
+  ASSERT_TRUE(forger.WaitForEnd(std::chrono::seconds(20))) << coordinator.process->Log();
+  const double silent_s = (std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count() -
+                           silent_since_ms) /
+                          1e3;
+  EXPECT_GT(silent_s, 0.9);
+  EXPECT_LT(silent_s, 5.0);
+  // One stage: a step and a decode step ahead of it in flight at most.
+  EXPECT_LE(forger.steps(), kAnswered + 2);
+  const std::string log = coordinator.process->Log();
+  EXPECT_NE(log.find("no answer to a step within 1 s (10 times what its cost model expects"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(held.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  coordinator.process->Signal(SIGTERM);
 }
 
 }  // namespace

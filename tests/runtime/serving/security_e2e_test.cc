@@ -16,7 +16,10 @@
 #include <thread>
 
 #include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/comm/world_layout.h"
+#include "runtime/model/config.h"
 #include "runtime/serving/credentials.h"
+#include "runtime/serving/worker_codec.h"
 #include "tests/runtime/serving/serving_test_util.h"
 
 namespace deltaserve {
@@ -373,7 +376,11 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
   // Workers: none without a certificate of the workers' CA; a client's
   // certificate is not one.
   const std::string ca = " --tls-ca " + File("ca.pem");
-  ExpectRefused(coordinator.worker_address, "", "plain-worker.log", *alice, "cannot reach");
+  // A plaintext worker is told at once that the port speaks TLS.
+  const auto plain_start = std::chrono::steady_clock::now();
+  ExpectRefused(coordinator.worker_address, "", "plain-worker.log", *alice,
+                "speaks TLS and this worker connects in plaintext: give --tls-ca");
+  EXPECT_LT(std::chrono::steady_clock::now() - plain_start, std::chrono::seconds(4));
   ExpectRefused(coordinator.worker_address, ca, "certless-worker.log", *alice, "cannot reach");
   ExpectRefused(coordinator.worker_address,
                 ca + " --tls-cert " + File("mallory.pem") + " --tls-key " + File("mallory.key"),
@@ -508,6 +515,138 @@ TEST_F(SecurityTest, AHeaderFloodGetsAnErrorAndTheServerServesOn) {
   EXPECT_EQ(served.ids.size(), 4u);
 }
 
+// The mode of `path`'s permission bits, -1 when it does not exist.
+int Mode(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// A coordinator given no worker credentials makes a worker token: written
+// mode 600 beside its port file and in this user's runtime directory, where
+// a `deltaserve worker` of the same user finds it with no flags; a link
+// without it is refused. --insecure-workers keeps the port open.
+TEST_F(SecurityTest, WithoutWorkerCredentialsTheCoordinatorMakesAWorkerToken) {
+  const std::string runtime = *dir_ + "/runtime";
+  fs::create_directories(runtime);
+  ASSERT_EQ(setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1), 0);
+  auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
+  ASSERT_FALSE(coordinator.worker_address.empty()) << coordinator.process->Log();
+  const std::string port = coordinator.worker_address.substr(10);
+  const std::string in_runtime = runtime + "/deltaserve/worker-token-" + port;
+  EXPECT_EQ(Mode(coordinator.worker_token_file), 0600) << coordinator.process->Log();
+  EXPECT_EQ(Mode(in_runtime), 0600) << coordinator.process->Log();
+  EXPECT_EQ(Mode(runtime + "/deltaserve"), 0700);
+  const std::string token = Slurp(in_runtime);
+  EXPECT_EQ(token.size(), 65u) << token;  // 256 bits in hex, a line
+  EXPECT_EQ(Slurp(coordinator.worker_token_file), token);
+  EXPECT_NE(coordinator.process->Log().find("workers must send the worker token in"),
+            std::string::npos)
+      << coordinator.process->Log();
+
+  // A link without the token (another user's process) is refused.
+  auto status_of = [](const std::shared_ptr<grpc::Channel>& channel) {
+    auto link = v1::WorkerLink::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = link->Attach(&context);
+    v1::CoordinatorMessage message;
+    while (stream->Read(&message)) {
+    }
+    return stream->Finish();
+  };
+  EXPECT_EQ(
+      status_of(grpc::CreateChannel(coordinator.worker_address, grpc::InsecureChannelCredentials()))
+          .error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+
+  // A worker of this user with no flags reads it and attaches.
+  auto worker = StartWorker(coordinator.worker_address, "", "default-token-worker.log");
+  ASSERT_TRUE(testing::WaitForStatus(
+      *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+      std::chrono::seconds(60)))
+      << worker->Log() << coordinator.process->Log();
+  EXPECT_NE(worker->Log().find("using the coordinator's worker token in " + in_runtime),
+            std::string::npos)
+      << worker->Log();
+  const testing::Streamed served = Generate(*coordinator.stub, 4);
+  EXPECT_TRUE(served.status.ok()) << served.status.error_message();
+
+  // Its files go with it.
+  coordinator.process->Signal(SIGTERM);
+  EXPECT_EQ(coordinator.process->Wait(std::chrono::seconds(30)), 0) << coordinator.process->Log();
+  EXPECT_FALSE(fs::exists(in_runtime));
+  EXPECT_FALSE(fs::exists(coordinator.worker_token_file));
+  worker->Wait(std::chrono::seconds(30));
+
+  // --insecure-workers: no token, and a link without one attaches.
+  auto open = testing::StartServer("coordinator --model " + K3Tiny() + " --insecure-workers");
+  ASSERT_FALSE(open.worker_address.empty()) << open.process->Log();
+  EXPECT_FALSE(fs::exists(open.worker_token_file));
+  EXPECT_FALSE(fs::exists(runtime + "/deltaserve/worker-token-" + open.worker_address.substr(10)));
+  {
+    auto link = v1::WorkerLink::NewStub(
+        grpc::CreateChannel(open.worker_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    auto stream = link->Attach(&context);
+    auto config = LoadModelConfig(K3Tiny());
+    ASSERT_TRUE(config.ok());
+    v1::WorkerMessage hello;
+    *hello.mutable_hello() = MakeWorkerHello(*config, *WorldLayout::Make(1, 1, 1), "open");
+    ASSERT_TRUE(stream->Write(hello));
+    EXPECT_TRUE(testing::WaitForStatus(
+        *open.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
+        std::chrono::seconds(10)));
+    context.TryCancel();
+  }
+}
+
+// TLS mistakes are named at start: a key that is not the certificate's, a
+// client CA without a certificate (about clients, whatever the workers
+// have), and a certificate past its notAfter (a warning naming it).
+TEST_F(SecurityTest, TlsMistakesAreNamedAtStart) {
+  const std::string base = testing::BinPath("deltaserve") + " coordinator --model " + K3Tiny() +
+                           " --port 0 --worker-port 0";
+  std::string output;
+  EXPECT_EQ(testing::RunCommand(base + " --tls-cert " + File("server.pem") + " --tls-key " +
+                                    File("alice.key") + " 2>&1",
+                                &output),
+            1)
+      << output;
+  EXPECT_NE(
+      output.find("--tls-key " + File("alice.key") +
+                  " is not the key of the certificate in --tls-cert " + File("server.pem")),
+      std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("cannot listen"), std::string::npos) << output;
+
+  EXPECT_EQ(testing::RunCommand(base + " --tls-client-ca " + File("ca.pem") + " 2>&1", &output), 1)
+      << output;
+  EXPECT_NE(output.find("a client CA (mutual TLS) needs the server's own --tls-cert"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("workers"), std::string::npos) << output;
+
+  // A server certificate that ended in 2020, signed with openssl ca (x509
+  // -req takes no dates in the past).
+  const std::string& d = *dir_;
+  Shell("cd " + d +
+        " && mkdir -p old-ca/certs && : >old-ca/index.txt && echo 01 >old-ca/serial && " +
+        "printf '[ca]\ndefault_ca=d\n[d]\ndir=old-ca\ndatabase=$dir/index.txt\n"
+        "new_certs_dir=$dir/certs\nserial=$dir/serial\ndefault_md=sha256\npolicy=p\n"
+        "[p]\ncommonName=supplied\n' >old-ca.cnf && "
+        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout old.key "
+        "-out old.csr -subj /CN=old 2>&1 && chmod 600 old.key && "
+        "openssl ca -batch -config old-ca.cnf -cert ca.pem -keyfile ca.key -in old.csr -out "
+        "old.pem -startdate 20200101000000Z -enddate 20200102000000Z -notext 2>&1");
+  auto expired = testing::StartServer("coordinator --model " + K3Tiny() + " --tls-cert " +
+                                      File("old.pem") + " --tls-key " + File("old.key"));
+  ASSERT_NE(expired.process, nullptr);
+  EXPECT_NE(expired.process->Log().find("the certificate in --tls-cert " + File("old.pem") +
+                                        " expired at Jan  2 00:00:00 2020 GMT (notAfter)"),
+            std::string::npos)
+      << expired.process->Log();
+}
+
 // A host other than loopback with nothing to authenticate is refused, with
 // a message naming what to give; --insecure or credentials let it start.
 TEST_F(SecurityTest, ANonLoopbackHostNeedsTlsOrTokensOrInsecure) {
@@ -517,8 +656,11 @@ TEST_F(SecurityTest, ANonLoopbackHostNeedsTlsOrTokensOrInsecure) {
   EXPECT_EQ(testing::RunCommand(base, &output), 1) << output;
   EXPECT_NE(output.find("--host 0.0.0.0 is not a loopback address"), std::string::npos) << output;
   EXPECT_NE(output.find("--insecure"), std::string::npos) << output;
-  // Tokens for clients but none for workers is refused too.
-  EXPECT_EQ(testing::RunCommand(base + " --client-tokens-file " + File("clients"), &output), 1)
+  // Tokens for clients but none for workers (when it makes none) is
+  // refused too.
+  EXPECT_EQ(testing::RunCommand(
+                base + " --insecure-workers --client-tokens-file " + File("clients"), &output),
+            1)
       << output;
   EXPECT_NE(output.find("--worker-token-file"), std::string::npos) << output;
   // A token file others can read is refused, naming the fix.

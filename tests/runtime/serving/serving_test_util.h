@@ -12,12 +12,15 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_join.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
+#include "runtime/serving/credentials.h"
+#include "runtime/serving/worker_token.h"
 #include "tests/test_util.h"
 
 namespace deltaserve::testing {
@@ -27,6 +30,9 @@ struct ServerUnderTest {
   int port = 0, metrics_port = -1;
   std::string address;         // 127.0.0.1:port, the client API
   std::string worker_address;  // where workers attach (--coordinator of `deltaserve worker`)
+  // The worker token a coordinator without worker credentials made (beside
+  // its port file; it may not exist).
+  std::string worker_token_file;
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
@@ -58,12 +64,31 @@ inline ServerUnderTest StartServer(const std::string& command_and_flags) {
   in >> s.port >> s.metrics_port >> worker_port;
   s.address = "127.0.0.1:" + std::to_string(s.port);
   if (worker_port >= 0) s.worker_address = "127.0.0.1:" + std::to_string(worker_port);
+  s.worker_token_file = port_file + ".worker-token";
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   s.stub = v1::Generation::NewStub(
       grpc::CreateCustomChannel(s.address, grpc::InsecureChannelCredentials(), args));
   return s;
+}
+
+// A plaintext channel to a coordinator's worker port at `address` for a
+// worker this test forges: it sends the worker token a coordinator of this
+// user made for that port, found where `deltaserve worker` finds it
+// (runtime/serving/worker_token.h), when there is one.
+inline std::shared_ptr<grpc::Channel> WorkerChannel(const std::string& address,
+                                                    grpc::ChannelArguments args = {}) {
+  ChannelSecurity security;
+  if (std::optional<int> port = TargetPort(address)) {
+    const std::string path = DefaultWorkerTokenPath(*port);
+    if (!path.empty() && std::filesystem::exists(path)) security.token_file = path;
+  }
+  auto channel = OpenChannel(address, security, args);
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return channel.ok()
+             ? *channel
+             : grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
 // A whole Generate stream: the token ids, text, completion and status.

@@ -82,15 +82,14 @@ std::shared_ptr<grpc::Channel> StallingChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4096);
   args.SetMaxReceiveMessageSize(-1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return testing::WorkerChannel(address, args);
 }
 
 TEST(WorkerLossTest, AttachDetachCyclesLeaveThreadsMappingsAndMemoryFlat) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny());
   ASSERT_NE(coordinator.stub, nullptr);
   const pid_t pid = coordinator.process->pid();
-  auto channel =
-      grpc::CreateChannel(coordinator.worker_address, grpc::InsecureChannelCredentials());
+  auto channel = testing::WorkerChannel(coordinator.worker_address);
   auto cycle = [&] {
     RawLink link(channel);
     ASSERT_TRUE(link.ok);
@@ -282,8 +281,7 @@ TEST(WorkerLossTest, AWorkerThatNeverAnswersIsDroppedAfterTheStepTimeout) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --step-timeout 2");
   ASSERT_NE(coordinator.stub, nullptr);
   const std::vector<int32_t> prompt = {5, 6, 7, 8};
-  RawLink stalled(
-      grpc::CreateChannel(coordinator.worker_address, grpc::InsecureChannelCredentials()));
+  RawLink stalled(testing::WorkerChannel(coordinator.worker_address));
   ASSERT_TRUE(stalled.ok);
   ASSERT_TRUE(testing::WaitForStatus(
       *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 1; },
