@@ -612,10 +612,9 @@ TEST_F(SecurityTest, TlsMistakesAreNamedAtStart) {
                                 &output),
             1)
       << output;
-  EXPECT_NE(
-      output.find("--tls-key " + File("alice.key") +
-                  " is not the key of the certificate in --tls-cert " + File("server.pem")),
-      std::string::npos)
+  EXPECT_NE(output.find("--tls-key " + File("alice.key") +
+                        " is not the key of the certificate in --tls-cert " + File("server.pem")),
+            std::string::npos)
       << output;
   EXPECT_EQ(output.find("cannot listen"), std::string::npos) << output;
 
