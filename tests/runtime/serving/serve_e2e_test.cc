@@ -563,6 +563,29 @@ TEST(ServeClientTest, JsonRepliesLabelledLogprobsUsageErrorsAndOneCountOfEndedRe
   // Without --json: protobuf text format, as before.
   out = Deltaserve("client info --server " + server.address + " 2>&1");
   EXPECT_NE(out.find("model_type: \"kimi_k3\""), std::string::npos) << out;
+  // The start line gives the metrics' address whole, to paste into a scraper.
+  EXPECT_NE(server.process->Log().find(
+                "metrics on http://127.0.0.1:" + std::to_string(server.metrics_port) + "/metrics"),
+            std::string::npos)
+      << server.process->Log();
+}
+
+// bench-serve's warm-up requests reach the server before the table and are
+// not in it, so the one-client row (what the speedups divide by) does not
+// carry the server's first-use costs.
+TEST(ServeBenchTest, WarmUpRequestsAreSentAndNotCounted) {
+  auto server = testing::StartServer("serve --model " + K3Tiny());
+  ASSERT_NE(server.stub, nullptr);
+  int code = 0;
+  const std::string out =
+      Deltaserve("bench-serve --server " + server.address +
+                     " --concurrency 1 --requests 2 --prompt-tokens 4 --max-tokens 2 --warmup 3 "
+                     "2>&1",
+                 &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("# warm-up: 3 requests, not counted"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n| 1 | 2 | "), std::string::npos) << out;
+  EXPECT_EQ(testing::Status(*server.stub).requests_finished(), 5);
 }
 
 }  // namespace
