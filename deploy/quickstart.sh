@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh
-bash deploy/build.sh
+# The programs only: the test suite (and what it needs installed) is deploy/test.sh's.
+bash deploy/build.sh -DDELTASERVE_TESTS=OFF
 model=build/models/k3-tiny
 [[ -f $model/model.safetensors ]] || build/bin/deltaserve make-model --preset k3-tiny --out "$model" --seed 1
 

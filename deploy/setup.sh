@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages deltaserve builds and tests with, only those
-# missing. Run as root (or with sudo) on a fresh machine; safe to re-run.
+# Installs the Debian 12 packages deltaserve builds and runs with, only those
+# missing; with --test, also those its test suite needs (deploy/test.sh passes
+# it). Run as root (or with sudo) on a fresh machine; safe to re-run.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
   python3                  # the build's include check (tools/check_layers.py)
-  clang-format             # the format_check test (tools/check_format.sh)
   libdnnl-dev              # oneDNN: sgemm for the GEMMs of many rows (docs/architecture.md)
   libabsl-dev              # absl::Status / StatusOr, strings
   nlohmann-json3-dev       # config.json and safetensors headers
-  libgtest-dev             # tests
   libopenmpi-dev openmpi-bin  # DELTASERVE_MPI (default ON)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # serving API
   libssl-dev               # TLS, terminated by the HTTP/2 guard of the gRPC ports
   libonig-dev              # tokenizer pre-tokenization patterns
   libre2-dev               # quantization_config target patterns (also a gRPC dependency)
-  python3-grpcio python3-protobuf  # Python client example and e2e tests
-  clang libomp-dev libclang-rt-dev  # deploy/sanitize.sh: ASan + UBSan and libFuzzer
-  # The slurm tests start a one-node cluster of their own (tests/slurm/); the
-  # mpi/pmix plugin that srun --mpi=pmix needs is in slurm-wlm-basic-plugins,
-  # which slurmd brings. Without a slurm.conf in /etc/slurm the packages'
-  # services do not start.
-  munge slurmctld slurmd slurm-client
+  python3-grpcio python3-protobuf  # the Python client example
 )
+if [[ "${1:-}" == "--test" ]]; then
+  packages+=(
+    libgtest-dev             # DELTASERVE_TESTS
+    clang-format             # the format_check test (tools/check_format.sh)
+    clang libomp-dev libclang-rt-dev  # deploy/sanitize.sh: ASan + UBSan and libFuzzer
+    # The slurm tests start a one-node cluster of their own (tests/slurm/); the
+    # mpi/pmix plugin that srun --mpi=pmix needs is in slurm-wlm-basic-plugins,
+    # which slurmd brings. Without a slurm.conf in /etc/slurm the packages'
+    # services do not start.
+    munge slurmctld slurmd slurm-client
+  )
+elif [[ $# -gt 0 ]]; then
+  echo "usage: deploy/setup.sh [--test]" >&2
+  exit 2
+fi
 
 missing=()
 for p in "${packages[@]}"; do

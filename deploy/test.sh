@@ -4,8 +4,9 @@
 # fuzzers (deploy/sanitize.sh). Extra arguments go to ctest (e.g. -L cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/setup.sh
-bash deploy/build.sh
+bash deploy/setup.sh --test
+# ON said outright: a build/ configured by deploy/quickstart.sh has the tests off.
+bash deploy/build.sh -DDELTASERVE_TESTS=ON
 cd build
 # One test at a time: each already uses every core (OpenMP, oneDNN on the same pool), and two
 # side by side make each other's thread teams wait for a time slice at every

@@ -48,7 +48,8 @@ constexpr char kDetails[] =
     "text, token_ids, finish_reason, usage, timings; score: token_ids, logprobs,\n"
     "total_logprob; a bad line or a failed request: id, line, error. The job goes on.\n"
     "A line longer than --max-line-bytes is an error record, not read into memory.\n"
-    "Rerunning with the same --output (or --resume) skips the records already there; a record\n"
+    "Rerunning with the same --output (or --resume) skips the records already there; with\n"
+    "--retry-errors the error records there are dropped and their requests run again. A record\n"
     "is written whole and synced, so kill -9 at any moment loses at most the requests in\n"
     "flight. Only records of the shape batch writes count as done; --output must be a new\n"
     "name or a regular file (no link, FIFO or device), and not the input. See docs/batch.md.";
@@ -70,6 +71,9 @@ const CommandSpec& BatchSpec() {
                   {"resume", "",
                    "continue OUT.jsonl (what a rerun does anyway; says so explicitly)"},
                   {"overwrite", "", "empty OUT.jsonl first instead of resuming it"},
+                  {"retry-errors", "",
+                   "resume, and run again the requests whose records in OUT.jsonl are errors "
+                   "(those records are dropped)"},
                   {"max-line-bytes", "N",
                    "the longest input line read; a longer one is an error record (default: 32 "
                    "bytes per token of the model's context, at least 1 MiB; 16 MiB with --server "
@@ -139,21 +143,30 @@ absl::Status RunBatch(const Args& args) {
   if (flags.Has("resume") && flags.Has("overwrite")) {
     return absl::InvalidArgumentError("give at most one of --resume, --overwrite");
   }
+  if (flags.Has("retry-errors") && flags.Has("overwrite")) {
+    return absl::InvalidArgumentError(
+        "give at most one of --retry-errors, --overwrite (--overwrite runs every request again)");
+  }
   const bool overwrite = flags.Has("overwrite");
+  const bool retry_errors = flags.Has("retry-errors");
   BatchProgress progress(flags.Has("quiet"), interval);
 
   // The output first: a second job on the same file, or a file that is not
   // ours, fails before any model is loaded.
   auto open_output = [&]() -> absl::StatusOr<std::unique_ptr<BatchOutput>> {
     DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<BatchOutput> output,
-                                BatchOutput::Open(output_path, overwrite, input));
-    if (output->records_before() > 0 || output->cut_bytes() > 0) {
-      std::fprintf(stderr, "batch: resuming %s: %lld records there%s\n", output_path.c_str(),
-                   static_cast<long long>(output->records_before()),
-                   output->cut_bytes() > 0 ? absl::StrCat(", and an unfinished last line (",
-                                                          output->cut_bytes(), " bytes) cut")
-                                                 .c_str()
-                                           : "");
+                                BatchOutput::Open(output_path, overwrite, input, retry_errors));
+    if (output->records_before() > 0 || output->cut_bytes() > 0 || output->retried() > 0) {
+      std::fprintf(
+          stderr, "batch: resuming %s: %lld records there%s%s\n", output_path.c_str(),
+          static_cast<long long>(output->records_before()),
+          output->retried() > 0
+              ? absl::StrCat(", ", output->retried(), " error records dropped to run again").c_str()
+              : "",
+          output->cut_bytes() > 0
+              ? absl::StrCat(", and an unfinished last line (", output->cut_bytes(), " bytes) cut")
+                    .c_str()
+              : "");
     }
     return output;
   };
@@ -196,7 +209,8 @@ absl::Status RunBatch(const Args& args) {
     options.concurrency = static_cast<int>(concurrency);
     options.retry_s = retry_s;
     const absl::Status status = RunBatchOnServer(options, *source, progress);
-    progress.Summary(output_path, output->records_before(), output->errors_before());
+    progress.Summary(output_path, output->records_before(), output->errors_before(),
+                     output->retried());
     return status;
   }
 
@@ -226,7 +240,8 @@ absl::Status RunBatch(const Args& args) {
     options.state_slots = replica.state_slots();
     const absl::Status run =
         RunBatchOnEngine(replica, config, model.tokenizer, options, *source, progress);
-    progress.Summary(output_path, output->records_before(), output->errors_before());
+    progress.Summary(output_path, output->records_before(), output->errors_before(),
+                     output->retried());
     return run;
   }();
   // The other ranks return from Follow only when told.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/json_bounds.h"
+#include "runtime/common/status_macros.h"
 
 namespace deltaserve {
 namespace {
@@ -198,7 +199,8 @@ std::string ErrorRecord(const std::string& id_json, int question, int64_t line,
 
 absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string& path,
                                                                bool overwrite,
-                                                               const std::string& input) {
+                                                               const std::string& input,
+                                                               bool retry_errors) {
   struct stat before {};
   const bool existed = ::lstat(path.c_str(), &before) == 0;  // a new name: sync its directory
   absl::StatusOr<int> fd = OpenOutputFile(path, O_RDWR | O_CREAT | O_APPEND, 0644);
@@ -243,6 +245,7 @@ absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string
     text.resize(keep);
   }
   int64_t line_number = 0;
+  std::string kept;  // the records but the errors, for --retry-errors
   for (size_t at = 0; at < text.size();) {
     const size_t end = text.find('\n', at);
     const std::string line = text.substr(at, end - at);
@@ -254,9 +257,18 @@ absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string
           absl::StrCat(path, " line ", line_number, ": ", record.status().message(),
                        "; not resuming into a file this command did not write"));
     }
+    if (record->error && retry_errors) {
+      ++out->retried_;
+      continue;
+    }
     out->done_.insert(record->key);
     ++out->records_before_;
     if (record->error) ++out->errors_before_;
+    if (retry_errors) absl::StrAppend(&kept, line, "\n");
+  }
+  if (out->retried_ > 0) {
+    text.clear();
+    DELTASERVE_RETURN_IF_ERROR(out->DropErrors(kept));
   }
   if (!existed) {
     // The new file's name must survive a crash too.
@@ -268,6 +280,39 @@ absl::StatusOr<std::unique_ptr<BatchOutput>> BatchOutput::Open(const std::string
     }
   }
   return out;
+}
+
+absl::Status BatchOutput::DropErrors(const std::string& kept) {
+  // A name of our own beside the file (same directory, so the rename is
+  // atomic); O_EXCL, so nothing already there is written through.
+  const std::string temp = absl::StrCat(path_, ".retry-", ::getpid());
+  const int fd = ::open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(Errno(temp, "cannot create the rewritten output"));
+  auto fail = [&](const std::string& what) {
+    const absl::Status status = absl::InternalError(Errno(temp, what));
+    ::close(fd);
+    ::unlink(temp.c_str());
+    return status;
+  };
+  // Locked before it takes the output's name, so no second job gets it.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) return fail("cannot lock");
+  for (size_t done = 0; done < kept.size();) {
+    const ssize_t n = ::write(fd, kept.data() + done, kept.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("cannot write the records kept");
+    done += static_cast<size_t>(n);
+  }
+  if (::fdatasync(fd) != 0) return fail("cannot sync");
+  if (::rename(temp.c_str(), path_.c_str()) != 0) return fail("cannot rename over the output");
+  const std::filesystem::path dir = std::filesystem::absolute(path_).parent_path();
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  ::close(fd_);
+  fd_ = fd;
+  return absl::OkStatus();
 }
 
 BatchOutput::~BatchOutput() { ::close(fd_); }

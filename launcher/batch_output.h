@@ -78,9 +78,12 @@ class BatchOutput {
   // FIFO or a device is refused, never followed), and not the same file as
   // `input` (by device and inode). Fails naming the path and line when a
   // complete line is not a record (ReadBatchRecord: not a file this command
-  // wrote).
+  // wrote). With `retry_errors`, the error records there are dropped (the
+  // file is rewritten without them, into a new file renamed over it, so a
+  // crash leaves the old file or the new one) and their requests run again.
   static absl::StatusOr<std::unique_ptr<BatchOutput>> Open(const std::string& path, bool overwrite,
-                                                           const std::string& input);
+                                                           const std::string& input,
+                                                           bool retry_errors = false);
   ~BatchOutput();
   BatchOutput(const BatchOutput&) = delete;
   BatchOutput& operator=(const BatchOutput&) = delete;
@@ -89,6 +92,7 @@ class BatchOutput {
   int64_t records_before() const { return records_before_; }
   int64_t errors_before() const { return errors_before_; }
   int64_t cut_bytes() const { return cut_bytes_; }  // an unfinished last line, cut
+  int64_t retried() const { return retried_; }      // error records dropped to run again
   // Appends one record (a line ending in '\n') under `key`, synced to disk
   // before it returns. Thread-safe. A key already written is refused.
   absl::Status Append(const std::string& key, const std::string& record);
@@ -96,11 +100,16 @@ class BatchOutput {
  private:
   BatchOutput(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
 
+  // Rewrites the file with only `kept` (its records but the errors): a new
+  // file beside it, locked, synced and renamed over it, which then replaces
+  // fd_.
+  absl::Status DropErrors(const std::string& kept);
+
   const std::string path_;
-  const int fd_;
+  int fd_;
   mutable std::mutex mu_;
   std::set<std::string> done_;
-  int64_t records_before_ = 0, errors_before_ = 0, cut_bytes_ = 0;
+  int64_t records_before_ = 0, errors_before_ = 0, cut_bytes_ = 0, retried_ = 0;
 };
 
 }  // namespace deltaserve

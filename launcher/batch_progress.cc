@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -25,19 +26,22 @@ BatchProgress::BatchProgress(bool quiet, double interval_s)
       start_(Clock::now()),
       last_print_(start_) {}
 
-void BatchProgress::SetTotal(int64_t requests) {
+void BatchProgress::SetTotal(int64_t requests, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   total_ = requests;
+  total_bytes_ = bytes;
 }
 
-void BatchProgress::RequestSkipped() {
+void BatchProgress::RequestSkipped(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++skipped_;
+  skipped_bytes_ += bytes;
 }
 
-void BatchProgress::RequestDone() {
+void BatchProgress::RequestDone(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++done_;
+  done_bytes_ += bytes;
 }
 
 void BatchProgress::Record(bool error) {
@@ -63,6 +67,11 @@ void BatchProgress::SetPrefill(const std::string& what, int64_t position, int64_
   prefill_total_ = total;
 }
 
+std::string BatchProgress::Line(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LineLocked(now);
+}
+
 std::string BatchProgress::LineLocked(Clock::time_point now) const {
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const int64_t complete = skipped_ + done_;
@@ -72,11 +81,14 @@ std::string BatchProgress::LineLocked(Clock::time_point now) const {
   absl::StrAppend(&line, ", prompt ", Rate(static_cast<double>(prompt_tokens_), elapsed),
                   " tok/s, generated ", Rate(static_cast<double>(generated_tokens_), elapsed),
                   " tok/s");
-  // The time left at this run's pace: requests left over requests done.
-  if (done_ > 0 && complete < total_) {
+  // The time left: the work left (bytes of the requests not complete) at
+  // the rate of this run's work done (bytes of the requests it completed,
+  // per second). Requests complete from before are neither.
+  const int64_t left_bytes = total_bytes_ - skipped_bytes_ - done_bytes_;
+  if (done_bytes_ > 0 && complete < total_ && elapsed > 0) {
+    const double rate = static_cast<double>(done_bytes_) / elapsed;
     absl::StrAppend(&line, ", ETA ",
-                    FormatDuration(elapsed * static_cast<double>(total_ - complete) /
-                                   static_cast<double>(done_)));
+                    FormatDuration(static_cast<double>(std::max<int64_t>(left_bytes, 0)) / rate));
   }
   if (!prefill_what_.empty()) {
     absl::StrAppend(&line, "; prefill of ", prefill_what_, " at ", prefill_position_, "/",
@@ -102,7 +114,7 @@ void BatchProgress::Tick() {
 }
 
 void BatchProgress::Summary(const std::string& output, int64_t records_before,
-                            int64_t errors_before) {
+                            int64_t errors_before, int64_t retried) {
   std::lock_guard<std::mutex> lock(mu_);
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
   if (terminal_ && printed_) std::fprintf(stderr, "\r\033[K");
@@ -111,6 +123,9 @@ void BatchProgress::Summary(const std::string& output, int64_t records_before,
   if (records_before > 0) {
     absl::StrAppend(&line, records_before, " records (", errors_before,
                     " errors) were there from before; ");
+  }
+  if (retried > 0) {
+    absl::StrAppend(&line, retried, " error records from before were run again (--retry-errors); ");
   }
   absl::StrAppend(&line, skipped_ + done_, "/", total_, " requests complete; prompt ",
                   prompt_tokens_, " tokens (", Rate(static_cast<double>(prompt_tokens_), elapsed),

@@ -17,13 +17,16 @@ enum class LineRead { kEnd, kLine, kTooLong };
 // `max_bytes` of it: a longer line is read to its end but not kept
 // (kTooLong, `line` empty). `line` null: the line is only measured, nothing
 // kept. `blank`: only ASCII whitespace (a line too long is never blank).
-LineRead ReadLine(std::istream& in, int64_t max_bytes, std::string* line, bool* blank) {
+// `bytes`: the line's length, kept or not.
+LineRead ReadLine(std::istream& in, int64_t max_bytes, std::string* line, bool* blank,
+                  int64_t* bytes) {
   std::string unused;
   const bool keep = line != nullptr;
   if (!keep) line = &unused;
   line->clear();
   int64_t length = 0;
   *blank = true;
+  *bytes = 0;
   std::streambuf* buf = in.rdbuf();
   bool any = false, too_long = false;
   for (;;) {
@@ -35,6 +38,7 @@ LineRead ReadLine(std::istream& in, int64_t max_bytes, std::string* line, bool* 
     }
     any = true;
     if (c == '\n') break;
+    ++*bytes;
     if (too_long) continue;
     if (length++ >= max_bytes) {
       too_long = true;
@@ -58,17 +62,21 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BatchSource::Open(const std::string
                                                                BatchProgress* progress) {
   std::unique_ptr<BatchSource> source(
       new BatchSource(path, model, max_line_bytes, output, progress));
-  int64_t requests = 0;
+  int64_t requests = 0, request_bytes = 0;
   {
     std::ifstream count(path);
     if (!count) return absl::NotFoundError(absl::StrCat(path, ": cannot open (--input)"));
     bool blank = true;
-    for (LineRead r; (r = ReadLine(count, max_line_bytes, nullptr, &blank)) != LineRead::kEnd;) {
-      requests += !blank;
+    int64_t bytes = 0;
+    for (LineRead r;
+         (r = ReadLine(count, max_line_bytes, nullptr, &blank, &bytes)) != LineRead::kEnd;) {
+      if (blank) continue;
+      ++requests;
+      request_bytes += bytes;
     }
     if (count.bad()) return absl::DataLossError(absl::StrCat(path, ": read error (--input)"));
   }
-  progress->SetTotal(requests);
+  progress->SetTotal(requests, request_bytes);
   source->in_.open(path);
   if (!source->in_) return absl::NotFoundError(absl::StrCat(path, ": cannot open (--input)"));
   return source;
@@ -95,9 +103,9 @@ absl::Status BatchSource::WriteLocked(int64_t line, const std::string& key,
   if (absl::Status s = output_->Append(key, record); !s.ok()) return s;
   progress_->Record(error);
   auto it = open_.find(line);
-  if (it != open_.end() && --it->second == 0) {
+  if (it != open_.end() && --it->second.records == 0) {
+    progress_->RequestDone(it->second.bytes);
     open_.erase(it);
-    progress_->RequestDone();
   }
   progress_->Tick();
   return absl::OkStatus();
@@ -107,7 +115,8 @@ absl::Status BatchSource::ReadLocked() {
   std::string text;
   while (ready_.empty() && !end_) {
     bool blank = true;
-    const LineRead read = ReadLine(in_, max_line_bytes_, &text, &blank);
+    int64_t bytes = 0;
+    const LineRead read = ReadLine(in_, max_line_bytes_, &text, &blank, &bytes);
     if (read == LineRead::kEnd) {
       if (in_.bad()) return absl::DataLossError(absl::StrCat(path_, ": read error"));
       end_ = true;
@@ -176,10 +185,10 @@ absl::Status BatchSource::ReadLocked() {
       if (!output_->Done(RecordKey(u.id_json, u.question, u.line))) ++to_write;
     }
     if (to_write == 0) {
-      progress_->RequestSkipped();
+      progress_->RequestSkipped(bytes);
       continue;
     }
-    open_[line] = to_write;
+    open_[line] = OpenLine{to_write, bytes};
     for (BatchUnit& u : units) {
       const std::string key = RecordKey(u.id_json, u.question, u.line);
       if (output_->Done(key)) continue;

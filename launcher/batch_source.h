@@ -66,7 +66,11 @@ class BatchSource {
   bool end_ = false;
   std::deque<BatchUnit> ready_;
   std::map<std::string, int64_t> first_line_;  // of each id
-  std::map<int64_t, int> open_;                // line -> records still to write
+  struct OpenLine {
+    int records = 0;    // still to write
+    int64_t bytes = 0;  // of the line, its work for the progress's time left
+  };
+  std::map<int64_t, OpenLine> open_;  // by line
 };
 
 }  // namespace deltaserve

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "deltaserve/v1/generation.grpc.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/flags.h"
@@ -29,13 +30,49 @@ absl::StatusOr<std::unique_ptr<v1::Generation::Stub>> Connect(const Flags& flags
   return v1::Generation::NewStub(channel);
 }
 
-absl::Status SetDeadline(const Flags& flags, grpc::ClientContext* context) {
+// A status the server (or the channel) answered: it carries the gRPC code's
+// name, as scripts and people look for it. Errors of the command line itself
+// are not dressed up this way: they are found before any call is made.
+absl::Status FromRpc(const grpc::Status& rpc) {
+  const absl::Status status = FromGrpc(rpc);
+  if (status.ok()) return status;
+  return absl::Status(
+      status.code(), absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+}
+
+// --timeout S, checked before any call; 0 is no deadline.
+absl::StatusOr<double> TimeoutFlag(const Flags& flags) {
   DELTASERVE_ASSIGN_OR_RETURN(double timeout, flags.GetDouble("timeout", 0));
-  if (timeout < 0) return absl::InvalidArgumentError("--timeout must be >= 0");
+  if (!(timeout >= 0)) return absl::InvalidArgumentError("--timeout must be >= 0");
+  return timeout;
+}
+
+void SetDeadline(double timeout, grpc::ClientContext* context) {
   if (timeout > 0) {
     context->set_deadline(std::chrono::system_clock::now() +
                           std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6)));
   }
+}
+
+// A reply as protobuf text format, or with --json as one line of proto3 JSON
+// (the proto's field names; 64-bit integers are strings, as proto3 JSON has
+// them; fields at their default value are printed too, so a script finds
+// every key).
+absl::Status PrintReply(const google::protobuf::Message& message, bool json) {
+  if (!json) {
+    std::printf("%s", message.DebugString().c_str());
+    return absl::OkStatus();
+  }
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  const auto converted = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!converted.ok()) {
+    return absl::InternalError(
+        absl::StrCat("the reply could not be written as JSON: ", converted.ToString()));
+  }
+  std::printf("%s\n", out.c_str());
   return absl::OkStatus();
 }
 
@@ -69,6 +106,7 @@ const char* FinishName(v1::FinishReason reason) {
 
 const FlagSpec kServerFlag = {"server", "HOST:PORT", "the server", "127.0.0.1:50051"};
 const FlagSpec kTimeoutFlag = {"timeout", "S", "the request's deadline in seconds (0: none)", "0"};
+const FlagSpec kJsonFlag = {"json", "", "print the reply as one line of JSON"};
 const FlagSpec kProgressFlag = {
     "progress", "",
     "show the prefill's progress on stderr (tokens, rate, ETA) even when stderr is not a "
@@ -91,7 +129,7 @@ const CommandSpec& ClientGenerateSpec() {
               {"prompt", "TEXT", "the prompt, encoded by the server's tokenizer"},
               {"tokens", "IDS", "the prompt as token ids: 1,2,3"},
               {"tokens-file", "F", "the prompt's token ids from a file (commas and/or spaces)"},
-              {"max-tokens", "N", "tokens to generate at most", "32"},
+              {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
               {"temperature", "T", "0 is greedy", "0"},
               {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
               {"top-p", "P", "sample within probability mass P, in (0, 1]", "1"},
@@ -100,7 +138,9 @@ const CommandSpec& ClientGenerateSpec() {
               {"stop-token-ids", "IDS", "token ids that end generation (part of the output)"},
               {"request-id", "ID", "the request's id for Abort and logs"},
               kTimeoutFlag,
-              {"top-logprobs", "N", "print N alternatives per token to stderr (0..20)", "0"},
+              {"top-logprobs", "N",
+               "print each token's log-prob and its N most likely alternatives to stderr (0..20)",
+               "0"},
               {"ids", "", "print token ids instead of text"},
               {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
               kProgressFlag,
@@ -138,9 +178,10 @@ const CommandSpec& ClientInfoSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client info",
       .summary = "the served model (GetModelInfo)",
-      .usage = "[--server HOST:PORT]",
-      .flags = Concat({kServerFlag}, ChannelSecurityFlags("token-file")),
-      .examples = {"deltaserve client info --server 127.0.0.1:50051"},
+      .usage = "[--server HOST:PORT] [--json]",
+      .flags = Concat({kServerFlag, kJsonFlag}, ChannelSecurityFlags("token-file")),
+      .examples = {"deltaserve client info --server 127.0.0.1:50051",
+                   "deltaserve client info --server 127.0.0.1:50051 --json"},
   };
   return *spec;
 }
@@ -151,9 +192,10 @@ const CommandSpec& ClientStatusSpec() {
       .summary =
           "what the server holds: queue, sequences, state bytes, your requests' prefill "
           "progress, each worker's fitted step cost (GetServerStatus)",
-      .usage = "[--server HOST:PORT]",
-      .flags = Concat({kServerFlag}, ChannelSecurityFlags("token-file")),
-      .examples = {"deltaserve client status --server 127.0.0.1:50051"},
+      .usage = "[--server HOST:PORT] [--json]",
+      .flags = Concat({kServerFlag, kJsonFlag}, ChannelSecurityFlags("token-file")),
+      .examples = {"deltaserve client status --server 127.0.0.1:50051",
+                   "deltaserve client status --server 127.0.0.1:50051 --json"},
   };
   return *spec;
 }
@@ -167,6 +209,13 @@ absl::Status ClientGenerate(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(int64_t top_k, flags.GetInt("top-k", 0));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t top_logprobs, flags.GetInt("top-logprobs", 0));
+  DELTASERVE_ASSIGN_OR_RETURN(const double timeout, TimeoutFlag(flags));
+  // 0 is refused rather than sent: the API reads a max_tokens of 0 as unset
+  // (its default, 16), which is not what asking for no tokens means.
+  if (max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-tokens must be >= 1 (got ", max_tokens,
+                                                   "); leave it out for the default 32"));
+  }
   req.set_max_tokens(static_cast<int32_t>(max_tokens));
   req.mutable_sampling()->set_temperature(static_cast<float>(temperature));
   req.mutable_sampling()->set_top_k(static_cast<int32_t>(top_k));
@@ -189,7 +238,7 @@ absl::Status ClientGenerate(const Args& args) {
 
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
-  DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
+  SetDeadline(timeout, &context);
   PrefillBar bar = BarFor(flags);
   auto reader = stub->Generate(&context, req);
   v1::GenerateResponse response;
@@ -206,8 +255,14 @@ absl::Status ClientGenerate(const Args& args) {
       } else {
         std::fputs(t.text().c_str(), stdout);
       }
-      for (const auto& top : t.top_logprobs()) {
-        std::fprintf(stderr, "  [%d] %d %.4f\n", t.id(), top.id(), top.logprob());
+      // Labelled, one line per token and one per alternative, so that a
+      // reader (or grep) tells the token from its alternatives.
+      if (t.top_logprobs_size() > 0) {
+        std::fprintf(stderr, "token %d logprob %.4f\n", t.id(), t.logprob());
+        for (int i = 0; i < t.top_logprobs_size(); ++i) {
+          std::fprintf(stderr, "  top %d: token %d logprob %.4f\n", i + 1, t.top_logprobs(i).id(),
+                       t.top_logprobs(i).logprob());
+        }
       }
       first = false;
     }
@@ -215,9 +270,12 @@ absl::Status ClientGenerate(const Args& args) {
     if (response.has_completion()) completion = response.completion();
   }
   bar.Done();
-  std::printf("\n");
+  const absl::Status finished = FromRpc(reader->Finish());
+  // The output is a line: ended when the call succeeded or tokens were
+  // printed, and nothing at all on stdout for a call that failed before any.
+  if (finished.ok() || !first) std::printf("\n");
   std::fflush(stdout);
-  DELTASERVE_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
+  DELTASERVE_RETURN_IF_ERROR(finished);
   const auto& t = completion.timings();
   const double decode = t.total_s() - t.time_to_first_token_s();
   const int64_t n = completion.usage().completion_tokens();
@@ -236,9 +294,10 @@ absl::Status ClientScore(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ClientScoreSpec(), args));
   v1::ScoreRequest req;
   DELTASERVE_RETURN_IF_ERROR(SetInput(flags, &req));
+  DELTASERVE_ASSIGN_OR_RETURN(const double timeout, TimeoutFlag(flags));
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
-  DELTASERVE_RETURN_IF_ERROR(SetDeadline(flags, &context));
+  SetDeadline(timeout, &context);
   PrefillBar bar = BarFor(flags);
   auto reader = stub->ScoreStream(&context, req);
   v1::ScoreStreamResponse message;
@@ -254,7 +313,7 @@ absl::Status ClientScore(const Args& args) {
     }
   }
   bar.Done();
-  DELTASERVE_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
+  DELTASERVE_RETURN_IF_ERROR(FromRpc(reader->Finish()));
   // The server's answer, checked before it is indexed: one log-prob per
   // token after the first.
   if (!got_result || response.token_ids_size() == 0 ||
@@ -275,21 +334,20 @@ absl::Status ClientScore(const Args& args) {
 absl::Status ClientInfo(const Args& args, bool status) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags,
                               Flags::Parse(status ? ClientStatusSpec() : ClientInfoSpec(), args));
+  const bool json = flags.Has("json");
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<v1::Generation::Stub> stub, Connect(flags));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (status) {
     v1::ServerStatus response;
     DELTASERVE_RETURN_IF_ERROR(
-        FromGrpc(stub->GetServerStatus(&context, v1::GetServerStatusRequest(), &response)));
-    std::printf("%s", response.DebugString().c_str());
-  } else {
-    v1::ModelInfo response;
-    DELTASERVE_RETURN_IF_ERROR(
-        FromGrpc(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &response)));
-    std::printf("%s", response.DebugString().c_str());
+        FromRpc(stub->GetServerStatus(&context, v1::GetServerStatusRequest(), &response)));
+    return PrintReply(response, json);
   }
-  return absl::OkStatus();
+  v1::ModelInfo response;
+  DELTASERVE_RETURN_IF_ERROR(
+      FromRpc(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &response)));
+  return PrintReply(response, json);
 }
 
 }  // namespace
@@ -301,7 +359,10 @@ const CommandSpec& ClientSpec() {
       .usage = "COMMAND [--server HOST:PORT] [flags]",
       .examples = {"deltaserve client generate --server 127.0.0.1:50051 --prompt hello",
                    "deltaserve client status --server 127.0.0.1:50051"},
-      .details = "Errors carry the gRPC code's name (INVALID_ARGUMENT: ...).",
+      .details =
+          "Errors the server answers carry the gRPC code's name (INVALID_ARGUMENT: ...); a "
+          "mistake on the command line (an unknown flag, a bad value) is reported before any "
+          "call is made, without one.",
       .subcommands = {&ClientGenerateSpec(), &ClientScoreSpec(), &ClientInfoSpec(),
                       &ClientStatusSpec()},
   };
@@ -325,12 +386,8 @@ absl::Status RunClientCommand(const Args& args) {
 
 }  // namespace
 
-// Errors carry the gRPC code's name, as scripts and people look for it.
-absl::Status RunClient(const Args& args) {
-  const absl::Status status = RunClientCommand(args);
-  if (status.ok()) return status;
-  return absl::Status(
-      status.code(), absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
-}
+// The server's errors carry the gRPC code's name (FromRpc); the command
+// line's are the usage errors every command reports.
+absl::Status RunClient(const Args& args) { return RunClientCommand(args); }
 
 }  // namespace deltaserve

@@ -136,7 +136,7 @@ const CommandSpec& GenerateSpec() {
               {"prompt", "TEXT", "the prompt, encoded by the model's tokenizer"},
               {"tokens", "IDS", "the prompt as token ids: 1,2,3 (commas and/or spaces)"},
               {"tokens-file", "F", "the prompt's token ids from a file"},
-              {"max-tokens", "N", "tokens to generate at most", "32"},
+              {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
               {"temperature", "T", "0 is greedy", "0"},
               {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
               {"top-p", "P", "sample within probability mass P, in (0, 1]", "1"},
@@ -169,7 +169,13 @@ absl::Status RunGenerate(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(double top_p, flags.GetDouble("top-p", 1.0));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t seed, flags.GetInt("seed", 0));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t chunk, flags.GetInt("prefill-chunk", 0));
-  if (request.max_tokens < 0) return absl::InvalidArgumentError("--max-tokens must be >= 0");
+  // 0 is refused, as `client generate` and the Python client refuse it: over
+  // the API a max_tokens of 0 reads as unset, so no command can mean "none" by it.
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-tokens must be >= 1 (got ",
+                                                   request.max_tokens,
+                                                   "); leave it out for the default 32"));
+  }
   if (!(temperature >= 0)) return absl::InvalidArgumentError("--temperature must be >= 0");
   if (request.sampling.top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0");
   if (!(top_p > 0 && top_p <= 1)) return absl::InvalidArgumentError("--top-p must be in (0, 1]");
@@ -235,11 +241,15 @@ absl::Status RunGenerate(const Args& args) {
   const double ttft = generated > 0 ? seconds(start, first) : 0.0;
   const double decode_s = generated > 0 ? seconds(first, Clock::now()) : 0.0;
   const double decode_rate = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0.0;
+  // The prefill rate is measured to the first token; with none (a stop at
+  // once cannot happen, but a failure can) there is no rate to print.
+  const std::string prefill_rate =
+      generated > 0 && ttft > 0 ? absl::StrFormat("%.1f tokens/s", prompt_tokens / ttft) : "-";
   std::fprintf(stderr,
                "prompt tokens: %lld, generated: %lld, time to first token: %.1f ms, "
-               "prefill: %.1f tokens/s, decode: %.1f tokens/s\n",
+               "prefill: %s, decode: %.1f tokens/s\n",
                static_cast<long long>(prompt_tokens), static_cast<long long>(generated), ttft * 1e3,
-               prompt_tokens / std::max(ttft, 1e-9), decode_rate);
+               prefill_rate.c_str(), decode_rate);
   return absl::OkStatus();
 }
 

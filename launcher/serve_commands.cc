@@ -316,7 +316,11 @@ absl::Status Announce(const Flags& flags, const Server& server, const std::strin
     std::fprintf(stderr, ", workers attach on port %d", server.worker_port());
   }
   if (server.metrics_port() >= 0) {
-    std::fprintf(stderr, ", metrics on http://...:%d/metrics", server.metrics_port());
+    // The address a scraper uses: --metrics-host, an IPv6 one in brackets.
+    const std::string host = flags.GetString("metrics-host", ServerOptions().metrics_host);
+    const std::string url_host = host.find(':') == std::string::npos ? host : "[" + host + "]";
+    std::fprintf(stderr, ", metrics on http://%s:%d/metrics", url_host.c_str(),
+                 server.metrics_port());
   }
   std::fprintf(stderr, "\n");
   if (!flags.Has("port-file")) return absl::OkStatus();

@@ -30,6 +30,7 @@ exits with 2.
 
 import argparse
 import os
+import re
 import sys
 
 import grpc
@@ -42,11 +43,25 @@ HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOW
 
 
 def token_list(text):
-    """Parses `--tokens 1,2,3` into [1, 2, 3]."""
+    """Parses `--tokens 1,2,3` (or "1 2 3", or both mixed) into [1, 2, 3], as deltaserve does."""
+    items = [t for t in re.split(r"[,\s]+", text) if t]
     try:
-        return [int(t) for t in text.split(",")]
+        return [int(t) for t in items]
     except ValueError:
-        raise argparse.ArgumentTypeError("want comma-separated token ids, got %r" % text)
+        raise argparse.ArgumentTypeError(
+            "want token ids separated by commas or spaces, got %r" % text)
+
+
+def max_tokens(text):
+    """--max-tokens N, N >= 1: 0 would reach the server as unset (its default of 16)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("want a whole number, got %r" % text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            "must be >= 1 (got %d); leave it out for the default 32" % n)
+    return n
 
 
 def read_file(path, what, secret=False):
@@ -274,14 +289,16 @@ def parse_args(argv):
     def with_input(sub):
         group = sub.add_mutually_exclusive_group(required=True)
         group.add_argument("--prompt", metavar="TEXT", help="tokenized by the server")
-        group.add_argument("--tokens", type=token_list, metavar="1,2,3", help="token ids")
+        group.add_argument("--tokens", type=token_list, metavar="1,2,3",
+                           help="token ids, separated by commas or spaces")
         sub.add_argument("--progress", action="store_true",
                          help="print the prefill's progress to stderr even when it is not a "
                               "terminal")
         return sub
 
     gen = with_input(command("generate", "stream generated text or token ids"))
-    gen.add_argument("--max-tokens", type=int, default=32, metavar="N", help="(default: 32)")
+    gen.add_argument("--max-tokens", type=max_tokens, default=32, metavar="N",
+                     help=">= 1 (default: 32)")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy")
     gen.add_argument("--top-k", type=int, default=0, metavar="K", help="0: no limit")
     gen.add_argument("--top-p", type=float, metavar="P", help="in (0, 1]; unset: 1")

@@ -381,6 +381,7 @@ ServerStatusData Coordinator::Status() const {
   }
   s.steps = steps_;
   s.requests_finished = finished_;
+  s.requests_failed = failed_;
   for (const auto& [sequence, r] : by_sequence_) {  // sequence ids grow with admission
     RequestStatusData& e = s.requests.emplace_back();
     e.request_id = r->request_id;
@@ -423,12 +424,14 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   outcome.time_to_first_token_s = r.generated == 0 ? 0 : Seconds(r.accepted, r.first_token);
   outcome.total_s = Seconds(r.accepted, now);
   if (r.score) outcome.score_logprobs = std::move(r.score_logprobs);
-  (outcome.status.ok() ? metrics_.finished : metrics_.failed).Add();
+  // One verdict for the status counts and the metrics, so they agree.
+  const bool ok = outcome.status.ok();
+  (ok ? metrics_.finished : metrics_.failed).Add();
   metrics_.e2e.Observe(outcome.total_s);
   if (!r.was_scheduled) metrics_.queue.Observe(outcome.queue_s);
   r.ended = true;
   r.outcome = std::move(outcome);
-  ++finished_;
+  ++(ok ? finished_ : failed_);
   // Out of the queue, or out of its worker's scheduler (which releases its
   // state with the next step).
   auto it = std::find_if(waiting_.begin(), waiting_.end(),

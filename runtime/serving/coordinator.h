@@ -144,7 +144,9 @@ struct ServerStatusData {
   int32_t workers = 0;
   int64_t waiting_requests = 0, waiting_tokens = 0, running_sequences = 0;
   int64_t kda_state_bytes = 0, mla_cache_bytes = 0, mla_cache_tokens = 0;
-  int64_t steps = 0, requests_finished = 0;
+  // Requests that ended normally and with an error: the counts of
+  // deltaserve_requests_finished_total and deltaserve_requests_failed_total.
+  int64_t steps = 0, requests_finished = 0, requests_failed = 0;
   int32_t pp = 0, tp = 0;                   // of the first worker
   std::vector<RequestStatusData> requests;  // in the order admitted
   std::vector<WorkerStatusData> worker_status;
@@ -338,7 +340,7 @@ class Coordinator {
   std::map<uint64_t, std::shared_ptr<Worker>> workers_;  // attached
   std::map<uint64_t, std::shared_ptr<Worker>> lost_;     // dropped, thread not yet joined
   std::function<void(bool)> serving_callback_;
-  int64_t steps_ = 0, finished_ = 0;
+  int64_t steps_ = 0, finished_ = 0, failed_ = 0;
 
   struct Metrics {
     Histogram& ttft;

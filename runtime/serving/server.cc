@@ -247,6 +247,7 @@ class GenerationService final : public v1::Generation::Service {
     status->set_mla_cache_tokens(s.mla_cache_tokens);
     status->set_steps(s.steps);
     status->set_requests_finished(s.requests_finished);
+    status->set_requests_failed(s.requests_failed);
     status->set_workers(s.workers);
     // Only the caller's own requests, by the ids it knows them by.
     for (const RequestStatusData& r : s.requests) {

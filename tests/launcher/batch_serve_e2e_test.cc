@@ -83,6 +83,49 @@ TEST(BatchServeTest, ThroughAServerTheRecordsAreTheEmbeddedRunsOnes) {
   EXPECT_NE(log.find("batch: wrote 0 records"), std::string::npos) << log;
 }
 
+// Error records are kept by a plain rerun, and run again with
+// --retry-errors: a text document sent without --model (which lends the
+// tokenizer that cuts it into pieces) fails, and the rerun with --model and
+// --retry-errors replaces those records with answers, each key once.
+TEST(BatchServeTest, RetryErrorsRunsTheFailedRequestsAgain) {
+  const std::string dir = testing::TempDir("batch_server_retry");
+  std::string input =
+      Json{{"id", "short"}, {"tokens", testing::Tokens(8, 1)}, {"max_tokens", 2}}.dump() + "\n";
+  input += Json{{"id", "doc"},
+                {"document", "A document, as text."},
+                {"questions", {" Who?", " When?"}},
+                {"max_tokens", 2}}
+               .dump() +
+           "\n";
+  testing::WriteFile(dir + "/in.jsonl", input);
+  const Server server = StartServe("");
+  const std::string batch =
+      absl::StrCat(testing::Deltaserve(), " batch --server ", server.address, " --input ", dir,
+                   "/in.jsonl --output ", dir, "/out.jsonl");
+  std::string log;
+  ASSERT_EQ(testing::Run(batch, &log), 0) << log;
+  EXPECT_NE(log.find("batch: wrote 3 records (2 errors)"), std::string::npos) << log;
+  // A plain rerun (with --model, what the errors asked for) keeps them.
+  const std::string with_model = batch + " --model " + testing::K3Tiny();
+  ASSERT_EQ(testing::Run(with_model, &log), 0) << log;
+  EXPECT_NE(log.find("batch: wrote 0 records"), std::string::npos) << log;
+  ASSERT_EQ(testing::Run(with_model + " --resume --retry-errors", &log), 0) << log;
+  EXPECT_NE(log.find("2 error records dropped to run again"), std::string::npos) << log;
+  EXPECT_NE(log.find("batch: wrote 2 records (0 errors)"), std::string::npos) << log;
+  std::map<std::string, int> counts;
+  const auto records = testing::ReadRecords(dir + "/out.jsonl", &counts);
+  ASSERT_EQ(records.size(), 3u);
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << key;
+  for (const auto& [key, record] : records) {
+    EXPECT_FALSE(record.contains("error")) << key << ": " << record.dump();
+  }
+  // Nothing left to retry: a second --retry-errors sends nothing.
+  ASSERT_EQ(testing::Run(with_model + " --retry-errors", &log), 0) << log;
+  EXPECT_NE(log.find("batch: wrote 0 records"), std::string::npos) << log;
+  EXPECT_EQ(testing::Run(with_model + " --retry-errors --overwrite", &log), 1) << log;
+  EXPECT_NE(log.find("give at most one of --retry-errors, --overwrite"), std::string::npos) << log;
+}
+
 TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
   // A stop string that the greedy continuation of the prompt meets: the
   // first printable byte not generated before it (the tiny models' tokens

@@ -463,3 +463,130 @@ TEST(ServeTokenizerTest, TextPromptsGoThroughTheCheckpointsTiktokenBpe) {
 
 }  // namespace
 }  // namespace deltaserve
+
+namespace deltaserve {
+namespace {
+
+double MetricValue(const std::string& page, const std::string& name) {
+  const size_t at = page.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(page.substr(at + name.size() + 2));
+}
+
+// `deltaserve client` as a script uses it: replies as JSON, labelled
+// log-probs, a command-line mistake reported as such before any call (and
+// nothing on stdout), a server's refusal with its gRPC code and nothing on
+// stdout either; and the status's counts of ended requests are the metrics'.
+TEST(ServeClientTest, JsonRepliesLabelledLogprobsUsageErrorsAndOneCountOfEndedRequests) {
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --metrics-port 0");
+  ASSERT_NE(server.stub, nullptr);
+  const std::string client = "client generate --server " + server.address;
+  int code = 0;
+
+  // Usage errors: an unknown flag (against a port where nothing listens, so
+  // a call would fail otherwise) and --max-tokens 0, in both clients and
+  // in `generate`.
+  std::string out = Deltaserve("client info --server 127.0.0.1:1 --bogus 2>&1", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("client info: unknown flag --bogus"), std::string::npos) << out;
+  EXPECT_EQ(out.find("INVALID_ARGUMENT"), std::string::npos) << out;
+  EXPECT_EQ(out.find("UNAVAILABLE"), std::string::npos) << out;
+  EXPECT_EQ(Deltaserve(client + " --tokens 1,2,3 --max-tokens 0 2>/dev/null", &code), "");
+  EXPECT_NE(code, 0);
+  out = Deltaserve(client + " --tokens 1,2,3 --max-tokens 0 2>&1");
+  EXPECT_NE(out.find("--max-tokens must be >= 1 (got 0)"), std::string::npos) << out;
+  out = Deltaserve("generate --model " + K3Tiny() + " --tokens 1,2,3 --max-tokens 0 2>&1", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--max-tokens must be >= 1 (got 0)"), std::string::npos) << out;
+  const std::string python = std::string(testing::kSystemPython) + " " + DELTASERVE_SOURCE_DIR +
+                             "/examples/python/deltaserve_client.py --stubs " +
+                             DELTASERVE_PYTHON_DIR + " generate --server " + server.address;
+  code = testing::RunCommand(python + " --tokens 1,2,3 --max-tokens 0 2>&1", &out);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("must be >= 1 (got 0)"), std::string::npos) << out;
+  // The Python client takes the token lists the C++ one takes.
+  const std::string expected =
+      FirstLine(Deltaserve(client + " --tokens 1,2,3 --max-tokens 4 --ids 2>/dev/null"));
+  ASSERT_FALSE(expected.empty());
+  for (const std::string tokens : {"'1 2 3'", "1,2,3", "'1, 2,3'"}) {
+    testing::RunCommand(python + " --tokens " + tokens + " --max-tokens 4 --ids 2>/dev/null", &out);
+    EXPECT_EQ(FirstLine(out), expected) << tokens;
+  }
+
+  // The server refuses a token outside the vocabulary: its code, and no
+  // empty line on stdout first.
+  EXPECT_EQ(Deltaserve(client + " --tokens 1,2,300 2>/dev/null", &code), "");
+  EXPECT_NE(code, 0);
+  out = Deltaserve(client + " --tokens 1,2,300 2>&1");
+  EXPECT_NE(out.find("INVALID_ARGUMENT: prompt.tokens.ids[2]"), std::string::npos) << out;
+
+  // --top-logprobs: each token's log-prob and its alternatives, labelled.
+  out =
+      Deltaserve(client + " --tokens 1,2,3 --max-tokens 2 --top-logprobs 2 --ids 2>&1 >/dev/null");
+  EXPECT_TRUE(std::regex_search(out, std::regex("(^|\n)token [0-9]+ logprob -?[0-9.]+\n"
+                                                "  top 1: token [0-9]+ logprob -?[0-9.]+\n"
+                                                "  top 2: token [0-9]+ logprob -?[0-9.]+\n")))
+      << out;
+
+  // One request cancelled while it runs: it ended with an error.
+  {
+    grpc::ClientContext context;
+    auto stream = server.stub->Generate(&context, TokensRequest({1, 2, 3, 4}, 1000000));
+    v1::GenerateResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    context.TryCancel();
+    while (stream->Read(&response)) {
+    }
+  }
+  // Ended: the greedy 4-token run, the --top-logprobs run and the Python
+  // client's three (normally), and the cancelled one (an error). The
+  // refusals above were never admitted.
+  ASSERT_TRUE(testing::WaitForStatus(
+      *server.stub,
+      [](const v1::ServerStatus& s) { return s.requests_finished() + s.requests_failed() == 6; },
+      std::chrono::seconds(10)));
+  out = Deltaserve("client status --server " + server.address + " --json 2>&1", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out.front(), '{') << out;
+  EXPECT_EQ(out.substr(out.size() - 2), "}\n") << out;
+  EXPECT_NE(out.find("\"requests_finished\":\"5\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"requests_failed\":\"1\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"worker_attached\":true"), std::string::npos) << out;
+  const std::string metrics = testing::HttpGet(server.metrics_port, "/metrics");
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_requests_finished_total"), 5) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_requests_failed_total"), 1) << metrics;
+
+  out = Deltaserve("client info --server " + server.address + " --json 2>&1", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"model_type\":\"kimi_k3\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"vocab_size\":\"256\""), std::string::npos) << out;  // int64: a string
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  // Without --json: protobuf text format, as before.
+  out = Deltaserve("client info --server " + server.address + " 2>&1");
+  EXPECT_NE(out.find("model_type: \"kimi_k3\""), std::string::npos) << out;
+  // The start line gives the metrics' address whole, to paste into a scraper.
+  EXPECT_NE(server.process->Log().find(
+                "metrics on http://127.0.0.1:" + std::to_string(server.metrics_port) + "/metrics"),
+            std::string::npos)
+      << server.process->Log();
+}
+
+// bench-serve's warm-up requests reach the server before the table and are
+// not in it, so the one-client row (what the speedups divide by) does not
+// carry the server's first-use costs.
+TEST(ServeBenchTest, WarmUpRequestsAreSentAndNotCounted) {
+  auto server = testing::StartServer("serve --model " + K3Tiny());
+  ASSERT_NE(server.stub, nullptr);
+  int code = 0;
+  const std::string out =
+      Deltaserve("bench-serve --server " + server.address +
+                     " --concurrency 1 --requests 2 --prompt-tokens 4 --max-tokens 2 --warmup 3 "
+                     "2>&1",
+                 &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("# warm-up: 3 requests, not counted"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n| 1 | 2 | "), std::string::npos) << out;
+  EXPECT_EQ(testing::Status(*server.stub).requests_finished(), 5);
+}
+
+}  // namespace
+}  // namespace deltaserve
