@@ -27,8 +27,7 @@ int64_t DefaultCacheTokens(const ModelConfig& config, kernels::DType cache_dtype
   // against; a stage's share of the address space is at most this.
   int64_t mla_layers = 0;
   for (LayerKind kind : config.layer_kinds) mla_layers += kind == LayerKind::kMla ? 1 : 0;
-  const int64_t token_bytes = std::max<int64_t>(1, mla_layers) * config.MlaCacheWidth() *
-                              (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
+  const int64_t token_bytes = std::max<int64_t>(1, mla_layers) * CacheRowBytes(config, cache_dtype);
   const int64_t most = std::max<int64_t>(kCachePageTokens, kMaxReservedBytes / token_bytes);
   const int64_t wanted = context <= INT64_MAX / kSequences ? context * kSequences : INT64_MAX;
   // At most 2^31 - 1 pages, the page ids' range.

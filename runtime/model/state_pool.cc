@@ -77,8 +77,7 @@ absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelS
   }
   // A rank without MLA layers holds no cache: any count does.
   if (mla_layers == 0) return kCachePageTokens;
-  const int64_t token_bytes =
-      mla_layers * local.MlaCacheWidth() * (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
+  const int64_t token_bytes = mla_layers * CacheRowBytes(local, cache_dtype);
   const int64_t reserve =
       std::min<int64_t>(kDeviceWorkspaceReserveBytes, static_cast<int64_t>(total_bytes / 10));
   const int64_t room = static_cast<int64_t>(static_cast<double>(free_bytes) * kDeviceCacheShare) -
@@ -120,11 +119,10 @@ absl::StatusOr<std::shared_ptr<StatePool>> StatePool::Create(const ModelConfig& 
   std::shared_ptr<StatePool> pool(new StatePool);
   pool->device_ = device;
   pool->dtype_ = cache_dtype;
-  pool->width_ = local.kv_lora_rank + local.qk_rope_head_dim;
+  pool->width_ = local.MlaCacheWidth();
   pool->capacity_pages_ = size.pages;
   pool->regions_.resize(static_cast<size_t>(local.num_layers));
-  const int64_t elem = cache_dtype == kernels::DType::kBF16 ? 2 : 4;
-  const int64_t layer_page_bytes = kCachePageTokens * pool->width_ * elem;
+  const int64_t layer_page_bytes = kCachePageTokens * CacheRowBytes(local, cache_dtype);
   for (int64_t i = shard.layer_begin; i < LayerEnd(local, shard); ++i) {
     if (local.layer_kinds[i] != LayerKind::kMla) continue;
     // Checked: pages < 2^31 and a page of a layer is far below 2^32.

@@ -56,6 +56,12 @@ inline int64_t CachePagesFor(int64_t tokens) {
 // sequences and as many held prefixes, and more.
 inline constexpr int64_t kDefaultStateSlots = 256;
 
+// Bytes of one token's row of the MLA cache in one layer: C + R values of
+// `cache_dtype` (f32 or bf16).
+inline int64_t CacheRowBytes(const ModelConfig& config, kernels::DType cache_dtype) {
+  return config.MlaCacheWidth() * (cache_dtype == kernels::DType::kBF16 ? 2 : 4);
+}
+
 // Bytes of one sequence's KDA state on the layers `shard` holds (`local`
 // head counts): what a slot holds.
 int64_t KdaSlotBytes(const ModelConfig& local, const ModelShard& shard);

@@ -289,6 +289,20 @@ int PingFlood(int port, int connections, int pings, int batch) {
 // (gRPC, which closes a connection after a few pings too fast, reads a
 // whole burst first and keeps the memory); the paced ones gRPC may close
 // first.
+// The PING floods on both ports were cut as control-frame floods: the log
+// names the rule, and the metrics count at least 6 cuts.
+void ExpectControlFloodsCut(testing::ServerUnderTest& coordinator) {
+  const std::string log = coordinator.process->Log();
+  EXPECT_NE(log.find("a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, "
+                     "PRIORITY, empty DATA): over 1000 at once, or over 100 a second"),
+            std::string::npos)
+      << log;
+  EXPECT_GE(Metric(testing::HttpGet(coordinator.metrics_port, "/metrics"),
+                   "deltaserve_http2_connections_cut_total"),
+            6)
+      << log;
+}
+
 TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
   auto coordinator = testing::StartServer("coordinator --model " + K3Tiny() + " --metrics-port 0");
   ASSERT_NE(coordinator.stub, nullptr);
@@ -307,15 +321,7 @@ TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
     // more room.
     EXPECT_LE(growth, (kernels::kAddressSanitizer ? 32 : 8) * kMiB) << "port " << port;
   }
-  const std::string log = coordinator.process->Log();
-  EXPECT_NE(log.find("a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, "
-                     "PRIORITY, empty DATA): over 1000 at once, or over 100 a second"),
-            std::string::npos)
-      << log;
-  EXPECT_GE(Metric(testing::HttpGet(coordinator.metrics_port, "/metrics"),
-                   "deltaserve_http2_connections_cut_total"),
-            6)
-      << log;
+  ExpectControlFloodsCut(coordinator);
   // Both ports serve on.
   EXPECT_EQ(testing::Status(*coordinator.stub).workers(), 0);
   RawConnection fresh(worker_port, std::chrono::seconds(5));
@@ -773,15 +779,7 @@ TEST(H2TlsTest, APingFloodOverTlsIsCutOnBothPortsAndTheMemoryComesBack) {
     EXPECT_EQ(closed, 5) << "port " << port;
     EXPECT_LE(growth, (kernels::kAddressSanitizer ? 32 : 8) * kMiB) << "port " << port;
   }
-  const std::string log = coordinator.process->Log();
-  EXPECT_NE(log.find("a flood of control frames (PING, SETTINGS, RST_STREAM, WINDOW_UPDATE, "
-                     "PRIORITY, empty DATA): over 1000 at once, or over 100 a second"),
-            std::string::npos)
-      << log;
-  EXPECT_GE(Metric(testing::HttpGet(coordinator.metrics_port, "/metrics"),
-                   "deltaserve_http2_connections_cut_total"),
-            6)
-      << log;
+  ExpectControlFloodsCut(coordinator);
   // The client port serves on, over TLS with the token.
   const grpc::Status after = TimedCall(coordinator.address, c.alice, &ms, std::chrono::seconds(10));
   EXPECT_TRUE(after.ok()) << after.error_message();
