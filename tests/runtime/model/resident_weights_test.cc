@@ -75,10 +75,13 @@ TEST(ResidentWeightsTest, CopiedTensorsLeaveNoResidentPagesAfterAForwardPass) {
   ASSERT_TRUE((*model)->Forward({&input, 1}).ok());
 
   // The mapped matrices, plus the partial pages at each tensor's ends and the
-  // header, may be resident; none of the copied bytes may.
+  // header, may be resident; the copied bytes may not. MADV_PAGEOUT is
+  // advice: a page the kernel is still writing back or has on another CPU's
+  // LRU list stays, and on a busy machine that has been 2 MB. What the test
+  // guards against brings back all of them, so it allows a tenth.
   const int64_t resident = ResidentBytesOf(std::filesystem::canonical(file).string());
   EXPECT_GT(resident, held.mapped / 2) << "the mapping was not found in /proc/self/smaps";
-  EXPECT_LE(resident, held.mapped + held.mapped / 50 + (1 << 20))
+  EXPECT_LE(resident, held.mapped + held.copied / 10)
       << "resident " << resident << " bytes of " << file << ": mapped matrices " << held.mapped
       << ", copied at load " << held.copied;
 }
