@@ -19,6 +19,7 @@
 #include "launcher/deployment.h"
 #include "launcher/flags.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/local_worker.h"
 #include "runtime/serving/server.h"
@@ -78,6 +79,13 @@ absl::StatusOr<RequestLimits> LimitsFrom(const Flags& flags) {
 constexpr int kDefaultWorkerPort = 50052;
 constexpr double kDefaultDrainTimeoutS = 30;
 
+FlagSpec LogFormatFlag() {
+  return {"log-format", "F",
+          "log lines on stderr as text (time, level, part: message and key=value fields) or "
+          "json (an object per line), docs/deployment.md \"Logs\"",
+          "text"};
+}
+
 // The flags of serve and coordinator; the coordinator has a worker port.
 std::vector<FlagSpec> ServerFlags(bool worker_port) {
   const ServerOptions o;
@@ -105,6 +113,7 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
        "on SIGTERM: seconds running and queued requests may take to finish before the rest end "
        "with UNAVAILABLE",
        absl::StrCat(kDefaultDrainTimeoutS)},
+      LogFormatFlag(),
   };
   if (worker_port) {
     flags.push_back({"worker-port", "N",
@@ -197,17 +206,15 @@ absl::StatusOr<int> PortFlag(const Flags& flags, const std::string& name, int64_
 // server stops.
 void DrainAndStop(Server& server, const sigset_t& signals, int signal, double drain_timeout_s,
                   const std::string& what) {
-  std::fprintf(stderr,
-               "deltaserve %s: %s, shutting down: draining first (up to %g s, --drain-timeout; "
-               "signal again to stop at once)\n",
-               what.c_str(), strsignal(signal), drain_timeout_s);
+  log::Info(what,
+            absl::StrCat(strsignal(signal), ", shutting down: draining first (up to ",
+                         drain_timeout_s, " s, --drain-timeout; signal again to stop at once)"));
   std::atomic<bool> drained{false};
   Coordinator& coordinator = server.coordinator();
   std::thread second([&] {
     const int again = WaitForSignal(signals);
     if (drained) return;  // the wake-up below
-    std::fprintf(stderr, "deltaserve %s: %s again, ending the drain\n", what.c_str(),
-                 strsignal(again));
+    log::Info(what, absl::StrCat(strsignal(again), " again, ending the drain"));
     coordinator.CutDrain();
   });
   const int64_t left = server.Drain(std::chrono::duration<double>(drain_timeout_s));
@@ -215,11 +222,10 @@ void DrainAndStop(Server& server, const sigset_t& signals, int signal, double dr
   pthread_kill(second.native_handle(), SIGTERM);  // taken by its sigwait: signals are blocked
   second.join();
   if (left > 0) {
-    std::fprintf(stderr, "deltaserve %s: %lld requests did not finish in time: ending them\n",
-                 what.c_str(), static_cast<long long>(left));
+    log::Warning(what, absl::StrCat(left, " requests did not finish in time: ending them"));
   }
   server.Shutdown();
-  std::fprintf(stderr, "deltaserve %s: stopped\n", what.c_str());
+  log::Info(what, "stopped");
 }
 
 absl::StatusOr<double> DrainTimeout(const Flags& flags) {
@@ -231,6 +237,15 @@ absl::StatusOr<double> DrainTimeout(const Flags& flags) {
 }
 
 // `worker_port`: the coordinator's; serve has its worker in-process.
+// --log-format: how every log line after it is written (runtime/common/log.h).
+absl::Status SetLogFormat(const Flags& flags) {
+  absl::StatusOr<log::Format> format = log::ParseFormat(flags.GetString("log-format", "text"));
+  if (!format.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--log-format: ", format.status().message()));
+  log::SetFormat(*format);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_port) {
   ServerOptions o;
   DELTASERVE_ASSIGN_OR_RETURN(o.model_dir, flags.Required("model"));
@@ -311,18 +326,21 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
 // port, the metrics port, the worker port, -1 for none) for scripts that
 // asked for port 0.
 absl::Status Announce(const Flags& flags, const Server& server, const std::string& what) {
-  std::fprintf(stderr, "deltaserve %s: listening on port %d", what.c_str(), server.port());
+  std::string message = absl::StrCat("listening on port ", server.port());
   if (server.worker_port() >= 0) {
-    std::fprintf(stderr, ", workers attach on port %d", server.worker_port());
+    absl::StrAppend(&message, ", workers attach on port ", server.worker_port());
   }
   if (server.metrics_port() >= 0) {
     // The address a scraper uses: --metrics-host, an IPv6 one in brackets.
     const std::string host = flags.GetString("metrics-host", ServerOptions().metrics_host);
     const std::string url_host = host.find(':') == std::string::npos ? host : "[" + host + "]";
-    std::fprintf(stderr, ", metrics on http://%s:%d/metrics", url_host.c_str(),
-                 server.metrics_port());
+    absl::StrAppend(&message, ", metrics on http://", url_host, ":", server.metrics_port(),
+                    "/metrics");
   }
-  std::fprintf(stderr, "\n");
+  log::Info(what, message,
+            {{"port", server.port()},
+             {"worker_port", server.worker_port()},
+             {"metrics_port", server.metrics_port()}});
   if (!flags.Has("port-file")) return absl::OkStatus();
   const std::string text =
       absl::StrCat(server.port(), "\n", server.metrics_port(), "\n", server.worker_port(), "\n");
@@ -359,8 +377,7 @@ absl::StatusOr<std::vector<std::string>> WriteWorkerToken(const Flags& flags, co
     failed.emplace_back("neither XDG_RUNTIME_DIR nor HOME is set");
   }
   for (const std::string& f : failed) {
-    std::fprintf(stderr, "deltaserve coordinator: warning: worker token not written: %s\n",
-                 f.c_str());
+    log::Warning("coordinator", absl::StrCat("worker token not written: ", f));
   }
   if (written.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -369,11 +386,10 @@ absl::StatusOr<std::vector<std::string>> WriteWorkerToken(const Flags& flags, co
         absl::StrJoin(failed, "; "),
         "): give --worker-token-file or --tls-worker-ca, or --insecure-workers"));
   }
-  std::fprintf(stderr,
-               "deltaserve coordinator: workers must send the worker token in %s (made for this "
-               "run, mode 600): `deltaserve worker` of this user on this host reads it by "
-               "itself; elsewhere give it --worker-token-file\n",
-               absl::StrJoin(written, " and ").c_str());
+  log::Info("coordinator",
+            absl::StrCat("workers must send the worker token in ", absl::StrJoin(written, " and "),
+                         " (made for this run, mode 600): `deltaserve worker` of this user on "
+                         "this host reads it by itself; elsewhere give it --worker-token-file"));
   return written;
 }
 
@@ -432,6 +448,7 @@ const CommandSpec& WorkerSpec() {
                            "within S/2 ends the link (1..3600)",
                            "10"},
                           {"plan-context", "T", "context the stage split is balanced for", "32768"},
+                          LogFormatFlag(),
                           {"stats", "",
                            "on exit, print each rank's weight bytes, peak resident memory, "
                            "bytes sent to the next stage and compute time"},
@@ -451,6 +468,7 @@ const CommandSpec& WorkerSpec() {
 
 absl::Status RunServe(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(ServeSpec(), args));
+  DELTASERVE_RETURN_IF_ERROR(SetLogFormat(flags));
   DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, false));
   DELTASERVE_ASSIGN_OR_RETURN(int64_t threads, flags.GetInt("threads", 0));
   const sigset_t signals = BlockStopSignals();
@@ -478,6 +496,7 @@ absl::Status RunServe(const Args& args) {
 
 absl::Status RunCoordinator(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(CoordinatorSpec(), args));
+  DELTASERVE_RETURN_IF_ERROR(SetLogFormat(flags));
   DELTASERVE_ASSIGN_OR_RETURN(ServerOptions options, ServerOptionsFrom(flags, true));
   const bool credentials = !options.worker_ca_file.empty() || !options.worker_tokens_file.empty();
   if (flags.Has("insecure-workers") && credentials) {
@@ -515,6 +534,7 @@ absl::Status RunCoordinator(const Args& args) {
 
 absl::Status RunWorkerCommand(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(WorkerSpec(), args));
+  DELTASERVE_RETURN_IF_ERROR(SetLogFormat(flags));
   DELTASERVE_ASSIGN_OR_RETURN(std::string coordinator, flags.Required("coordinator"));
   DELTASERVE_ASSIGN_OR_RETURN(double connect_timeout, flags.GetDouble("connect-timeout", 60));
   DELTASERVE_ASSIGN_OR_RETURN(double keepalive, flags.GetDouble("keepalive", 10));
@@ -530,8 +550,7 @@ absl::Status RunWorkerCommand(const Args& args) {
   static LeaveSignal leave;  // outlives the waiter, which is never joined
   std::thread([signals] {
     const int signal = WaitForSignal(signals);
-    std::fprintf(stderr, "deltaserve worker: %s, leaving after the current step\n",
-                 strsignal(signal));
+    log::Info("worker", absl::StrCat(strsignal(signal), ", leaving after the current step"));
     leave.Request(absl::StrCat("the worker got ", strsignal(signal)));
   }).detach();
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
@@ -556,8 +575,7 @@ absl::Status RunWorkerCommand(const Args& args) {
       if (std::optional<int> port = TargetPort(coordinator)) {
         const std::string path = DefaultWorkerTokenPath(*port);
         if (!path.empty() && ::access(path.c_str(), F_OK) == 0) {
-          std::fprintf(stderr, "deltaserve worker: using the coordinator's worker token in %s\n",
-                       path.c_str());
+          log::Info("worker", absl::StrCat("using the coordinator's worker token in ", path));
           security.token_file = path;
         }
       }
@@ -570,8 +588,7 @@ absl::Status RunWorkerCommand(const Args& args) {
       return channel.status();
     }
     options.channel = std::move(*channel);
-    std::fprintf(stderr, "deltaserve worker: %s, attaching to %s\n", options.description.c_str(),
-                 coordinator.c_str());
+    log::Info("worker", absl::StrCat(options.description, ", attaching to ", coordinator));
   }
   absl::Status status = RunWorker(replica, config, options);
   if (flags.Has("stats")) PrintPipelineStats(deployment);

@@ -6,8 +6,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/tp_split.h"
+#include "runtime/serving/auth.h"
 #include "runtime/tokenizer/text_stream.h"
 
 namespace deltaserve {
@@ -71,6 +73,7 @@ std::string AllFailed(const StepResult& result) {
 
 struct Request {
   std::string request_id;
+  std::string principal;  // who sent it ("" on a port that authenticates no one)
   bool score = false;
   // What the scheduler runs: as admitted, or the continuation a lost worker
   // handed back (Scheduler::Abandon).
@@ -123,6 +126,34 @@ void WriteStepRecords(std::ostream& out, uint64_t worker,
     }
     out << "]}" << std::endl;
   }
+}
+
+// One line per request at its end, for the operator (docs/deployment.md,
+// "Logs"): the client's id (the text it sent, escaped by the log), who sent
+// it, its tokens and times, how it ended and the worker it ended on (0: it
+// never reached one).
+void LogEnd(const Request& r, const RequestOutcome& outcome) {
+  const bool ok = outcome.status.ok();
+  const std::string id = OwnRequestId(r.principal, r.request_id).value_or(r.request_id);
+  const char* reason = !ok                                        ? "error"
+                       : r.score                                  ? "scored"
+                       : outcome.reason == FinishReason::kStop    ? "stop"
+                       : outcome.reason == FinishReason::kContext ? "context"
+                                                                  : "length";
+  const std::string status = ok ? "OK" : absl::StatusCodeToString(outcome.status.code());
+  log::Write(ok ? log::Level::kInfo : log::Level::kWarning, "coordinator",
+             ok ? "request finished" : "request failed",
+             {{"request", id.substr(0, 256)},
+              {"principal", r.principal},
+              {"kind", r.score ? "score" : "generate"},
+              {"prompt_tokens", r.prompt_tokens},
+              {"generated_tokens", r.generated},
+              {"time_to_first_token_s", outcome.time_to_first_token_s},
+              {"total_s", outcome.total_s},
+              {"finish_reason", reason},
+              {"status", status},
+              {"error", std::string(outcome.status.message().substr(0, 256))},
+              {"worker", r.worker}});
 }
 
 }  // namespace
@@ -236,9 +267,8 @@ int64_t Coordinator::Drain(Clock::time_point until) {
   if (!draining_) {
     draining_ = true;
     SetServingLocked();
-    std::fprintf(stderr,
-                 "coordinator: draining: %zu requests running or queued, admitting no more\n",
-                 by_id_.size());
+    log::Info("coordinator", absl::StrCat("draining: ", by_id_.size(),
+                                          " requests running or queued, admitting no more"));
   }
   ended_cv_.wait_until(lock, until, [&] { return by_id_.empty() || stop_ || drain_cut_; });
   return static_cast<int64_t>(by_id_.size());
@@ -251,10 +281,11 @@ void Coordinator::CutDrain() {
 }
 
 absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
-    std::string request_id, std::vector<int32_t> prompt, GenerateParams params,
-    std::optional<Clock::time_point> deadline) {
+    std::string request_id, std::string principal, std::vector<int32_t> prompt,
+    GenerateParams params, std::optional<Clock::time_point> deadline) {
   auto r = std::make_shared<Request>();
   r->request_id = std::move(request_id);
+  r->principal = std::move(principal);
   SequenceRequest& s = r->sequence;
   s.kind = SequenceKind::kGenerate;
   s.prompt = std::move(prompt);
@@ -275,10 +306,12 @@ absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
 }
 
 absl::StatusOr<RequestHandle> Coordinator::SubmitScore(std::string request_id,
+                                                       std::string principal,
                                                        std::vector<int32_t> tokens,
                                                        std::optional<Clock::time_point> deadline) {
   auto r = std::make_shared<Request>();
   r->request_id = std::move(request_id);
+  r->principal = std::move(principal);
   r->score = true;
   r->sequence.kind = SequenceKind::kScore;
   r->sequence.prompt = std::move(tokens);
@@ -429,6 +462,7 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   (ok ? metrics_.finished : metrics_.failed).Add();
   metrics_.e2e.Observe(outcome.total_s);
   if (!r.was_scheduled) metrics_.queue.Observe(outcome.queue_s);
+  LogEnd(r, outcome);
   r.ended = true;
   r.outcome = std::move(outcome);
   ++(ok ? finished_ : failed_);
@@ -528,16 +562,15 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
     if (!watchdog_.joinable()) watchdog_ = std::thread([this] { Watchdog(); });
     w->thread = std::thread([this, w] { SchedulerLoop(w); });
   } catch (const std::system_error& e) {
-    std::fprintf(stderr, "coordinator: worker %s refused: cannot start its thread: %s\n",
-                 Quoted(info.description).c_str(), e.what());
+    log::Error("coordinator", absl::StrCat("worker ", Quoted(info.description),
+                                           " refused: cannot start its thread: ", e.what()));
     return absl::ResourceExhaustedError(
         absl::StrCat("the coordinator cannot start a thread for this worker: ", e.what()));
   }
   workers_[w->id] = w;
   UpdateGaugesLocked();
   SetServingLocked();
-  std::fprintf(stderr, "coordinator: worker %llu attached: %s\n",
-               static_cast<unsigned long long>(w->id), Quoted(info.description).c_str());
+  log::Info("coordinator", absl::StrCat("worker ", w->id, " attached: ", Quoted(info.description)));
   work_cv_.notify_all();
   return w->id;
 }
@@ -636,8 +669,7 @@ void Coordinator::DetachWorker(uint64_t worker, const std::string& why, bool lea
 void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string& why, bool end_link,
                                    bool leaving) {
   if (w->gone) return;
-  std::fprintf(stderr, "coordinator: worker %llu lost: %s\n",
-               static_cast<unsigned long long>(w->id), why.c_str());
+  log::Warning("coordinator", absl::StrCat("worker ", w->id, " lost: ", why));
   w->gone = true;
   metrics_.workers_lost.Add();
   workers_.erase(w->id);
@@ -680,9 +712,9 @@ void Coordinator::LoseWorkerLocked(std::shared_ptr<Worker> w, const std::string&
   waiting_.insert(waiting_.begin(), rerun.begin(), rerun.end());
   if (!rerun.empty()) {
     metrics_.rerun.Add(static_cast<double>(rerun.size()));
-    std::fprintf(stderr, "coordinator: %zu requests of worker %llu queued to run again%s\n",
-                 rerun.size(), static_cast<unsigned long long>(w->id),
-                 workers_.empty() ? " (no worker attached: they wait for one)" : "");
+    log::Info("coordinator",
+              absl::StrCat(rerun.size(), " requests of worker ", w->id, " queued to run again",
+                           workers_.empty() ? " (no worker attached: they wait for one)" : ""));
   }
   SetServingLocked();
   UpdateGaugesLocked();

@@ -205,10 +205,13 @@ class Coordinator {
 
   // Admission. The service layer has validated the fields; this checks the
   // request id is free and the queue limits (RESOURCE_EXHAUSTED when full).
-  absl::StatusOr<RequestHandle> SubmitGenerate(std::string request_id, std::vector<int32_t> prompt,
-                                               GenerateParams params,
+  // `principal`: who sent it, for its log line ("" on a port that
+  // authenticates no one); `request_id` is already scoped by it.
+  absl::StatusOr<RequestHandle> SubmitGenerate(std::string request_id, std::string principal,
+                                               std::vector<int32_t> prompt, GenerateParams params,
                                                std::optional<Clock::time_point> deadline);
-  absl::StatusOr<RequestHandle> SubmitScore(std::string request_id, std::vector<int32_t> tokens,
+  absl::StatusOr<RequestHandle> SubmitScore(std::string request_id, std::string principal,
+                                            std::vector<int32_t> tokens,
                                             std::optional<Clock::time_point> deadline);
   // Takes the tokens made since the last call, waiting up to `wait` for any;
   // returns the outcome once the request has ended (and nothing after it).

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/listen_socket.h"
 
@@ -878,8 +879,8 @@ void H2Guard::Run() {
     const int n =
         ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) {
-      std::fprintf(stderr, "HTTP/2 guard on port %d: epoll_wait: %s\n", port_,
-                   std::strerror(errno));
+      log::Error("server", absl::StrCat("the HTTP/2 guard on port ", port_,
+                                        ": epoll_wait: ", std::strerror(errno)));
       break;
     }
     ready.clear();

@@ -18,6 +18,7 @@
 #include "deltaserve/v1/generation.grpc.pb.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weight_spec.h"
 #include "runtime/serving/auth.h"
@@ -95,9 +96,9 @@ class GenerationService final : public v1::Generation::Service {
     if (!id.ok()) return ToGrpc(id.status());
     auto valid = validator_.Generate(*req);
     if (!valid.ok()) return ToGrpc(valid.status());
-    auto handle =
-        coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), std::move(valid->prompt),
-                                    std::move(valid->params), Deadline(*context));
+    auto handle = coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), *principal,
+                                              std::move(valid->prompt), std::move(valid->params),
+                                              Deadline(*context));
     if (!handle.ok()) return ToGrpc(handle.status());
     while (true) {
       std::vector<TokenEvent> tokens;
@@ -176,7 +177,7 @@ class GenerationService final : public v1::Generation::Service {
     DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, validator_.Score(req));
     response->mutable_token_ids()->Add(tokens.begin(), tokens.end());
     DELTASERVE_ASSIGN_OR_RETURN(RequestHandle handle,
-                                coordinator_.SubmitScore(ScopedRequestId(principal, id),
+                                coordinator_.SubmitScore(ScopedRequestId(principal, id), principal,
                                                          std::move(tokens), Deadline(context)));
     while (true) {
       std::vector<TokenEvent> unused;
@@ -311,8 +312,8 @@ class GenerationService final : public v1::Generation::Service {
                                               watchdog_.timeout_seconds(),
                                               " s (--client-write-timeout)"));
       // The id may be the client's text: quoted, escaped and cut short.
-      std::fprintf(stderr, "server: request \"%s\" cancelled: %s\n",
-                   absl::CHexEscape(id.substr(0, 128)).c_str(), std::string(why.message()).c_str());
+      log::Warning("server", absl::StrCat("request \"", absl::CHexEscape(id.substr(0, 128)),
+                                          "\" cancelled: ", why.message()));
     }
     coordinator_.Cancel(handle, why);
     return why;
@@ -561,8 +562,8 @@ absl::StatusOr<GrpcPort> StartPort(grpc::ServerBuilder& builder, const ServerOpt
   Counter& reclaimed = counters.reclaimed;
   guard.on_cut = [who, &cut](const std::string& peer, const absl::Status& why) {
     cut.Add();
-    std::fprintf(stderr, "server: %s: closed the connection of %s: %s\n", who.c_str(), peer.c_str(),
-                 std::string(why.message()).c_str());
+    log::Warning("server",
+                 absl::StrCat(who, ": closed the connection of ", peer, ": ", why.message()));
   };
   guard.on_reclaim = [&reclaimed] { reclaimed.Add(); };
   DELTASERVE_ASSIGN_OR_RETURN(out.guard,
@@ -621,12 +622,11 @@ void RaiseDescriptorLimit() {
   limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? kWanted : std::min(kWanted, limit.rlim_max);
   if (limit.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
   if (limit.rlim_cur < kWanted) {
-    std::fprintf(stderr,
-                 "server: warning: at most %llu open files (RLIMIT_NOFILE): each gRPC "
-                 "connection takes three, so fewer than 1024 per port can be served; raise the "
-                 "hard limit (ulimit -Hn) to %llu\n",
-                 static_cast<unsigned long long>(limit.rlim_cur),
-                 static_cast<unsigned long long>(kWanted));
+    log::Warning("server", absl::StrCat("at most ", limit.rlim_cur,
+                                        " open files (RLIMIT_NOFILE): each gRPC connection takes "
+                                        "three, so fewer than 1024 per port can be served; raise "
+                                        "the hard limit (ulimit -Hn) to ",
+                                        kWanted));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
 #include "runtime/serving/auth.h"
 
 namespace deltaserve {
@@ -59,16 +60,16 @@ absl::Status CheckServerCertificate(const ServerTls& tls) {
   const ASN1_TIME* not_before = X509_get0_notBefore(cert.get());
   const ASN1_TIME* not_after = X509_get0_notAfter(cert.get());
   if (X509_cmp_current_time(not_after) < 0) {
-    std::fprintf(stderr,
-                 "server: warning: the certificate in --tls-cert %s expired at %s (notAfter): "
-                 "clients and workers that verify it will refuse to connect\n",
-                 tls.cert_file.c_str(), TimeText(not_after).c_str());
+    log::Warning("server", absl::StrCat("the certificate in --tls-cert ", tls.cert_file,
+                                        " expired at ", TimeText(not_after),
+                                        " (notAfter): clients and workers that verify it will "
+                                        "refuse to connect"));
   } else if (X509_cmp_current_time(not_before) > 0) {
-    std::fprintf(stderr,
-                 "server: warning: the certificate in --tls-cert %s is not valid before %s "
-                 "(notBefore; it ends at %s): clients and workers that verify it will refuse to "
-                 "connect until then\n",
-                 tls.cert_file.c_str(), TimeText(not_before).c_str(), TimeText(not_after).c_str());
+    log::Warning("server", absl::StrCat("the certificate in --tls-cert ", tls.cert_file,
+                                        " is not valid before ", TimeText(not_before),
+                                        " (notBefore; it ends at ", TimeText(not_after),
+                                        "): clients and workers that verify it will refuse to "
+                                        "connect until then"));
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/tls_check.h"
 #include "runtime/serving/worker_codec.h"
@@ -254,7 +255,7 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   }
   if (!status.ok()) return status;
   if (left) {
-    std::fprintf(stderr, "deltaserve worker: detached from the coordinator\n");
+    log::Info("worker", "detached from the coordinator");
     return absl::OkStatus();
   }
   if (!finish.ok() && !told_to_stop) {

@@ -156,8 +156,7 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   EXPECT_LT(seconds, 10.0) << JobLog(job);
   EXPECT_EQ(FinalState(job), "CANCELLED");
   const std::string log = JobLog(job);
-  EXPECT_NE(log.find("deltaserve coordinator: Terminated, shutting down"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("coordinator: Terminated, shutting down"), std::string::npos) << log;
   EXPECT_NE(log.find("serve.sbatch: stopped"), std::string::npos) << log;
   // A replica step may end before the script has taken the signal; it is
   // not started again.
@@ -252,8 +251,7 @@ TEST_F(ServeSlurmTest, AnAttachedJobAddsReplicasAndASignalledScriptStopsCleanly)
       << Describe(JobProcesses());
   EXPECT_EQ(FinalState(job), "COMPLETED");
   const std::string log = JobLog(job);
-  EXPECT_NE(log.find("deltaserve coordinator: Terminated, shutting down"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("coordinator: Terminated, shutting down"), std::string::npos) << log;
   EXPECT_NE(log.find("worker 1 lost: its stream ended"), std::string::npos) << log;
   EXPECT_NE(log.find("serve.sbatch: stopped"), std::string::npos) << log;
 }

@@ -105,8 +105,8 @@ class CoordinatorTest : public ::testing::Test {
   RequestHandle Submit(const std::vector<int32_t>& prompt, int64_t max_tokens) {
     GenerateParams params;
     params.max_tokens = max_tokens;
-    auto handle =
-        coordinator_->SubmitGenerate("r" + std::to_string(next_++), prompt, params, std::nullopt);
+    auto handle = coordinator_->SubmitGenerate("r" + std::to_string(next_++), "", prompt, params,
+                                               std::nullopt);
     EXPECT_TRUE(handle.ok()) << handle.status();
     return *handle;
   }
@@ -518,7 +518,7 @@ int ThreadFailureChild(const Model& model) {
   params.max_tokens = 4;
   for (int i = 0; i < 4; ++i) {
     auto handle =
-        coordinator.SubmitGenerate("r" + std::to_string(i), {1, 2, 3}, params, std::nullopt);
+        coordinator.SubmitGenerate("r" + std::to_string(i), "", {1, 2, 3}, params, std::nullopt);
     if (!handle.ok()) return 17;
     std::optional<RequestOutcome> outcome;
     std::vector<TokenEvent> tokens;

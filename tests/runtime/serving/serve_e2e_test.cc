@@ -8,9 +8,11 @@
 #include <fstream>
 #include <mutex>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "kernels/scratch.h"
+#include "nlohmann/json.hpp"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
@@ -218,6 +220,80 @@ TEST(ServeStepLogTest, EachStepIsALineWithItsChunksDecodeRowsAndTimes) {
   EXPECT_EQ(fed, 1000);
   EXPECT_EQ(decode_rows, 4);  // the first token comes from the prompt's last chunk
   EXPECT_GE(steps, 1000 / 128 + 1 + 4);
+}
+
+// --log-format json: every line of the server's log is a JSON object with
+// its time, level and part, and each request ends with a line of its own
+// that says who sent it, its tokens, times, finish and worker. The default
+// text form leads each line with the same time and level.
+TEST(ServeLogTest, JsonLinesWithTimeLevelAndOneLinePerRequest) {
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --log-format json");
+  v1::GenerateRequest req = TokensRequest(testing::RandomTokens(20, 7), 6);
+  req.set_request_id("log\n\"me\"");
+  const Streamed out = GenerateAll(*server.stub, req);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  // Thousands of tokens and a deadline of half a second: it fails mid-way.
+  v1::GenerateRequest late_request = TokensRequest({1, 2, 3}, 4000);
+  late_request.set_request_id("too-late");
+  late_request.set_ignore_eos(true);
+  EXPECT_FALSE(GenerateAll(*server.stub, late_request, 0.5).status.ok());
+  server.process->Signal(SIGTERM);
+  ASSERT_EQ(server.process->Wait(std::chrono::seconds(60)), 0) << server.process->Log();
+
+  std::istringstream log(server.process->Log());
+  std::string line;
+  const std::regex time("^\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z$");
+  int lines = 0;
+  std::vector<nlohmann::json> ended;
+  while (std::getline(log, line)) {
+    SCOPED_TRACE(line);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object());
+    ++lines;
+    EXPECT_TRUE(std::regex_match(j.value("time", ""), time));
+    EXPECT_TRUE(j["level"] == "info" || j["level"] == "warning" || j["level"] == "error");
+    EXPECT_TRUE(j["component"].is_string());
+    EXPECT_TRUE(j["message"].is_string());
+    if (j["message"] == "request finished" || j["message"] == "request failed") ended.push_back(j);
+  }
+  EXPECT_GE(lines, 3);  // listening, shutting down, stopped, the requests
+  ASSERT_EQ(ended.size(), 2u) << server.process->Log();
+  const nlohmann::json& done = ended[0];
+  EXPECT_EQ(done["request"], "log\n\"me\"");
+  EXPECT_EQ(done["principal"], "");
+  EXPECT_EQ(done["kind"], "generate");
+  EXPECT_EQ(done["prompt_tokens"], 20);
+  EXPECT_EQ(done["generated_tokens"], 6);
+  EXPECT_EQ(done["finish_reason"], "length");
+  EXPECT_EQ(done["status"], "OK");
+  EXPECT_GE(done["worker"].get<int64_t>(), 1);
+  EXPECT_GT(done["time_to_first_token_s"].get<double>(), 0.0);
+  EXPECT_GE(done["total_s"].get<double>(), done["time_to_first_token_s"].get<double>());
+  const nlohmann::json& late = ended[1];
+  EXPECT_EQ(late["level"], "warning");
+  EXPECT_EQ(late["request"], "too-late");
+  EXPECT_EQ(late["finish_reason"], "error");
+  EXPECT_TRUE(late["status"] == "DEADLINE_EXCEEDED" || late["status"] == "CANCELLED");
+  EXPECT_LT(late["generated_tokens"].get<int64_t>(), 4000);
+
+  auto text = testing::StartServer("serve --model " + K3Tiny());
+  const std::regex any_line(
+      "\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z (info|warning|error) [a-z]+: .*");
+  const std::regex listening(
+      "\\S+ info serve: listening on port \\d+ port=\\d+ worker_port=-1 metrics_port=-1");
+  std::istringstream text_log(text.process->Log());
+  int listened = 0;
+  while (std::getline(text_log, line)) {
+    EXPECT_TRUE(std::regex_match(line, any_line)) << line;
+    listened += std::regex_match(line, listening);
+  }
+  EXPECT_EQ(listened, 1) << text.process->Log();
+  int code = 0;
+  const std::string bad =
+      Deltaserve("serve --model " + K3Tiny() + " --log-format yaml 2>&1", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(bad.find("--log-format: log format \"yaml\": use text or json"), std::string::npos)
+      << bad;
 }
 
 TEST(ServeErrorsTest, BadRequestsAreRefusedNamingTheFieldAndServingGoesOn) {
