@@ -20,6 +20,7 @@ packages=(
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(
     libgtest-dev             # DELTASERVE_TESTS
+    python3-pip python3-setuptools  # the Python client installed as a package (serve_e2e_test)
     clang-format             # the format_check test (tools/check_format.sh)
     clang libomp-dev libclang-rt-dev  # deploy/sanitize.sh: ASan + UBSan and libFuzzer
     # The slurm tests start a one-node cluster of their own (tests/slurm/); the

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A small Python client of the deltaserve Generation API.
 
 It shows how to call a `deltaserve serve` (or `deltaserve coordinator`) from
@@ -17,8 +17,11 @@ or with --progress.
   status    prints GetServerStatus
   health    calls grpc.health.v1.Health/Check and prints SERVING or NOT_SERVING
 
-    /usr/bin/python3 examples/python/deltaserve_client.py generate \\
+    python3 examples/python/deltaserve_client.py generate \\
         --server 127.0.0.1:50051 --tokens 1,2,3,4,5 --max-tokens 20 --ids
+
+or, installed with `pip install ./examples/python`, as `deltaserve-client generate ...`.
+Any Python 3.8 or later with grpcio and protobuf >= 3.20 runs it.
 
 A secured server (docs/security.md) takes the same flags as `deltaserve
 client`: --tls-ca (and --tls-cert/--tls-key for mutual TLS) and --token-file
@@ -33,10 +36,12 @@ import os
 import re
 import sys
 
-import grpc
+try:
+    import grpc
+except ImportError:
+    sys.exit("deltaserve_client needs grpcio: `pip install grpcio protobuf` (or Debian's "
+             "python3-grpcio), or `pip install ./examples/python`, which brings both")
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_STUBS = os.path.join(REPO_ROOT, "build", "python")
 
 FINISH_NAMES = {1: "length", 2: "stop", 3: "context"}
 HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
@@ -266,8 +271,9 @@ def health(args, pb, pb_grpc):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description="A Python client of the deltaserve API.")
-    parser.add_argument("--stubs", default=DEFAULT_STUBS, metavar="DIR",
-                        help="directory holding deltaserve/v1/*_pb2.py (default: %(default)s)")
+    parser.add_argument("--stubs", metavar="DIR",
+                        help="directory holding deltaserve/v1/*_pb2.py (default: the package "
+                             "installed with this client, or the one beside this script)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name, help, timeout=None):
@@ -317,12 +323,13 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     args.token = bearer_token(args.token_file) if args.token_file else None
-    sys.path.insert(0, args.stubs)
+    if args.stubs:
+        sys.path.insert(0, args.stubs)
     try:
         from deltaserve.v1 import generation_pb2, generation_pb2_grpc
     except ImportError as e:
-        sys.exit("cannot import the deltaserve stubs from %s (build the project first): %s" %
-                 (args.stubs, e))
+        sys.exit("cannot import the deltaserve stubs from %s: %s" %
+                 (args.stubs or "the deltaserve.v1 package", e))
     run = {"generate": generate, "score": score, "info": info, "status": info,
            "health": health}[args.command]
     try:
@@ -335,5 +342,10 @@ def main(argv):
         return 130
 
 
-if __name__ == "__main__":
+def entry():
+    """The `deltaserve-client` command of the installed package."""
     sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    entry()

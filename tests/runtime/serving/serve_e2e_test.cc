@@ -664,5 +664,34 @@ TEST(ServeBenchTest, WarmUpRequestsAreSentAndNotCounted) {
   EXPECT_EQ(testing::Status(*server.stub).requests_finished(), 5);
 }
 
+// The Python client as a package: `pip install` of a copy of examples/python
+// (into a folder of its own, no index, Debian's grpcio), then its
+// `deltaserve-client` command, run away from the source tree, gives the
+// tokens `deltaserve client` gives.
+TEST(ServePythonPackageTest, InstalledClientGivesTheCppClientsTokens) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::TempDir("python_package");
+  fs::copy(std::string(DELTASERVE_SOURCE_DIR) + "/examples/python", dir + "/src",
+           fs::copy_options::recursive);
+  std::string out;
+  ASSERT_EQ(testing::RunCommand(std::string(testing::kSystemPython) +
+                                    " -m pip install -q --no-deps --no-build-isolation "
+                                    "--no-index --target " +
+                                    dir + "/site " + dir + "/src",
+                                &out),
+            0)
+      << out;
+  auto server = testing::StartServer("serve --model " + K3Tiny());
+  ASSERT_NE(server.stub, nullptr);
+  const std::string flags = " --server " + server.address + " --tokens 5,6,7 --max-tokens 6 --ids";
+  const std::string expected = FirstLine(Deltaserve("client generate" + flags + " 2>/dev/null"));
+  ASSERT_FALSE(expected.empty());
+  testing::RunCommand("cd " + dir + " && PYTHONPATH=" + dir + "/site " + testing::kSystemPython +
+                          " " + dir + "/site/bin/deltaserve-client generate" + flags +
+                          " 2>/dev/null",
+                      &out);
+  EXPECT_EQ(FirstLine(out), expected) << out;
+}
+
 }  // namespace
 }  // namespace deltaserve
