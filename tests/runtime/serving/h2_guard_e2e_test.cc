@@ -47,15 +47,6 @@ constexpr uint8_t kSettings = 0x4, kHeaders = 0x1, kPing = 0x6, kContinuation = 
 constexpr uint8_t kEndHeaders = 0x4;
 constexpr size_t kFramePayload = 16384;  // HTTP/2's initial SETTINGS_MAX_FRAME_SIZE
 
-int64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-
 std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
   const size_t n = payload.size();
   std::string frame = {static_cast<char>(n >> 16),
@@ -179,7 +170,7 @@ struct FloodResult {
 // `limit` bytes of header block or until the server closes the connection.
 FloodResult ContinuationFlood(int port, pid_t server, int64_t limit) {
   FloodResult r;
-  const int64_t baseline = RssBytes(server);
+  const int64_t baseline = testing::RssBytes(server);
   const auto start = std::chrono::steady_clock::now();
   {
     RawConnection c(port, std::chrono::seconds(5));
@@ -194,15 +185,15 @@ FloodResult ContinuationFlood(int port, pid_t server, int64_t limit) {
     while (open && r.sent_bytes < limit) {
       open = c.Send(burst);
       if (open) r.sent_bytes += 64 * static_cast<int64_t>(payload.size());
-      r.max_growth = std::max(r.max_growth, RssBytes(server) - baseline);
+      r.max_growth = std::max(r.max_growth, testing::RssBytes(server) - baseline);
     }
     r.closed = !open ? errno == EPIPE || errno == ECONNRESET : c.ReadUntilClosed();
-    r.max_growth = std::max(r.max_growth, RssBytes(server) - baseline);
+    r.max_growth = std::max(r.max_growth, testing::RssBytes(server) - baseline);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // What the server holds once the flooding connection has gone.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  r.growth_after = RssBytes(server) - baseline;
+  r.growth_after = testing::RssBytes(server) - baseline;
   return r;
 }
 
@@ -309,10 +300,10 @@ TEST(H2FloodTest, APingFloodIsCutOnBothPortsAndTheMemoryComesBack) {
   testing::Status(*coordinator.stub);  // gRPC's own first allocations, before the baseline
   const int worker_port = std::stoi(coordinator.worker_address.substr(10));
   for (const int port : {coordinator.port, worker_port}) {
-    const int64_t baseline = RssBytes(coordinator.process->pid());
+    const int64_t baseline = testing::RssBytes(coordinator.process->pid());
     const int closed = PingFlood(port, 3, 20000, 1000) + PingFlood(port, 2, 20000, 50);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    const int64_t growth = RssBytes(coordinator.process->pid()) - baseline;
+    const int64_t growth = testing::RssBytes(coordinator.process->pid()) - baseline;
     std::printf("port %d: 5 connections of 20,000 PINGs; %d closed; VmRSS +%lld KiB after\n", port,
                 closed, static_cast<long long>(growth >> 10));
     EXPECT_EQ(closed, 5) << "port " << port;
@@ -770,10 +761,10 @@ TEST(H2TlsTest, APingFloodOverTlsIsCutOnBothPortsAndTheMemoryComesBack) {
   const grpc::Status first = TimedCall(coordinator.address, c.alice, &ms, std::chrono::seconds(10));
   ASSERT_TRUE(first.ok()) << first.error_message() << coordinator.process->Log();
   for (const int port : c.ports) {
-    const int64_t baseline = RssBytes(coordinator.process->pid());
+    const int64_t baseline = testing::RssBytes(coordinator.process->pid());
     const int closed = TlsPingFlood(port, 3, 20000, 1000) + TlsPingFlood(port, 2, 20000, 50);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    const int64_t growth = RssBytes(coordinator.process->pid()) - baseline;
+    const int64_t growth = testing::RssBytes(coordinator.process->pid()) - baseline;
     std::printf("TLS port %d: 5 connections of 20,000 PINGs; %d closed; VmRSS +%lld KiB after\n",
                 port, closed, static_cast<long long>(growth >> 10));
     EXPECT_EQ(closed, 5) << "port " << port;

@@ -26,22 +26,6 @@ namespace {
 
 std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
 
-// The resident set of a process in bytes, from /proc/PID/status.
-int64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    std::string rest;
-    std::getline(in, rest);
-  }
-  return -1;
-}
-
 ::testing::AssertionResult Refused(const grpc::Status& status, grpc::StatusCode code,
                                    const std::string& part) {
   if (status.error_code() != code) {
@@ -61,7 +45,7 @@ TEST(LimitsTest, HostileSizesAreRefusedAndMemoryStaysBounded) {
   // Warm up: one request that runs, so the RSS baseline holds the model's
   // working set.
   ASSERT_TRUE(testing::GenerateAll(*server.stub, testing::TokensRequest({1, 2, 3}, 4)).status.ok());
-  const int64_t before = RssBytes(server.process->pid());
+  const int64_t before = testing::RssBytes(server.process->pid());
   ASSERT_GT(before, 0);
 
   // The context of k3-tiny is 1048576 tokens: at 32 bytes a token, text over
@@ -87,7 +71,7 @@ TEST(LimitsTest, HostileSizesAreRefusedAndMemoryStaysBounded) {
   }
   // About 600 MB of hostile requests went in; a server that kept or
   // tokenized them would hold several times that.
-  const int64_t after = RssBytes(server.process->pid());
+  const int64_t after = testing::RssBytes(server.process->pid());
   EXPECT_LT(after - before, int64_t{256} << 20) << before << " -> " << after;
   // And it still serves.
   EXPECT_TRUE(testing::GenerateAll(*server.stub, testing::TokensRequest({1, 2, 3}, 4)).status.ok());
@@ -151,7 +135,7 @@ TEST(LimitsTest, AWorkerHelloOverTheLimitsIsRefused) {
   auto layout = WorldLayout::Make(1, 1, 1);
   ASSERT_TRUE(layout.ok());
   const v1::WorkerHello good = MakeWorkerHello(*config, *layout, "limits test");
-  const int64_t before = RssBytes(coordinator.process->pid());
+  const int64_t before = testing::RssBytes(coordinator.process->pid());
 
   v1::WorkerHello huge = good;
   huge.set_config_json(std::string(kMaxConfigJsonBytes + 1, ' ') + good.config_json());
@@ -168,7 +152,7 @@ TEST(LimitsTest, AWorkerHelloOverTheLimitsIsRefused) {
   EXPECT_TRUE(Refused(AttachWith(coordinator.worker_address, deep),
                       grpc::StatusCode::INVALID_ARGUMENT,
                       "the worker's config.json: JSON nested deeper than the limit of 32"));
-  EXPECT_LT(RssBytes(coordinator.process->pid()) - before, int64_t{128} << 20);
+  EXPECT_LT(testing::RssBytes(coordinator.process->pid()) - before, int64_t{128} << 20);
 
   // A real worker attaches after them and serves.
   const std::string dir = testing::TempDir("limits_worker");
@@ -180,22 +164,6 @@ TEST(LimitsTest, AWorkerHelloOverTheLimitsIsRefused) {
       testing::GenerateAll(*coordinator.stub, testing::TokensRequest({1, 2, 3, 4}, 8), 120);
   EXPECT_TRUE(served.status.ok()) << served.status.error_message() << worker->Log();
   EXPECT_EQ(served.ids.size(), 8u);
-}
-
-// The peak resident memory of `pid` (VmHWM), in bytes.
-int64_t PeakRssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmHWM:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    std::string rest;
-    std::getline(in, rest);
-  }
-  return -1;
 }
 
 // A 190 MiB hello from a worker with the token is refused by the worker
@@ -211,11 +179,11 @@ TEST(LimitsTest, AHugeHelloIsRefusedBeforeItIsHeldWhole) {
   ASSERT_TRUE(config.ok()) << config.status();
   v1::WorkerHello huge = MakeWorkerHello(*config, *WorldLayout::Make(1, 1, 1), "limits test");
   huge.set_description(std::string(190 << 20, 'x'));
-  const int64_t before = PeakRssBytes(coordinator.process->pid());
+  const int64_t before = testing::PeakRssBytes(coordinator.process->pid());
   ASSERT_GT(before, 0);
   const grpc::Status status = AttachWith(coordinator.worker_address, huge);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
-  const int64_t grew = PeakRssBytes(coordinator.process->pid()) - before;
+  const int64_t grew = testing::PeakRssBytes(coordinator.process->pid()) - before;
   // Under AddressSanitizer each byte held also has an eighth of a byte of
   // shadow memory.
   const int64_t held =

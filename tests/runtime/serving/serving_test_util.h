@@ -36,6 +36,22 @@ struct ServerUnderTest {
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
+// A field of /proc/PID/status ("Threads"; "VmRSS", "VmHWM" in kB). A field
+// that is not there (the process has gone) fails the test and gives -1.
+inline int64_t ProcStatus(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
+  }
+  ADD_FAILURE() << "no " << field << " in /proc/" << pid << "/status";
+  return -1;
+}
+
+// The resident set of a process, and its peak, in bytes.
+inline int64_t RssBytes(pid_t pid) { return ProcStatus(pid, "VmRSS") * 1024; }
+inline int64_t PeakRssBytes(pid_t pid) { return ProcStatus(pid, "VmHWM") * 1024; }
+
 // Starts `build/bin/deltaserve <command_and_flags> --port 0 --port-file F`
 // (and --worker-port 0 for a coordinator) and waits until it listens.
 inline ServerUnderTest StartServer(const std::string& command_and_flags) {

@@ -38,17 +38,6 @@ std::unique_ptr<testing::ChildProcess> StartWorker(const std::string& address,
                                       log);
 }
 
-// A field of /proc/PID/status ("Threads", "VmRSS" in kB).
-int64_t ProcStatus(pid_t pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
-  }
-  ADD_FAILURE() << "no " << field << " in /proc/" << pid << "/status";
-  return -1;
-}
-
 int64_t Mappings(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
   std::string line;
@@ -99,18 +88,18 @@ TEST(WorkerLossTest, AttachDetachCyclesLeaveThreadsMappingsAndMemoryFlat) {
   };
   // Warm up: gRPC's thread pool and allocator arenas reach their size.
   for (int i = 0; i < 100; ++i) ASSERT_NO_FATAL_FAILURE(cycle());
-  const int64_t threads = ProcStatus(pid, "Threads");
+  const int64_t threads = testing::ProcStatus(pid, "Threads");
   const int64_t maps = Mappings(pid);
-  const int64_t rss_kb = ProcStatus(pid, "VmRSS");
+  const int64_t rss_kb = testing::ProcStatus(pid, "VmRSS");
   for (int i = 0; i < 1000; ++i) ASSERT_NO_FATAL_FAILURE(cycle());
   EXPECT_TRUE(testing::WaitForStatus(
       *coordinator.stub, [](const v1::ServerStatus& s) { return s.workers() == 0; },
       std::chrono::seconds(10)));
   // A scheduler thread left behind per attach would add 1000 threads and
   // 2000 mappings (stack and guard page); gRPC's pool may move by a few.
-  EXPECT_LE(ProcStatus(pid, "Threads"), threads + 4);
+  EXPECT_LE(testing::ProcStatus(pid, "Threads"), threads + 4);
   EXPECT_LE(Mappings(pid), maps + 16);
-  EXPECT_LE(ProcStatus(pid, "VmRSS"), rss_kb + 8 * 1024);
+  EXPECT_LE(testing::ProcStatus(pid, "VmRSS"), rss_kb + 8 * 1024);
   // Each cycle attached and was joined: the coordinator still serves.
   const std::string log = coordinator.process->Log();
   EXPECT_NE(log.find("worker 1100 attached"), std::string::npos);
