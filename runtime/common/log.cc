@@ -5,12 +5,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <ctime>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 
 namespace deltaserve::log {
 namespace {
@@ -41,94 +41,25 @@ std::string Now() {
   return absl::StrFormat("%s.%03dZ", text, static_cast<int>(ms));
 }
 
-// The length of the UTF-8 sequence at s[i], or 0 when it is not one
-// (overlong, surrogate, beyond U+10FFFF, cut short).
-size_t Utf8Length(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  size_t n = 0;
-  uint32_t cp = 0;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2, cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3, cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4, cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (b(i + k) & 0x3f);
-  }
-  if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
-      (cp >= 0xd800 && cp <= 0xdfff)) {
-    return 0;
-  }
-  return n;
+using Json = nlohmann::ordered_json;
+
+Json ValueOf(const Field& f) {
+  return std::visit([](const auto& v) { return Json(v); }, f.value);
 }
 
-// `s` as the inside of a JSON string: quotes, backslashes and control
-// characters escaped, what is not UTF-8 replaced by U+FFFD.
-void AppendEscaped(std::string& out, std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c == '\n') {
-      out += "\\n", ++i;
-    } else if (c == '\t') {
-      out += "\\t", ++i;
-    } else if (c == '\r') {
-      out += "\\r", ++i;
-    } else if (c < 0x20 || c == 0x7f) {
-      out += absl::StrFormat("\\u%04x", c), ++i;
-    } else if (const size_t n = Utf8Length(s, i); n > 0) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\xef\xbf\xbd";  // U+FFFD
-      ++i;
-    }
-  }
-}
+// As batch writes its records: control characters escaped, what is not
+// UTF-8 replaced by U+FFFD, NaN and infinities as null.
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-void AppendQuoted(std::string& out, std::string_view s) {
-  out += '"';
-  AppendEscaped(out, s);
-  out += '"';
-}
-
-// A string field's text form: as is when it is one plain word.
-void AppendTextValue(std::string& out, std::string_view s) {
-  bool plain = !s.empty();
+// A string field's text form: as is when it is one plain word, else quoted
+// as in JSON.
+bool Plain(std::string_view s) {
+  if (s.empty()) return false;
   for (const char c : s) {
     const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u == 0x7f || c == '"' || c == '\\' || c == '=' || u >= 0x80) plain = false;
+    if (u <= 0x20 || u == 0x7f || c == '"' || c == '\\' || c == '=' || u >= 0x80) return false;
   }
-  if (plain) {
-    out.append(s);
-  } else {
-    AppendQuoted(out, s);
-  }
-}
-
-void AppendNumber(std::string& out, const std::variant<std::string, int64_t, double>& v) {
-  if (const auto* i = std::get_if<int64_t>(&v)) {
-    absl::StrAppend(&out, *i);
-  } else {
-    const double d = std::get<double>(v);
-    // JSON has no NaN or infinity: such a value is written as null.
-    if (std::isfinite(d)) {
-      absl::StrAppend(&out, absl::StrFormat("%.6g", d));
-    } else {
-      out += "null";
-    }
-  }
+  return true;
 }
 
 }  // namespace
@@ -144,46 +75,21 @@ void SetFormat(Format format) { g_format.store(format, std::memory_order_relaxed
 
 std::string FormatLine(Level level, std::string_view component, std::string_view message,
                        std::initializer_list<Field> fields) {
-  std::string line;
-  line.reserve(128 + message.size());
   if (g_format.load(std::memory_order_relaxed) == Format::kJson) {
-    line += "{\"time\":\"" + Now() + "\",\"level\":\"" + LevelName(level) + "\",\"component\":";
-    AppendQuoted(line, component);
-    line += ",\"message\":";
-    AppendQuoted(line, message);
-    for (const Field& f : fields) {
-      line += ',';
-      AppendQuoted(line, f.key);
-      line += ':';
-      if (const auto* s = std::get_if<std::string>(&f.value)) {
-        AppendQuoted(line, *s);
-      } else {
-        AppendNumber(line, f.value);
-      }
-    }
-    line += '}';
-    return line;
+    Json line = {{"time", Now()},
+                 {"level", LevelName(level)},
+                 {"component", std::string(component)},
+                 {"message", std::string(message)}};
+    for (const Field& f : fields) line[std::string(f.key)] = ValueOf(f);
+    return Dump(line);
   }
-  line += Now();
-  line += ' ';
-  line += LevelName(level);
-  line += ' ';
+  std::string line = absl::StrCat(Now(), " ", LevelName(level), " ", std::string(component), ": ");
   // The message as it is, but for what would break the line.
-  line.append(component);
-  line += ": ";
-  for (size_t i = 0; i < message.size(); ++i) {
-    const char c = message[i];
-    line += (c == '\n' || c == '\r') ? ' ' : c;
-  }
+  for (const char c : message) line += (c == '\n' || c == '\r') ? ' ' : c;
   for (const Field& f : fields) {
-    line += ' ';
-    line.append(f.key);
-    line += '=';
-    if (const auto* s = std::get_if<std::string>(&f.value)) {
-      AppendTextValue(line, *s);
-    } else {
-      AppendNumber(line, f.value);
-    }
+    absl::StrAppend(&line, " ", std::string(f.key), "=");
+    const auto* s = std::get_if<std::string>(&f.value);
+    line += s != nullptr && Plain(*s) ? *s : Dump(ValueOf(f));
   }
   return line;
 }

@@ -9,8 +9,8 @@
 //          "message":"worker 1 attached: ...","key":"value",...}
 //
 // Field values are strings or numbers; in text a string field with spaces,
-// quotes or control characters is quoted and escaped. Bytes that are not
-// UTF-8 are replaced (U+FFFD), so a JSON line always parses.
+// quotes or control characters is quoted and escaped as in JSON. Bytes that
+// are not UTF-8 are replaced (U+FFFD), so a JSON line always parses.
 #pragma once
 
 #include <cstdint>
