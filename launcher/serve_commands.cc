@@ -236,16 +236,17 @@ absl::StatusOr<double> DrainTimeout(const Flags& flags) {
   return s;
 }
 
-// `worker_port`: the coordinator's; serve has its worker in-process.
 // --log-format: how every log line after it is written (runtime/common/log.h).
 absl::Status SetLogFormat(const Flags& flags) {
   absl::StatusOr<log::Format> format = log::ParseFormat(flags.GetString("log-format", "text"));
-  if (!format.ok())
+  if (!format.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--log-format: ", format.status().message()));
+  }
   log::SetFormat(*format);
   return absl::OkStatus();
 }
 
+// `worker_port`: the coordinator's; serve has its worker in-process.
 absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_port) {
   ServerOptions o;
   DELTASERVE_ASSIGN_OR_RETURN(o.model_dir, flags.Required("model"));
@@ -355,27 +356,26 @@ absl::Status Announce(const Flags& flags, const Server& server, const std::strin
 // by itself. Returns the files written.
 absl::StatusOr<std::vector<std::string>> WriteWorkerToken(const Flags& flags, const Server& server,
                                                           const std::string& token) {
+  struct Place {
+    std::string path;
+    bool make_dir;  // the default path's folder may not exist yet
+  };
+  std::vector<Place> places;
   std::vector<std::string> written;
   std::vector<std::string> failed;
   if (flags.Has("port-file")) {
-    const std::string path = flags.GetString("port-file") + ".worker-token";
-    absl::Status s = WriteWorkerTokenFile(path, token, /*make_dir=*/false);
-    if (s.ok()) {
-      written.push_back(path);
+    places.push_back({flags.GetString("port-file") + ".worker-token", false});
+  }
+  const std::string default_path = DefaultWorkerTokenPath(server.worker_port());
+  if (!default_path.empty()) places.push_back({default_path, true});
+  for (const Place& place : places) {
+    if (absl::Status s = WriteWorkerTokenFile(place.path, token, place.make_dir); s.ok()) {
+      written.push_back(place.path);
     } else {
       failed.emplace_back(s.message());
     }
   }
-  if (const std::string path = DefaultWorkerTokenPath(server.worker_port()); !path.empty()) {
-    absl::Status s = WriteWorkerTokenFile(path, token, /*make_dir=*/true);
-    if (s.ok()) {
-      written.push_back(path);
-    } else {
-      failed.emplace_back(s.message());
-    }
-  } else {
-    failed.emplace_back("neither XDG_RUNTIME_DIR nor HOME is set");
-  }
+  if (default_path.empty()) failed.emplace_back("neither XDG_RUNTIME_DIR nor HOME is set");
   for (const std::string& f : failed) {
     log::Warning("coordinator", absl::StrCat("worker token not written: ", f));
   }
