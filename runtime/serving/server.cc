@@ -25,6 +25,7 @@
 #include "runtime/serving/grpc_status.h"
 #include "runtime/serving/h2_guard.h"
 #include "runtime/serving/http_server.h"
+#include "runtime/serving/reflection.h"
 #include "runtime/serving/request_validation.h"
 #include "runtime/serving/tls_check.h"
 #include "runtime/serving/worker_codec.h"
@@ -422,7 +423,7 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
   const Authenticator& auth_;
 };
 
-// Keeps the globally registered plugins (server reflection) off a builder:
+// Keeps the globally registered plugins (v1alpha server reflection) off a builder:
 // the worker port serves WorkerLink alone.
 class NoPlugins final : public grpc::ServerBuilderOption {
  public:
@@ -709,6 +710,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());
+  builder.SetOption(ReflectionV1Option());
   DELTASERVE_ASSIGN_OR_RETURN(
       impl->client, StartPort(builder, options, options.port, client_tls, "the client port",
                               counters, *impl->client_auth));

@@ -288,8 +288,14 @@ TEST_F(SecurityTest, TokensGuardBothPortsAndEachPortServesOnlyItsOwnServices) {
   auto on_worker_port = Client(coordinator.worker_address, Token("alice"));
   EXPECT_EQ(StatusCall(*on_worker_port).error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(Generate(*on_worker_port, 4).status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_NE(testing::Probe("health " + coordinator.worker_address).find("UNIMPLEMENTED"),
-            std::string::npos);
+  const std::pair<std::string, std::string> probes[] = {{"health", ""},
+                                                        {"services", "v1alpha"},
+                                                        {"services", "v1"},
+                                                        {"files", "v1 deltaserve.v1.Generation"}};
+  for (const auto& [command, rest] : probes) {
+    const std::string args = command + " " + coordinator.worker_address + " " + rest;
+    EXPECT_NE(testing::Probe(args).find("UNIMPLEMENTED"), std::string::npos) << args;
+  }
 
   // A worker with the token attaches and serves.
   auto worker = StartWorker(coordinator.worker_address, "--worker-token-file " + File("workers"),

@@ -447,9 +447,26 @@ TEST(ServeApiTest, HealthReflectionModelInfoAndStopStrings) {
       std::chrono::seconds(10)));
   EXPECT_EQ(testing::Probe("health " + server.address), "SERVING\n");
   EXPECT_EQ(testing::Probe("health " + server.address + " deltaserve.v1.Generation"), "SERVING\n");
+  // Reflection in both versions: the same services; a file by name or by a
+  // symbol it defines, then the files it imports, each sent once a stream;
+  // or why there is none.
   const std::string services = testing::Probe("services " + server.address);
-  EXPECT_NE(services.find("deltaserve.v1.Generation"), std::string::npos) << services;
-  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos);
+  EXPECT_EQ(services,
+            "deltaserve.v1.Generation\ngrpc.reflection.v1alpha.ServerReflection\n"
+            "grpc.reflection.v1.ServerReflection\ngrpc.health.v1.Health\n");
+  EXPECT_EQ(testing::Probe("services " + server.address + " v1"), services);
+  EXPECT_EQ(testing::Probe("files " + server.address +
+                           " v1 deltaserve.v1.Generation.Generate deltaserve.v1.GenerateRequest "
+                           "no.such.Thing google/protobuf/type.proto google/protobuf/any.proto "
+                           "no/such.proto"),
+            "file deltaserve/v1/generation.proto package deltaserve.v1\n--\n--\n"
+            "error 5 no symbol no.such.Thing\n--\n"
+            "file google/protobuf/type.proto package google.protobuf\n"
+            "file google/protobuf/any.proto package google.protobuf\n"
+            "file google/protobuf/source_context.proto package google.protobuf\n--\n--\n"
+            "error 5 no file no/such.proto\n--\n");
+  EXPECT_EQ(testing::Probe("files " + server.address + " v1alpha deltaserve.v1.GenerateRequest"),
+            "file deltaserve/v1/generation.proto package deltaserve.v1\n--\n");
 
   grpc::ClientContext context;
   v1::ModelInfo info;
