@@ -76,18 +76,15 @@ absl::Status PrintReply(const google::protobuf::Message& message, bool json) {
   return absl::OkStatus();
 }
 
-// --prompt TEXT, --tokens 1,2,3 or --tokens-file F into the request's oneof.
+// The prompt flags (PromptFlag) into the request's oneof.
 template <typename Req>
 absl::Status SetInput(const Flags& flags, Req* req) {
-  if (flags.Has("prompt") + flags.Has("tokens") + flags.Has("tokens-file") != 1) {
-    return absl::InvalidArgumentError("give exactly one of --prompt, --tokens, --tokens-file");
+  DELTASERVE_ASSIGN_OR_RETURN(PromptInput input, PromptFlag(flags));
+  if (input.is_text) {
+    req->set_text(std::move(input.text));
+  } else {
+    req->mutable_tokens()->mutable_ids()->Add(input.ids.begin(), input.ids.end());
   }
-  if (flags.Has("prompt")) {
-    req->set_text(flags.GetString("prompt"));
-    return absl::OkStatus();
-  }
-  DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIdsFlag(flags));
-  req->mutable_tokens()->mutable_ids()->Add(ids.begin(), ids.end());
   return absl::OkStatus();
 }
 
@@ -122,30 +119,29 @@ const CommandSpec& ClientGenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client generate",
       .summary = "stream a generation from a server",
-      .usage = "[--server HOST:PORT] (--prompt TEXT | --tokens IDS | --tokens-file F) [flags]",
+      .usage = absl::StrCat("[--server HOST:PORT] ", kPromptUsage, " [flags]"),
       .flags = Concat(
-          {
-              kServerFlag,
-              {"prompt", "TEXT", "the prompt, encoded by the server's tokenizer"},
-              {"tokens", "IDS", "the prompt as token ids: 1,2,3"},
-              {"tokens-file", "F", "the prompt's token ids from a file (commas and/or spaces)"},
-              {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
-              {"temperature", "T", "0 is greedy", "0"},
-              {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
-              {"top-p", "P", "sample within probability mass P, in (0, 1]", "1"},
-              {"seed", "S", "the same seed gives the same tokens", "0"},
-              {"stop", "STR", "a stop string (not part of the output)"},
-              {"stop-token-ids", "IDS", "token ids that end generation (part of the output)"},
-              {"request-id", "ID", "the request's id for Abort and logs"},
-              kTimeoutFlag,
-              {"top-logprobs", "N",
-               "print each token's log-prob and its N most likely alternatives to stderr (0..20)",
-               "0"},
-              {"ids", "", "print token ids instead of text"},
-              {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
-              kProgressFlag,
-          },
-          ChannelSecurityFlags("token-file")),
+          Concat({kServerFlag}, PromptFlags("the prompt")),
+          Concat(
+              {
+                  {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
+                  {"temperature", "T", "0 is greedy", "0"},
+                  {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
+                  {"top-p", "P", "sample within probability mass P, in (0, 1]", "1"},
+                  {"seed", "S", "the same seed gives the same tokens", "0"},
+                  {"stop", "STR", "a stop string (not part of the output)"},
+                  {"stop-token-ids", "IDS", "token ids that end generation (part of the output)"},
+                  {"request-id", "ID", "the request's id for Abort and logs"},
+                  kTimeoutFlag,
+                  {"top-logprobs", "N",
+                   "print each token's log-prob and its N most likely alternatives to stderr "
+                   "(0..20)",
+                   "0"},
+                  {"ids", "", "print token ids instead of text"},
+                  {"ignore-eos", "", "do not stop at the tokenizer's end tokens"},
+                  kProgressFlag,
+              },
+              ChannelSecurityFlags("token-file"))),
       .examples =
           {"deltaserve client generate --server 127.0.0.1:50051 --prompt hello --max-tokens 32"},
   };
@@ -156,19 +152,14 @@ const CommandSpec& ClientScoreSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client score",
       .summary = "per-token log-probs of a text or token sequence, one line per token",
-      .usage =
-          "[--server HOST:PORT] (--prompt TEXT | --tokens IDS | --tokens-file F) [--timeout S] "
-          "[--progress]",
-      .flags = Concat(
-          {
-              kServerFlag,
-              {"prompt", "TEXT", "the text to score"},
-              {"tokens", "IDS", "the token ids to score: 1,2,3"},
-              {"tokens-file", "F", "the token ids to score from a file (commas and/or spaces)"},
-              kTimeoutFlag,
-              kProgressFlag,
-          },
-          ChannelSecurityFlags("token-file")),
+      .usage = absl::StrCat("[--server HOST:PORT] ", kPromptUsage, " [--timeout S] [--progress]"),
+      .flags = Concat(Concat({kServerFlag}, PromptFlags("the document to score")),
+                      Concat(
+                          {
+                              kTimeoutFlag,
+                              kProgressFlag,
+                          },
+                          ChannelSecurityFlags("token-file"))),
       .examples = {"deltaserve client score --server 127.0.0.1:50051 --tokens 1,2,3,4"},
   };
   return *spec;

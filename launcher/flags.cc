@@ -263,11 +263,48 @@ absl::StatusOr<std::vector<int32_t>> ParseTokenList(const std::string& text,
   return tokens;
 }
 
+namespace {
+constexpr int64_t kMaxInputFileBytes = int64_t{64} << 20;
+}  // namespace
+
 absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags) {
   if (!flags.Has("tokens-file")) return ParseTokenList(flags.GetString("tokens"), "--tokens");
   const std::string path = flags.GetString("tokens-file");
-  DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, int64_t{64} << 20));
+  DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxInputFileBytes));
   return ParseTokenList(text, path);
+}
+
+absl::StatusOr<PromptInput> PromptFlag(const Flags& flags) {
+  const int given = flags.Has("prompt") + flags.Has("prompt-file") + flags.Has("tokens") +
+                    flags.Has("tokens-file");
+  if (given != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt, --prompt-file, --tokens, --tokens-file");
+  }
+  PromptInput input;
+  if (flags.Has("tokens") || flags.Has("tokens-file")) {
+    DELTASERVE_ASSIGN_OR_RETURN(input.ids, TokenIdsFlag(flags));
+    return input;
+  }
+  input.is_text = true;
+  if (flags.Has("prompt")) {
+    input.text = flags.GetString("prompt");
+    if (input.text.empty()) return absl::InvalidArgumentError("--prompt is empty");
+    return input;
+  }
+  const std::string path = flags.GetString("prompt-file");
+  DELTASERVE_ASSIGN_OR_RETURN(input.text, ReadRegularFile(path, kMaxInputFileBytes));
+  if (input.text.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": is empty"));
+  return input;
+}
+
+std::vector<FlagSpec> PromptFlags(const std::string& what) {
+  return {
+      {"prompt", "TEXT", absl::StrCat(what, ", as text (encoded by the model's tokenizer)")},
+      {"prompt-file", "F", absl::StrCat(what, ", as text from a file (UTF-8, up to 64 MiB)")},
+      {"tokens", "IDS", absl::StrCat(what, ", as token ids: 1,2,3 (commas and/or spaces)")},
+      {"tokens-file", "F", absl::StrCat(what, ", as token ids from a file")},
+  };
 }
 
 }  // namespace deltaserve

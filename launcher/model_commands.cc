@@ -27,22 +27,18 @@
 namespace deltaserve {
 namespace {
 
-// The prompt's token ids: given, or --prompt encoded by the model's tokenizer
-// (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes).
+// The prompt's token ids: given, or its text encoded by the model's
+// tokenizer (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const ModelConfig& config) {
-  const bool has_prompt = flags.Has("prompt"), has_tokens = flags.Has("tokens");
-  const bool has_file = flags.Has("tokens-file");
-  if (has_prompt + has_tokens + has_file != 1) {
-    return absl::InvalidArgumentError("give exactly one of --prompt, --tokens, --tokens-file");
-  }
-  if (has_tokens || has_file) return TokenIdsFlag(flags);
-  const std::string prompt = flags.GetString("prompt");
-  if (prompt.empty()) return absl::InvalidArgumentError("--prompt is empty");
+  DELTASERVE_ASSIGN_OR_RETURN(PromptInput input, PromptFlag(flags));
+  if (!input.is_text) return std::move(input.ids);
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                               LoadTokenizer(flags.GetString("model"), config.vocab_size));
-  auto tokens = tokenizer->Encode(prompt);
+  auto tokens = tokenizer->Encode(input.text);
   if (!tokens.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--prompt: ", tokens.status().message()));
+    const std::string source =
+        flags.Has("prompt") ? "--prompt" : "--prompt-file " + flags.GetString("prompt-file");
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", tokens.status().message()));
   }
   return *tokens;
 }
@@ -129,13 +125,10 @@ const CommandSpec& GenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "generate",
       .summary = "stream a generation to stdout; timings to stderr",
-      .usage = "--model DIR (--prompt TEXT | --tokens IDS | --tokens-file F) [flags]",
+      .usage = absl::StrCat("--model DIR ", kPromptUsage, " [flags]"),
       .flags = Concat(
-          DeploymentFlags(),
+          Concat(DeploymentFlags(), PromptFlags("the prompt")),
           {
-              {"prompt", "TEXT", "the prompt, encoded by the model's tokenizer"},
-              {"tokens", "IDS", "the prompt as token ids: 1,2,3 (commas and/or spaces)"},
-              {"tokens-file", "F", "the prompt's token ids from a file"},
               {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
               {"temperature", "T", "0 is greedy", "0"},
               {"top-k", "K", "sample among the K most likely tokens (0: all)", "0"},
@@ -288,14 +281,11 @@ const CommandSpec& ScoreSpec() {
       .name = "score",
       .summary =
           "per-token log-probs, or the logits of every prompt position, to a safetensors file",
-      .usage =
-          "--model DIR (--tokens IDS | --tokens-file F) (--logprobs-out F | --logits-out F) "
-          "[flags]",
+      .usage = absl::StrCat("--model DIR ", kPromptUsage,
+                            " (--logprobs-out F | --logits-out F) [flags]"),
       .flags =
-          Concat(DeploymentFlags(),
+          Concat(Concat(DeploymentFlags(), PromptFlags("the document to score")),
                  {
-                     {"tokens", "IDS", "the tokens to score: 1,2,3 (commas and/or spaces)"},
-                     {"tokens-file", "F", "the tokens from a file"},
                      {"logprobs-out", "FILE",
                       "writes `logprobs` [T-1] F32 (log p(token i+1 | tokens 0..i)), `tokens` "
                       "[T] I64, and with --top-k `top_ids` [T-1, K] I32 and `top_logprobs` "

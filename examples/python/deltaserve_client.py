@@ -50,6 +50,8 @@ HEALTH_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOW
 def token_list(text):
     """Parses `--tokens 1,2,3` (or "1 2 3", or both mixed) into [1, 2, 3], as deltaserve does."""
     items = [t for t in re.split(r"[,\s]+", text) if t]
+    if not items:
+        raise argparse.ArgumentTypeError("no token ids")
     try:
         return [int(t) for t in items]
     except ValueError:
@@ -69,13 +71,16 @@ def max_tokens(text):
     return n
 
 
-def read_file(path, what, secret=False):
+def read_file(path, what, secret=False, limit=1 << 20):
     try:
         if secret and os.stat(path).st_mode & 0o077:
             sys.exit("%s %s: group or others may read it; it holds a secret: chmod 600 %s" %
                      (what, path, path))
         with open(path, "rb") as f:
-            return f.read(1 << 20)
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            sys.exit("%s %s: larger than %d bytes" % (what, path, limit))
+        return data
     except OSError as e:
         sys.exit("%s %s: %s" % (what, path, e.strerror))
 
@@ -112,12 +117,32 @@ def metadata(args):
     return [("authorization", "Bearer " + args.token)] if args.token else []
 
 
+MAX_INPUT_FILE_BYTES = 64 << 20  # as deltaserve's --prompt-file and --tokens-file
+
+
 def set_input(request, args):
-    """Fills the request's prompt/input oneof from --prompt or --tokens."""
-    if args.prompt is not None:
-        request.text = args.prompt
-    else:
+    """Fills the request's prompt/input oneof from --prompt, --prompt-file, --tokens or
+    --tokens-file, as deltaserve client does."""
+    if args.prompt is not None or args.prompt_file is not None:
+        text = args.prompt
+        if text is None:
+            data = read_file(args.prompt_file, "--prompt-file", limit=MAX_INPUT_FILE_BYTES)
+            try:
+                text = data.decode()
+            except UnicodeDecodeError as e:
+                sys.exit("--prompt-file %s: not UTF-8 (byte %d)" % (args.prompt_file, e.start))
+        if not text:
+            sys.exit("%s is empty" % ("--prompt" if args.prompt is not None else
+                                      "--prompt-file " + args.prompt_file))
+        request.text = text
+    elif args.tokens is not None:
         request.tokens.ids.extend(args.tokens)
+    else:
+        data = read_file(args.tokens_file, "--tokens-file", limit=MAX_INPUT_FILE_BYTES)
+        try:
+            request.tokens.ids.extend(token_list(data.decode()))
+        except (UnicodeDecodeError, argparse.ArgumentTypeError) as e:
+            sys.exit("--tokens-file %s: %s" % (args.tokens_file, e))
 
 
 def show_progress(args, progress):
@@ -295,8 +320,12 @@ def parse_args(argv):
     def with_input(sub):
         group = sub.add_mutually_exclusive_group(required=True)
         group.add_argument("--prompt", metavar="TEXT", help="tokenized by the server")
+        group.add_argument("--prompt-file", metavar="F",
+                           help="the prompt's text from a file (UTF-8, up to 64 MiB)")
         group.add_argument("--tokens", type=token_list, metavar="1,2,3",
                            help="token ids, separated by commas or spaces")
+        group.add_argument("--tokens-file", metavar="F",
+                           help="token ids from a file, separated by commas or spaces")
         sub.add_argument("--progress", action="store_true",
                          help="print the prefill's progress to stderr even when it is not a "
                               "terminal")

@@ -323,6 +323,42 @@ TEST(CliTest, BadInputGivesClearErrors) {
       std::string::npos);
 }
 
+// --prompt-file is --prompt from a file, for generate and score alike; the
+// four prompt flags are one choice, and an empty or missing file is named.
+TEST(CliTest, PromptFileIsThePromptsText) {
+  const std::string golden = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("prompt_file");
+  const std::string text = "a \"quoted\" prompt, with commas, 1 2 3";
+  std::ofstream(dir + "/prompt.txt") << text;
+  const auto run = [](const std::string& args) {
+    std::string output;
+    EXPECT_EQ(testing::RunCommand(Deltaserve() + " " + args + " 2>/dev/null", &output), 0)
+        << args << ": " << output;
+    return output;
+  };
+  const std::string generate = "generate --model " + golden + " --ids --max-tokens 6 ";
+  EXPECT_EQ(run(generate + "--prompt-file " + dir + "/prompt.txt"),
+            run(generate + "--prompt '" + text + "'"));
+  const std::string score = "score --model " + golden + " --top-k 3 ";
+  run(score + "--prompt-file " + dir + "/prompt.txt --logprobs-out " + dir + "/a.safetensors");
+  run(score + "--prompt '" + text + "' --logprobs-out " + dir + "/b.safetensors");
+  EXPECT_EQ(ReadText(dir + "/a.safetensors"), ReadText(dir + "/b.safetensors"));
+  EXPECT_GT(ReadText(dir + "/a.safetensors").size(), text.size() * 4);
+
+  std::ofstream(dir + "/empty.txt").flush();
+  EXPECT_NE(ExpectFailure(generate + "--prompt-file " + dir + "/empty.txt")
+                .find(dir + "/empty.txt: is empty"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure(generate + "--prompt-file " + dir + "/none.txt").find(dir + "/none.txt"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure(generate + "--prompt x --prompt-file " + dir + "/prompt.txt")
+                .find("give exactly one of --prompt, --prompt-file, --tokens, --tokens-file"),
+            std::string::npos);
+  EXPECT_NE(ExpectFailure(score + "--logprobs-out " + dir + "/c.safetensors")
+                .find("give exactly one of --prompt, --prompt-file, --tokens, --tokens-file"),
+            std::string::npos);
+}
+
 // The server's output files: --step-log and --port-file refuse a FIFO (which
 // an ofstream would block on, waiting for a reader) and a symbolic link
 // (which it would write through), naming the path and what it is, and leave

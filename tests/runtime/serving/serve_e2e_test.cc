@@ -93,6 +93,12 @@ TEST_P(ServeTest, GreedyGenerateEqualsTheGenerateCommandFromEveryClient) {
                             " 2>/dev/null",
                         &output);
     EXPECT_EQ(FirstLine(output), expected) << sampling;
+    testing::RunCommand(std::string(testing::kSystemPython) + " " + DELTASERVE_SOURCE_DIR +
+                            "/examples/python/deltaserve_client.py --stubs " +
+                            DELTASERVE_PYTHON_DIR + " generate --server " + server.address +
+                            " --tokens-file " + file + rest + " 2>/dev/null",
+                        &output);
+    EXPECT_EQ(FirstLine(output), expected) << sampling;
   }
 }
 
@@ -488,6 +494,18 @@ TEST(ServeApiTest, HealthReflectionModelInfoAndStopStrings) {
   const Streamed full = GenerateAll(*server.stub, req);
   ASSERT_TRUE(full.status.ok());
   ASSERT_EQ(full.ids.size(), 40u);
+  // The same prompt from a file, through both clients.
+  const std::string prompt_file = testing::TempDir("prompt_file") + "/prompt.txt";
+  std::ofstream(prompt_file) << "Hello, world";
+  const std::string from_file = " generate --server " + server.address + " --prompt-file " +
+                                prompt_file + " --max-tokens 40 --ids 2>/dev/null";
+  EXPECT_EQ(FirstLine(Deltaserve("client" + from_file)), absl::StrJoin(full.ids, " "));
+  std::string python;
+  testing::RunCommand(std::string(testing::kSystemPython) + " " + DELTASERVE_SOURCE_DIR +
+                          "/examples/python/deltaserve_client.py --stubs " + DELTASERVE_PYTHON_DIR +
+                          from_file,
+                      &python);
+  EXPECT_EQ(FirstLine(python), absl::StrJoin(full.ids, " "));
   auto printable = std::find_if(full.ids.begin() + 5, full.ids.end(),
                                 [](int32_t id) { return id >= 0x20 && id < 0x7f; });
   ASSERT_NE(printable, full.ids.end());
