@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/threads.h"
 #include "launcher/channel_flags.h"
 #include "launcher/commands.h"
 #include "launcher/deployment.h"
@@ -558,8 +559,10 @@ absl::Status RunWorkerCommand(const Args& args) {
   Communicator& world = *deployment.comms.control;
   Replica& replica = *deployment.replica;
   WorkerOptions options;
-  options.description = absl::StrCat(deployment.description, " of ", world.size(), " ranks (pp ",
-                                     deployment.layout.pp, ", tp ", deployment.layout.tp, ")");
+  options.description = absl::StrCat(
+      deployment.description, " of ", world.size(), " ranks (pp ", deployment.layout.pp, ", tp ",
+      deployment.layout.tp, "), ", kernels::NumThreads(),
+      kernels::NumThreads() == 1 ? " thread" : " threads", " a rank");
   options.connect_timeout_s = connect_timeout;
   options.leave = &leave;
   if (replica.is_leader()) {

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "tests/slurm/slurm_cluster.h"
@@ -57,8 +58,7 @@ class ServeSlurmTest : public testing::SlurmTest {
     std::ostringstream args;
     args << "--ntasks=" << 2 * replicas << " --overcommit " << DELTASERVE_SOURCE_DIR
          << "/deploy/slurm/serve.sbatch --model " << Model() << " --bin " << Deltaserve()
-         << " --replicas " << replicas
-         << " --pp 2 --port 0 --worker-port 0 --metrics-port -1 --address-file " << address_file
+         << " --replicas " << replicas << " --pp 2 --address-file " << address_file
          << " --secrets-dir " << secrets_ << " --worker-args '--threads 1' " << more_flags;
     const std::string job = Submit(args.str());
     if (job.empty()) return job;
@@ -66,9 +66,10 @@ class ServeSlurmTest : public testing::SlurmTest {
         WaitUntil([&] { return std::filesystem::exists(address_file); }, std::chrono::seconds(60)))
         << "no coordinator address; job " << job << " is '" << QueueState(job) << "':\n"
         << JobLog(job);
-    // The client address, then the worker address.
+    // The client address, the worker address and the metrics address: free
+    // ports by default, so that jobs on one node do not collide.
     std::istringstream addresses(testing::ReadWholeFile(address_file));
-    addresses >> address_ >> worker_address_;
+    addresses >> address_ >> worker_address_ >> metrics_address_;
     // Secure by default: the tokens are the job's user's alone.
     for (const char* name : {"client.token", "worker.token"}) {
       const std::string path = secrets_ + "/" + std::string(name);
@@ -102,9 +103,10 @@ class ServeSlurmTest : public testing::SlurmTest {
   }
   std::string TokenFlag() const { return " --token-file " + secrets_ + "/client.token"; }
 
-  std::string address_;         // the coordinator's client HOST:PORT, from --address-file
-  std::string worker_address_;  // where workers attach, its second line
-  std::string secrets_;         // the job's client.token and worker.token
+  std::string address_;          // the coordinator's client HOST:PORT, from --address-file
+  std::string worker_address_;   // where workers attach, its second line
+  std::string secrets_;          // the job's client.token and worker.token
+  std::string metrics_address_;  // its third line
 };
 
 TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
@@ -117,6 +119,12 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   std::string refused;
   EXPECT_EQ(testing::RunCommand(Deltaserve() + " client status --server " + address_, &refused), 1);
   EXPECT_NE(refused.find("UNAUTHENTICATED"), std::string::npos) << refused;
+  // Metrics on the coordinator's host, where docs/slurm.md says.
+  ASSERT_EQ(metrics_address_.substr(0, metrics_address_.rfind(':')),
+            address_.substr(0, address_.rfind(':')));
+  std::string metrics;
+  EXPECT_EQ(testing::RunCommand("curl -sf http://" + metrics_address_ + "/metrics", &metrics), 0);
+  EXPECT_NE(metrics.find("deltaserve_workers_attached 2"), std::string::npos) << metrics;
 
   // Requests at once, so both replicas run some: greedy and sampled, a long
   // prompt (prefill in several steps) and short ones.
@@ -161,6 +169,53 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   // A replica step may end before the script has taken the signal; it is
   // not started again.
   EXPECT_EQ(Count(log, ": started (srun pid"), 2) << log;
+}
+
+// Two serving jobs on one node: each takes free ports and publishes them,
+// and each serves with its own tokens; the second's ranks run as many
+// threads as the job has CPUs per task.
+TEST_F(ServeSlurmTest, TwoJobsOnOneNodeServeSideBySide) {
+  const std::string first = StartServing(1);
+  ASSERT_FALSE(first.empty());
+  ASSERT_FALSE(HasFailure());
+  const std::string address_file = dir_ + "/second.address";
+  const std::string second = Submit(std::string("--ntasks=2 --overcommit ") +
+                                    DELTASERVE_SOURCE_DIR + "/deploy/slurm/serve.sbatch --model " +
+                                    Model() + " --bin " + Deltaserve() + " --pp 2 --address-file " +
+                                    address_file + " --secrets-dir " + dir_ + "/second.secrets");
+  ASSERT_FALSE(second.empty());
+  ASSERT_TRUE(
+      WaitUntil([&] { return std::filesystem::exists(address_file); }, std::chrono::seconds(60)))
+      << JobLog(second);
+  std::istringstream lines(testing::ReadWholeFile(address_file));
+  std::string address, worker_address, metrics_address;
+  lines >> address >> worker_address >> metrics_address;
+  const std::set<std::string> ports = {address,  worker_address,  metrics_address,
+                                       address_, worker_address_, metrics_address_};
+  EXPECT_EQ(ports.size(), 6u) << testing::ReadWholeFile(address_file);
+
+  const std::string request = "--tokens " + Join(testing::RandomTokens(20, 8)) + " --max-tokens 8";
+  const std::string expected = GenerateTokens(request);
+  const std::string second_client = Deltaserve() + " client generate --server " + address +
+                                    " --token-file " + dir_ + "/second.secrets/client.token " +
+                                    request + " --ids 2>/dev/null";
+  std::string got;
+  EXPECT_TRUE(WaitUntil([&] { return testing::RunCommand(second_client, &got) == 0; },
+                        std::chrono::seconds(60)))
+      << got << JobLog(second);
+  EXPECT_EQ(got, expected);
+  // Its ranks run as many threads as the job's CPUs per task (1 when not
+  // given), not one per CPU of the node.
+  EXPECT_NE(JobLog(second).find("(pp 2, tp 1), 1 thread a rank"), std::string::npos)
+      << JobLog(second);
+  ASSERT_EQ(testing::RunCommand(ClientCommand(request), &got), 0) << got;
+  EXPECT_EQ(got, expected);
+  // Each job's token is its own.
+  EXPECT_NE(testing::RunCommand(Deltaserve() + " client generate --server " + address +
+                                    TokenFlag() + " " + request + " 2>&1",
+                                &got),
+            0);
+  EXPECT_NE(got.find("UNAUTHENTICATED"), std::string::npos) << got;
 }
 
 TEST_F(ServeSlurmTest, AReplicaWhoseRankDiesIsStartedAgain) {
