@@ -87,7 +87,7 @@ TEST_F(CudaModelTest, PiecesGiveTheLogitsOfOnePassOnTheCpu) {
 
 // A fork continues from its parent's state on the device (the KDA slot
 // copied, full pages shared, the partly filled page copied): its next
-// logits are the parent's, which are the CPU's. Sequences that end give
+// logits are the parent's, which are the float64 reference's. Sequences that end give
 // their slots back, and a slot taken again starts from zeros on the device
 // too: the same prompt in a reused slot gives the same logits.
 TEST_F(CudaModelTest, AForkContinuesItsParentAndReusedSlotsStartFromZeros) {
@@ -95,19 +95,16 @@ TEST_F(CudaModelTest, AForkContinuesItsParentAndReusedSlotsStartFromZeros) {
   const std::vector<int32_t> tokens(golden.tokens.begin(), golden.tokens.begin() + 75);
   ModelOptions options = CudaOptions();
   options.state_slots = 2;
-  const std::unique_ptr<Model> cpu = Load("k3-tiny", ModelOptions{});
   const std::unique_ptr<Model> gpu = Load("k3-tiny", options);
-  ASSERT_NE(cpu, nullptr);
   ASSERT_NE(gpu, nullptr);
-  const std::vector<float> want = testing::OneShotLogits(*cpu, tokens);
   const int64_t V = gpu->config().vocab_size;
-  const std::vector<float> cpu_last(want.begin() + 70 * V, want.end());
-  const std::vector<double> last(cpu_last.begin(), cpu_last.end());
-  // Five rows alone are noisier than a whole prompt: the device may be as
-  // far from the CPU as the CPU is from float64 on them (the device was
-  // 2.4e-4 from float64 there).
+  // Against float64, not the CPU: both are float32 approximations, and how
+  // far apart they fall on five rows depends on the CPU's kernel level. Five
+  // rows alone are noisier than a whole prompt (kFloat32Bound): the device
+  // was 2.4e-4 from float64 on them, the CPU 5e-5 (AVX-512). A fork that
+  // lost any of its parent's state is off by far more than 4e-4.
   const std::vector<double> exact(golden.logits.begin() + 70 * V, golden.logits.begin() + 75 * V);
-  const double bound = std::max(kInvarianceBound, 2 * testing::RelL2(cpu_last, exact));
+  const double bound = 4 * kFloat32Bound;
   std::vector<float> first_logits;
 
   const std::span<const int32_t> prefix = std::span(tokens).first(70);
@@ -127,7 +124,7 @@ TEST_F(CudaModelTest, AForkContinuesItsParentAndReusedSlotsStartFromZeros) {
       EXPECT_EQ(*logits, first_logits) << "round " << round;
     }
   }
-  EXPECT_LE(testing::RelL2(first_logits, last), bound);
+  EXPECT_LE(testing::RelL2(first_logits, exact), bound);
 }
 
 // The weights on the device are what the checkpoint stores: the same bytes
