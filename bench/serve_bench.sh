@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving on k3-small: starts `deltaserve serve`, drives it with bench-serve at
-# 1, 8 and 32 concurrent streaming clients, and measures the serving overhead
+# 1, 8 and 32 concurrent streaming clients over gRPC and over the OpenAI HTTP
+# API (each row over both, one after the other), and measures the serving overhead
 # of one request against the same request through `deltaserve generate`'s
 # code path (alternated, in the same run). Prints markdown for
 # docs/performance.md.
@@ -19,6 +20,6 @@ run=$(mktemp -d)
 server=
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$run"' EXIT
 source deploy/serve_lib.sh
-start_serve "$model" "$run"
-$bin bench-serve --server "$address" --concurrency 1,8,32 \
+start_serve "$model" "$run" --http-port 0
+$bin bench-serve --server "$address" --http "$http_address" --concurrency 1,8,32 \
   --prompt-tokens "$prompt" --max-tokens "$output" --compare-model "$model"

@@ -1,7 +1,8 @@
 # Sourced by scripts that need a running `deltaserve serve`:
 #   start_serve MODEL_DIR RUN_DIR [serve flags...]
 # starts it on a free port, waits until it listens, and sets $server (its pid)
-# and $address (127.0.0.1:PORT). The caller stops it (kill -TERM $server).
+# and $address (127.0.0.1:PORT), and $http_address (127.0.0.1:PORT of the
+# HTTP API, when the flags ask for one). The caller stops it (kill -TERM $server).
 start_serve() {
   local model=$1 run=$2
   shift 2
@@ -15,4 +16,5 @@ start_serve() {
   done
   [[ -s $run/port ]] || { echo "deltaserve serve did not start" >&2; return 1; }
   address=127.0.0.1:$(head -1 "$run/port")
+  http_address=127.0.0.1:$(sed -n 4p "$run/port")
 }

@@ -13,6 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # DELTASERVE_MPI (default ON)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # serving API
   libssl-dev               # TLS, terminated by the HTTP/2 guard of the gRPC ports
+  libboost-dev             # Boost.Beast: the OpenAI HTTP API
   libonig-dev              # tokenizer pre-tokenization patterns
   libre2-dev               # quantization_config target patterns (also a gRPC dependency)
   python3-grpcio python3-protobuf  # the Python client example
@@ -42,10 +43,25 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-SUDO=""
-[[ $(id -u) -eq 0 ]] || SUDO="sudo"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+if [[ "${1:-}" == "--test" ]]; then
+  # The OpenAI Python client, from PyPI (Debian has none), that the HTTP API's
+  # tests drive the server with: into .cache/python-deps of this tree, where
+  # they look for it, not into the system's Python.
+  deps="$(cd "$(dirname "$0")/.." && pwd)/.cache/python-deps"
+  openai_version="3.60.0"
+  if ! PYTHONPATH="$deps" /usr/bin/python3 -c \
+      "import openai, sys; sys.exit(openai.__version__ != '$openai_version')" 2>/dev/null; then
+    echo "setup: installing openai==$openai_version into $deps"
+    rm -rf "$deps"
+    /usr/bin/python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+        --target "$deps" "openai==$openai_version"
+  fi
+fi

@@ -79,7 +79,7 @@ absl::Status PrintReply(const google::protobuf::Message& message, bool json) {
 // The prompt flags (PromptFlag) into the request's oneof.
 template <typename Req>
 absl::Status SetInput(const Flags& flags, Req* req) {
-  DELTASERVE_ASSIGN_OR_RETURN(PromptInput input, PromptFlag(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(PromptArg input, PromptFlag(flags));
   if (input.is_text) {
     req->set_text(std::move(input.text));
   } else {

@@ -274,14 +274,14 @@ absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags) {
   return ParseTokenList(text, path);
 }
 
-absl::StatusOr<PromptInput> PromptFlag(const Flags& flags) {
+absl::StatusOr<PromptArg> PromptFlag(const Flags& flags) {
   const int given = flags.Has("prompt") + flags.Has("prompt-file") + flags.Has("tokens") +
                     flags.Has("tokens-file");
   if (given != 1) {
     return absl::InvalidArgumentError(
         "give exactly one of --prompt, --prompt-file, --tokens, --tokens-file");
   }
-  PromptInput input;
+  PromptArg input;
   if (flags.Has("tokens") || flags.Has("tokens-file")) {
     DELTASERVE_ASSIGN_OR_RETURN(input.ids, TokenIdsFlag(flags));
     return input;

@@ -93,12 +93,12 @@ absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags);
 // exactly one of --prompt TEXT, --prompt-file F (the file's bytes as they
 // are, for a text too long for the command line), --tokens IDS and
 // --tokens-file F. Files are regular and at most 64 MiB; a text is not empty.
-struct PromptInput {
+struct PromptArg {
   bool is_text = false;
   std::string text;          // is_text
   std::vector<int32_t> ids;  // otherwise
 };
-absl::StatusOr<PromptInput> PromptFlag(const Flags& flags);
+absl::StatusOr<PromptArg> PromptFlag(const Flags& flags);
 
 // The four flags' table entries, `what` naming the input ("the prompt").
 std::vector<FlagSpec> PromptFlags(const std::string& what);

@@ -30,7 +30,7 @@ namespace {
 // The prompt's token ids: given, or its text encoded by the model's
 // tokenizer (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes).
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const ModelConfig& config) {
-  DELTASERVE_ASSIGN_OR_RETURN(PromptInput input, PromptFlag(flags));
+  DELTASERVE_ASSIGN_OR_RETURN(PromptArg input, PromptFlag(flags));
   if (!input.is_text) return std::move(input.ids);
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                               LoadTokenizer(flags.GetString("model"), config.vocab_size));

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -124,12 +125,24 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
   flags = Concat(
       flags,
       {
+          {"http-port", "N",
+           "serve the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+           "/health) on this port of --host, with the client port's TLS and tokens (-1: none; "
+           "0: any free one, see --port-file)",
+           "-1"},
+          {"served-model-name", "NAME",
+           "the model's name in the HTTP API (/v1/models, requests' `model`); default: the "
+           "model directory's name"},
+          {"http-max-connections", "N",
+           "HTTP connections open at once; past it a connection gets 503",
+           absl::StrCat(o.http_max_connections)},
           {"metrics-host", "ADDR", "the address /metrics listens on", o.metrics_host},
           {"metrics-port", "N", "serve Prometheus /metrics on this port (-1: none; 0: any free)",
            "-1"},
           {"port-file", "F",
-           "once listening, write to F the client port, the metrics port and the worker port, "
-           "a line each (-1: none); a worker token the coordinator made goes to F.worker-token"},
+           "once listening, write to F the client port, the metrics port, the worker port and "
+           "the HTTP port, a line each (-1: none); a worker token the coordinator made goes to "
+           "F.worker-token"},
           {"tls-cert", "F", "serve TLS with this certificate chain (PEM) on every gRPC port"},
           {"tls-key", "F", "its private key (PEM, mode 600)"},
           {"tls-client-ca", "F",
@@ -247,6 +260,13 @@ absl::Status SetLogFormat(const Flags& flags) {
   return absl::OkStatus();
 }
 
+// The last component of a directory's path: "k3-tiny" for "/models/k3-tiny/".
+std::string DirectoryName(const std::string& dir) {
+  std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  return path.filename().string();
+}
+
 // `worker_port`: the coordinator's; serve has its worker in-process.
 absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_port) {
   ServerOptions o;
@@ -255,6 +275,17 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   o.metrics_host = flags.GetString("metrics-host", o.metrics_host);
   DELTASERVE_ASSIGN_OR_RETURN(o.port, PortFlag(flags, "port", o.port, false));
   DELTASERVE_ASSIGN_OR_RETURN(o.metrics_port, PortFlag(flags, "metrics-port", -1, true));
+  DELTASERVE_ASSIGN_OR_RETURN(o.http_port, PortFlag(flags, "http-port", -1, true));
+  o.model_name = flags.GetString("served-model-name", DirectoryName(o.model_dir));
+  if (o.model_name.empty() || o.model_name.size() > 256) {
+    return absl::InvalidArgumentError("--served-model-name: 1 to 256 bytes");
+  }
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t http_connections,
+                              flags.GetInt("http-max-connections", o.http_max_connections));
+  if (http_connections < 1 || http_connections > 65536) {
+    return absl::InvalidArgumentError("--http-max-connections must be in [1, 65536]");
+  }
+  o.http_max_connections = static_cast<int>(http_connections);
   if (worker_port) {
     DELTASERVE_ASSIGN_OR_RETURN(o.worker_port,
                                 PortFlag(flags, "worker-port", kDefaultWorkerPort, false));
@@ -325,8 +356,8 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
 }
 
 // Says where the server listens: on stderr, and in --port-file (the client
-// port, the metrics port, the worker port, -1 for none) for scripts that
-// asked for port 0.
+// port, the metrics port, the worker port, the HTTP port, -1 for none) for
+// scripts that asked for port 0.
 absl::Status Announce(const Flags& flags, const Server& server, const std::string& what) {
   std::string message = absl::StrCat("listening on port ", server.port());
   if (server.worker_port() >= 0) {
@@ -339,13 +370,17 @@ absl::Status Announce(const Flags& flags, const Server& server, const std::strin
     absl::StrAppend(&message, ", metrics on http://", url_host, ":", server.metrics_port(),
                     "/metrics");
   }
+  if (server.http_port() >= 0) {
+    absl::StrAppend(&message, ", the HTTP API on port ", server.http_port());
+  }
   log::Info(what, message,
             {{"port", server.port()},
              {"worker_port", server.worker_port()},
-             {"metrics_port", server.metrics_port()}});
+             {"metrics_port", server.metrics_port()},
+             {"http_port", server.http_port()}});
   if (!flags.Has("port-file")) return absl::OkStatus();
-  const std::string text =
-      absl::StrCat(server.port(), "\n", server.metrics_port(), "\n", server.worker_port(), "\n");
+  const std::string text = absl::StrCat(server.port(), "\n", server.metrics_port(), "\n",
+                                        server.worker_port(), "\n", server.http_port(), "\n");
   return WriteFileAtomically(flags.GetString("port-file"), [&](std::ostream& out) { out << text; });
 }
 

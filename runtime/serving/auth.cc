@@ -173,24 +173,36 @@ Authenticator::Authenticator(std::optional<TokenSet> tokens, bool client_certs)
     : tokens_(std::move(tokens)), client_certs_(client_certs) {}
 
 absl::StatusOr<std::string> Authenticator::Authenticate(const grpc::ServerContext& context) const {
-  absl::StatusOr<std::string> principal = Check(context);
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  std::optional<absl::string_view> authorization;
+  if (it != metadata.end()) authorization = absl::string_view(it->second.data(), it->second.size());
+  absl::StatusOr<std::string> principal = Check(authorization, [&]() -> std::optional<std::string> {
+    if (!peer_identity_) return std::nullopt;
+    return peer_identity_(context.peer());
+  });
   if (principal.ok() && on_authenticated_) on_authenticated_(context.peer());
   return principal;
 }
 
-absl::StatusOr<std::string> Authenticator::Check(const grpc::ServerContext& context) const {
+absl::StatusOr<std::string> Authenticator::Authenticate(
+    std::optional<absl::string_view> authorization,
+    const std::optional<std::string>& certificate_identity) const {
+  return Check(authorization, [&] { return certificate_identity; });
+}
+
+absl::StatusOr<std::string> Authenticator::Check(
+    std::optional<absl::string_view> authorization,
+    const std::function<std::optional<std::string>()>& certificate_identity) const {
   if (tokens_.has_value()) {
-    const auto& metadata = context.client_metadata();
-    const auto it = metadata.find("authorization");
-    if (it == metadata.end()) {
+    if (!authorization.has_value()) {
       return absl::UnauthenticatedError(
-          "this server requires a bearer token: send the metadata `authorization: Bearer "
-          "TOKEN` (deltaserve client --token-file F)");
+          "this server requires a bearer token: send `authorization: Bearer TOKEN` "
+          "(deltaserve client --token-file F; an OpenAI client's API key)");
     }
-    const absl::string_view value(it->second.data(), it->second.size());
-    absl::string_view token = value;
+    absl::string_view token = *authorization;
     if (!absl::ConsumePrefix(&token, "Bearer ")) {
-      return absl::UnauthenticatedError("the authorization metadata is not `Bearer TOKEN`");
+      return absl::UnauthenticatedError("the authorization is not `Bearer TOKEN`");
     }
     std::optional<std::string> principal = tokens_->Find(token);
     if (!principal.has_value()) {
@@ -202,8 +214,7 @@ absl::StatusOr<std::string> Authenticator::Check(const grpc::ServerContext& cont
     // The TLS handshake, in the guard, verified the certificate; its identity
     // names the peer. A connection the guard no longer knows (it closed
     // meanwhile) has none, and its call is refused rather than run as no one.
-    std::optional<std::string> identity;
-    if (peer_identity_) identity = peer_identity_(context.peer());
+    std::optional<std::string> identity = certificate_identity();
     if (!identity.has_value()) {
       return absl::UnauthenticatedError(
           "this server requires a client certificate, and the call's connection has no "

@@ -83,6 +83,13 @@ class Authenticator {
   // when tokens are required and the call has none that matches.
   // Each call that passes is also reported to the hook, if set.
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
+  // The same for a call that is not gRPC's (the HTTP API): its
+  // `Authorization` header, if it has one, and the identity of its
+  // connection's verified client certificate (CertificateIdentity), if any.
+  // The hook is not called.
+  absl::StatusOr<std::string> Authenticate(
+      std::optional<absl::string_view> authorization,
+      const std::optional<std::string>& certificate_identity) const;
   // Called with the call's peer (grpc::ServerContext::peer) for each call
   // that passes, from gRPC's threads: the HTTP/2 guard keeps the slots of
   // connections that authenticated. Set before the listener serves.
@@ -103,7 +110,9 @@ class Authenticator {
   bool enabled() const { return tokens_.has_value() || client_certs_; }
 
  private:
-  absl::StatusOr<std::string> Check(const grpc::ServerContext& context) const;
+  absl::StatusOr<std::string> Check(
+      std::optional<absl::string_view> authorization,
+      const std::function<std::optional<std::string>()>& certificate_identity) const;
 
   std::optional<TokenSet> tokens_;
   bool client_certs_;

@@ -94,14 +94,16 @@ std::string OpenSslError(const std::string& what) {
   return absl::StrCat(what, " (", reason, ")");
 }
 
-// ALPN: HTTP/2 or nothing. A client that offers other protocols only gets
-// no_application_protocol, not a connection that fails on its first bytes.
-int SelectH2(SSL*, const unsigned char** out, unsigned char* out_length, const unsigned char* in,
-             unsigned int in_length, void*) {
-  static const unsigned char kH2[] = {2, 'h', '2'};
+// ALPN: the listener's protocol or nothing. A client that offers other
+// protocols only gets no_application_protocol, not a connection that fails on
+// its first bytes; one that offers none gets the listener's.
+int SelectProtocol(SSL*, const unsigned char** out, unsigned char* out_length,
+                   const unsigned char* in, unsigned int in_length, void* arg) {
+  const auto* wanted = static_cast<const std::string*>(arg);
   unsigned char* selected = nullptr;
-  if (SSL_select_next_proto(&selected, out_length, kH2, sizeof(kH2), in, in_length) !=
-      OPENSSL_NPN_NEGOTIATED) {
+  if (SSL_select_next_proto(
+          &selected, out_length, reinterpret_cast<const unsigned char*>(wanted->data()),
+          static_cast<unsigned int>(wanted->size()), in, in_length) != OPENSSL_NPN_NEGOTIATED) {
     return SSL_TLSEXT_ERR_ALERT_FATAL;
   }
   *out = selected;
@@ -112,7 +114,8 @@ int SelectH2(SSL*, const unsigned char** out, unsigned char* out_length, const u
 
 ServerTlsContext::~ServerTlsContext() { SSL_CTX_free(ctx_); }
 
-absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const ServerTls& tls) {
+absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const ServerTls& tls,
+                                                                      TlsProtocol protocol) {
   if (tls.cert_file.empty() != tls.key_file.empty()) {
     return absl::InvalidArgumentError("give both --tls-cert and --tls-key, or neither");
   }
@@ -137,8 +140,10 @@ absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const Serv
   SSL_CTX* raw = SSL_CTX_new(TLS_server_method());
   if (raw == nullptr) return absl::InternalError(OpenSslError("cannot make a TLS context"));
   // Owned from here on, also on the error paths.
-  std::shared_ptr<const ServerTlsContext> context(
-      new ServerTlsContext(raw, !tls.client_ca_file.empty()));
+  std::shared_ptr<ServerTlsContext> context(new ServerTlsContext(raw, !tls.client_ca_file.empty()));
+  // ALPN's wire form: each name after its length.
+  context->alpn_ =
+      protocol == TlsProtocol::kHttp2 ? std::string("\x02h2", 3) : std::string("\x08http/1.1", 9);
   SSL_CTX* ctx = raw;
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   // gRPC's own server ciphers for TLS 1.2 (TLS 1.3 keeps OpenSSL's).
@@ -159,7 +164,7 @@ absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const Serv
   // has; idle connections give their record buffers back.
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
                             SSL_MODE_RELEASE_BUFFERS);
-  SSL_CTX_set_alpn_select_cb(ctx, SelectH2, nullptr);
+  SSL_CTX_set_alpn_select_cb(ctx, SelectProtocol, &context->alpn_);
 
   {
     BioPtr bio(BIO_new_mem_buf(cert->data(), static_cast<int>(cert->size())));

@@ -25,11 +25,15 @@ struct ServerTls {
   std::string client_ca_file;  // non-empty: mutual TLS, peers need a cert this CA signed
 };
 
+// The application protocol a TLS listener speaks (ALPN): HTTP/2 for the
+// gRPC ports, HTTP/1.1 for the HTTP API.
+enum class TlsProtocol { kHttp2, kHttp11 };
+
 // A listener's TLS, loaded once: the HTTP/2 guard in front of each gRPC port
-// terminates TLS itself with it (h2_guard.h says why), so every handshake
-// shares one certificate, key and client CA store. TLS 1.2 and 1.3, ALPN
-// "h2", no session resumption (nothing to cache per client), and with a
-// client CA a certificate it signed is required and verified.
+// terminates TLS itself with it (h2_guard.h says why), as the HTTP API does,
+// so every handshake shares one certificate, key and client CA store. TLS
+// 1.2 and 1.3, ALPN "h2" (or "http/1.1"), no session resumption (nothing to cache per client), and
+// with a client CA a certificate it signed is required and verified.
 class ServerTlsContext {
  public:
   ~ServerTlsContext();
@@ -43,17 +47,19 @@ class ServerTlsContext {
 
  private:
   friend absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(
-      const ServerTls& tls);
+      const ServerTls& tls, TlsProtocol protocol);
   ServerTlsContext(ssl_ctx_st* ctx, bool client_certs) : ctx_(ctx), client_certs_(client_certs) {}
   ssl_ctx_st* const ctx_;
   const bool client_certs_;
+  std::string alpn_;  // the protocol, as ALPN's wire form: its length, then its name
 };
 
 // nullptr (plaintext) when `tls` names no files; refused, naming the file,
 // when a file cannot be read or holds no certificate or key, the key is
 // readable by others or does not match the certificate, or a CA is given
 // without a certificate.
-absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(const ServerTls& tls);
+absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(
+    const ServerTls& tls, TlsProtocol protocol = TlsProtocol::kHttp2);
 
 // The identity gRPC would give a verified client certificate
 // (grpc::AuthContext::GetPeerIdentity): its first subject alternative name

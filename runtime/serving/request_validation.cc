@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
+#include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -31,8 +31,8 @@ class Slot {
 }  // namespace
 
 RequestValidator::RequestValidator(const ModelConfig& config, const Tokenizer* tokenizer,
-                                   RequestLimits limits)
-    : config_(config), tokenizer_(tokenizer), limits_(limits) {}
+                                   RequestLimits limits, const ChatFormat* chat)
+    : config_(config), tokenizer_(tokenizer), limits_(limits), chat_(chat) {}
 
 int64_t RequestValidator::max_text_bytes() const {
   int64_t by_context = 0;
@@ -43,18 +43,25 @@ int64_t RequestValidator::max_text_bytes() const {
   return std::min(limits_.max_request_bytes, by_context);
 }
 
+absl::Status RequestValidator::CheckTextBytes(int64_t bytes, const std::string& name) const {
+  if (bytes > limits_.max_request_bytes) {
+    return Invalid(name, absl::StrCat(bytes, " bytes, over the limit of ",
+                                      limits_.max_request_bytes, " (--max-request-bytes)"));
+  }
+  if (bytes > max_text_bytes()) {
+    return Invalid(name,
+                   absl::StrCat(bytes, " bytes, over the limit of ", max_text_bytes(),
+                                " (--max-text-bytes-per-token ", limits_.max_text_bytes_per_token,
+                                " x the context of ", config_.max_position_embeddings, " tokens)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int32_t>> RequestValidator::Tokenize(const std::string& text,
                                                                 const std::string& name) const {
   if (text.empty()) return Invalid(name, "empty");
-  if (static_cast<int64_t>(text.size()) > limits_.max_request_bytes) {
-    return Invalid(name, absl::StrCat(text.size(), " bytes, over the limit of ",
-                                      limits_.max_request_bytes, " (--max-request-bytes)"));
-  }
-  if (static_cast<int64_t>(text.size()) > max_text_bytes()) {
-    return Invalid(name,
-                   absl::StrCat(text.size(), " bytes, over the limit of ", max_text_bytes(),
-                                " (--max-text-bytes-per-token ", limits_.max_text_bytes_per_token,
-                                " x the context of ", config_.max_position_embeddings, " tokens)"));
+  if (absl::Status ok = CheckTextBytes(static_cast<int64_t>(text.size()), name); !ok.ok()) {
+    return ok;
   }
   if (tokenizer_ == nullptr) {
     return Invalid(name, "this model has no tokenizer; send token ids instead");
@@ -71,33 +78,43 @@ absl::StatusOr<std::vector<int32_t>> RequestValidator::Tokenize(const std::strin
   return std::move(*encoded);
 }
 
-template <typename Req>
-absl::StatusOr<std::vector<int32_t>> RequestValidator::InputTokens(const Req& req,
+absl::StatusOr<std::vector<int32_t>> RequestValidator::InputTokens(const PromptInput& input,
                                                                    const std::string& field) const {
   std::vector<int32_t> tokens;
-  if (req.has_text()) {
-    auto encoded = Tokenize(req.text(), field + ".text");
-    if (!encoded.ok()) return encoded.status();
-    tokens = std::move(*encoded);
-  } else if (req.has_tokens()) {
-    const auto& ids = req.tokens().ids();
-    const std::string name = field + ".tokens";
-    if (ids.empty()) return Invalid(name, "empty");
-    if (static_cast<int64_t>(ids.size()) > limits_.max_request_bytes / 4) {
-      return Invalid(
-          name, absl::StrCat(ids.size(), " ids, over the limit of ", limits_.max_request_bytes / 4,
-                             " (--max-request-bytes / 4)"));
+  switch (input.form) {
+    case PromptInput::Form::kText: {
+      auto encoded = Tokenize(input.text, field);
+      if (!encoded.ok()) return encoded.status();
+      tokens = std::move(*encoded);
+      break;
     }
-    for (int i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
-        return Invalid(
-            absl::StrCat(name, ".ids[", i, "]"),
-            absl::StrCat(ids[i], " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+    case PromptInput::Form::kIds: {
+      const std::vector<int64_t>& ids = input.ids;
+      if (ids.empty()) return Invalid(field, "empty");
+      if (static_cast<int64_t>(ids.size()) > limits_.max_request_bytes / 4) {
+        return Invalid(field,
+                       absl::StrCat(ids.size(), " ids, over the limit of ",
+                                    limits_.max_request_bytes / 4, " (--max-request-bytes / 4)"));
       }
+      tokens.reserve(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
+          return Invalid(
+              absl::StrCat(field, "[", i, "]"),
+              absl::StrCat(ids[i], " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+        }
+        tokens.push_back(static_cast<int32_t>(ids[i]));
+      }
+      break;
     }
-    tokens.assign(ids.begin(), ids.end());
-  } else {
-    return Invalid(field, "missing: give text or tokens");
+    case PromptInput::Form::kChat: {
+      auto rendered = RenderChat(input.chat);
+      if (!rendered.ok()) return rendered.status();
+      tokens = std::move(*rendered);
+      break;
+    }
+    case PromptInput::Form::kNone:
+      return Invalid(field, "missing: give text or token ids");
   }
   if (tokens.empty()) return Invalid(field, "no tokens");
   if (static_cast<int64_t>(tokens.size()) > config_.max_position_embeddings) {
@@ -107,31 +124,67 @@ absl::StatusOr<std::vector<int32_t>> RequestValidator::InputTokens(const Req& re
   return tokens;
 }
 
-absl::StatusOr<GenerateParams> RequestValidator::Params(const v1::GenerateRequest& req) const {
+absl::StatusOr<std::vector<int32_t>> RequestValidator::RenderChat(const ChatRequest& chat) const {
+  if (chat_ == nullptr || tokenizer_ == nullptr) {
+    return Invalid("messages",
+                   "this model has no chat format: its directory's tokenizer files "
+                   "(tokenizer_config.json) name neither Kimi K3's nor Kimi Linear's chat tokens; "
+                   "send a prompt instead");
+  }
+  if (chat.messages.empty()) return Invalid("messages", "empty");
+  auto segments = chat_->Render(chat);
+  if (!segments.ok()) return segments.status();
+  int64_t bytes = 0;
+  for (const ChatSegment& s : *segments) bytes += static_cast<int64_t>(s.text.size());
+  if (absl::Status ok = CheckTextBytes(bytes, "messages"); !ok.ok()) return ok;
+  const Slot slot(tokenizing_);
+  if (slot.held() > limits_.max_concurrent_tokenizations) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("messages: ", limits_.max_concurrent_tokenizations,
+                     " texts are being tokenized, the limit (--max-concurrent-tokenizations); "
+                     "try again"));
+  }
+  auto ids = EncodeChat(*segments, *tokenizer_);
+  if (!ids.ok()) return Invalid("messages", std::string(ids.status().message()));
+  return std::move(*ids);
+}
+
+absl::StatusOr<GenerateParams> RequestValidator::Params(const GenerateInput& req) const {
   GenerateParams p;
-  const v1::SamplingParams& s = req.sampling();
-  if (!std::isfinite(s.temperature()) || s.temperature() < 0) {
-    return Invalid("sampling.temperature",
-                   absl::StrCat(s.temperature(), ": must be a finite number >= 0"));
+  // Checked as the float32 the engine takes: 1e300 would be infinity there.
+  if (!(req.temperature >= 0 && req.temperature <= std::numeric_limits<float>::max())) {
+    return Invalid("temperature", absl::StrCat(req.temperature, ": must be a finite number >= 0"));
   }
-  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(s.top_k(), ": must be >= 0"));
-  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1)) {
-    return Invalid("sampling.top_p", absl::StrCat(s.top_p(), ": must be in (0, 1]"));
+  if (req.top_k < 0 || req.top_k > std::numeric_limits<int32_t>::max()) {
+    return Invalid("top_k", absl::StrCat(req.top_k, ": must be in [0, ",
+                                         std::numeric_limits<int32_t>::max(), "]"));
   }
-  p.sampling.temperature = s.temperature();
-  p.sampling.top_k = s.top_k();
-  p.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  p.seed = s.seed();
-  if (req.max_tokens() < 0) {
-    return Invalid("max_tokens", absl::StrCat(req.max_tokens(), ": must be >= 0"));
+  float top_p = 1.0f;
+  if (req.top_p.has_value()) {
+    // 1e-50 is 0 as a float32; a value outside (0, 1] is not converted.
+    top_p = *req.top_p > 0 && *req.top_p <= 1 ? static_cast<float>(*req.top_p) : 0.0f;
+    if (!(top_p > 0 && top_p <= 1)) {
+      return Invalid("top_p", absl::StrCat(*req.top_p, ": must be in (0, 1]"));
+    }
   }
-  p.max_tokens = req.max_tokens() == 0 ? kDefaultMaxTokens : req.max_tokens();
-  if (req.stop_size() > kMaxStops) {
+  p.sampling.temperature = static_cast<float>(req.temperature);
+  p.sampling.top_k = req.top_k;
+  p.sampling.top_p = top_p;
+  p.seed = req.seed;
+  if (req.max_tokens < 0) {
+    return Invalid("max_tokens", absl::StrCat(req.max_tokens, ": must be >= 0"));
+  }
+  if (req.max_tokens > config_.max_position_embeddings) {
+    return Invalid("max_tokens", absl::StrCat(req.max_tokens, " exceeds the context of ",
+                                              config_.max_position_embeddings));
+  }
+  p.max_tokens = req.max_tokens == 0 ? kDefaultMaxTokens : req.max_tokens;
+  if (req.stop.size() > static_cast<size_t>(kMaxStops)) {
     return Invalid("stop",
-                   absl::StrCat(req.stop_size(), " strings, over the limit of ", kMaxStops));
+                   absl::StrCat(req.stop.size(), " strings, over the limit of ", kMaxStops));
   }
-  for (int i = 0; i < req.stop_size(); ++i) {
-    const std::string& stop = req.stop(i);
+  for (size_t i = 0; i < req.stop.size(); ++i) {
+    const std::string& stop = req.stop[i];
     const std::string name = absl::StrCat("stop[", i, "]");
     if (stop.empty()) return Invalid(name, "empty");
     if (stop.size() > kMaxStopBytes) {
@@ -142,46 +195,64 @@ absl::StatusOr<GenerateParams> RequestValidator::Params(const v1::GenerateReques
     }
     p.stop.push_back(stop);
   }
-  if (req.stop_token_ids_size() > limits_.max_stop_token_ids) {
+  if (static_cast<int64_t>(req.stop_token_ids.size()) > limits_.max_stop_token_ids) {
     return Invalid("stop_token_ids",
-                   absl::StrCat(req.stop_token_ids_size(), " ids, over the limit of ",
+                   absl::StrCat(req.stop_token_ids.size(), " ids, over the limit of ",
                                 limits_.max_stop_token_ids, " (--max-stop-token-ids)"));
   }
-  for (int i = 0; i < req.stop_token_ids_size(); ++i) {
-    const int32_t id = req.stop_token_ids(i);
+  for (size_t i = 0; i < req.stop_token_ids.size(); ++i) {
+    const int64_t id = req.stop_token_ids[i];
     if (id < 0 || id >= config_.vocab_size) {
       return Invalid(absl::StrCat("stop_token_ids[", i, "]"),
                      absl::StrCat(id, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
-    p.stop_ids.push_back(id);
+    p.stop_ids.push_back(static_cast<int32_t>(id));
   }
-  if (req.top_logprobs() < 0 || req.top_logprobs() > kMaxTopLogprobs) {
+  if (req.top_logprobs < 0 || req.top_logprobs > kMaxTopLogprobs) {
     return Invalid("top_logprobs",
-                   absl::StrCat(req.top_logprobs(), ": must be in [0, ", kMaxTopLogprobs, "]"));
+                   absl::StrCat(req.top_logprobs, ": must be in [0, ", kMaxTopLogprobs, "]"));
   }
-  p.logprobs = req.logprobs() || req.top_logprobs() > 0;
-  p.top_logprobs = req.top_logprobs();
-  p.ignore_eos = req.ignore_eos();
+  p.logprobs = req.logprobs || req.top_logprobs > 0;
+  p.top_logprobs = static_cast<int32_t>(req.top_logprobs);
+  p.ignore_eos = req.ignore_eos;
   return p;
 }
 
-absl::StatusOr<ValidGenerate> RequestValidator::Generate(const v1::GenerateRequest& req) const {
+absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& req) const {
   // The parameters first: a request refused for them costs no tokenization.
   auto params = Params(req);
   if (!params.ok()) return params.status();
-  auto prompt = InputTokens(req, "prompt");
+  auto prompt = InputTokens(req.prompt, "prompt");
   if (!prompt.ok()) return prompt.status();
+  if (req.prompt.form == PromptInput::Form::kChat && !req.ignore_eos) {
+    // The tokens that end an assistant turn end the reply, whatever the
+    // tokenizer's own end tokens are.
+    for (const std::string& token : chat_->end_tokens()) {
+      auto id = tokenizer_->Encode(token, /*allow_special=*/true);
+      if (id.ok() && id->size() == 1) params->stop_ids.push_back((*id)[0]);
+    }
+  }
   const int64_t prompt_tokens = static_cast<int64_t>(prompt->size());
-  if (prompt_tokens + params->max_tokens > config_.max_position_embeddings) {
+  const int64_t context = config_.max_position_embeddings;
+  if (req.max_tokens == 0 && req.max_tokens_to_context) {
+    if (prompt_tokens >= context) {
+      return Invalid("prompt", absl::StrCat(prompt_tokens,
+                                            " tokens leave no room to generate in "
+                                            "the context of ",
+                                            context));
+    }
+    params->max_tokens = context - prompt_tokens;
+  }
+  if (prompt_tokens + params->max_tokens > context) {
     return Invalid("max_tokens",
                    absl::StrCat(prompt_tokens, " prompt tokens + ", params->max_tokens,
-                                " exceed the context of ", config_.max_position_embeddings));
+                                " exceed the context of ", context));
   }
   return ValidGenerate{std::move(*prompt), std::move(*params)};
 }
 
-absl::StatusOr<std::vector<int32_t>> RequestValidator::Score(const v1::ScoreRequest& req) const {
-  auto tokens = InputTokens(req, "input");
+absl::StatusOr<std::vector<int32_t>> RequestValidator::Score(const ScoreInput& req) const {
+  auto tokens = InputTokens(req.input, "input");
   if (!tokens.ok()) return tokens.status();
   if (tokens->size() < 2) return Invalid("input", "needs at least 2 tokens");
   return tokens;

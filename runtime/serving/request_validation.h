@@ -1,10 +1,11 @@
-// Validation of the Generation API's requests: every field of a
-// GenerateRequest or ScoreRequest is checked against the model and the
-// request limits before anything is queued, and a refusal names the field,
-// the size and the flag that sets the limit (INVALID_ARGUMENT for a request
-// over a fixed or configured size, RESOURCE_EXHAUSTED when the server is busy
-// tokenizing). Kept apart from the gRPC service so that it can be unit-tested
-// and fuzzed (tests/fuzz/request_validation_fuzz.cc). Thread-safe.
+// Validation of every front end's requests (request.h): each field of a
+// GenerateInput or ScoreInput is checked against the model and the request
+// limits before anything is queued, and a refusal names the field (as the
+// JSON APIs spell it: `temperature`, `prompt[3]`, `stop[1]`), the size and
+// the flag that sets the limit (INVALID_ARGUMENT for a request over a fixed
+// or configured size, RESOURCE_EXHAUSTED when the server is busy
+// tokenizing). Kept apart from the servers so that it can be unit-tested and
+// fuzzed (tests/fuzz/request_validation_fuzz.cc). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -13,9 +14,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "deltaserve/v1/generation.pb.h"
 #include "runtime/model/config.h"
 #include "runtime/serving/coordinator.h"
+#include "runtime/serving/request.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace deltaserve {
@@ -49,7 +50,7 @@ inline constexpr size_t kMaxStopBytes = 1024;
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr int64_t kDefaultMaxTokens = 16;
 
-// A checked GenerateRequest, ready for Coordinator::SubmitGenerate.
+// A checked GenerateInput, ready for Coordinator::SubmitGenerate.
 struct ValidGenerate {
   std::vector<int32_t> prompt;
   GenerateParams params;
@@ -57,12 +58,14 @@ struct ValidGenerate {
 
 class RequestValidator {
  public:
-  // `tokenizer` may be null (token ids only); both must outlive this.
-  RequestValidator(const ModelConfig& config, const Tokenizer* tokenizer, RequestLimits limits);
+  // `tokenizer` may be null (token ids only), and `chat` (no conversations);
+  // all must outlive this.
+  RequestValidator(const ModelConfig& config, const Tokenizer* tokenizer, RequestLimits limits,
+                   const ChatFormat* chat = nullptr);
 
-  absl::StatusOr<ValidGenerate> Generate(const v1::GenerateRequest& req) const;
+  absl::StatusOr<ValidGenerate> Generate(const GenerateInput& req) const;
   // The scored tokens (at least 2).
-  absl::StatusOr<std::vector<int32_t>> Score(const v1::ScoreRequest& req) const;
+  absl::StatusOr<std::vector<int32_t>> Score(const ScoreInput& req) const;
   // The client's id when it fits, else 128 random bits in hex ("req-...").
   absl::StatusOr<std::string> RequestId(const std::string& given) const;
 
@@ -71,17 +74,22 @@ class RequestValidator {
   int64_t max_text_bytes() const;
 
  private:
-  // The prompt (or scored input) as token ids: both forms name `field`.
-  template <typename Req>
-  absl::StatusOr<std::vector<int32_t>> InputTokens(const Req& req, const std::string& field) const;
+  // The prompt (or scored input) as token ids; errors name `field`.
+  absl::StatusOr<std::vector<int32_t>> InputTokens(const PromptInput& input,
+                                                   const std::string& field) const;
   absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& text,
                                                 const std::string& field) const;
+  // A conversation rendered by the chat format, and its ids.
+  absl::StatusOr<std::vector<int32_t>> RenderChat(const ChatRequest& chat) const;
+  // A size over the text limits, as Tokenize refuses it.
+  absl::Status CheckTextBytes(int64_t bytes, const std::string& field) const;
   // All but the prompt's fit in the context, which Generate checks.
-  absl::StatusOr<GenerateParams> Params(const v1::GenerateRequest& req) const;
+  absl::StatusOr<GenerateParams> Params(const GenerateInput& req) const;
 
   const ModelConfig& config_;
   const Tokenizer* const tokenizer_;
   const RequestLimits limits_;
+  const ChatFormat* const chat_;
   mutable std::atomic<int64_t> tokenizing_{0};
 };
 

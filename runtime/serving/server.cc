@@ -22,8 +22,10 @@
 #include "runtime/common/status_macros.h"
 #include "runtime/model/weight_spec.h"
 #include "runtime/serving/auth.h"
+#include "runtime/serving/grpc_request.h"
 #include "runtime/serving/grpc_status.h"
 #include "runtime/serving/h2_guard.h"
+#include "runtime/serving/http_api.h"
 #include "runtime/serving/http_server.h"
 #include "runtime/serving/reflection.h"
 #include "runtime/serving/request_validation.h"
@@ -82,10 +84,10 @@ void SetTimings(const RequestOutcome& o, v1::Timings* t) {
 class GenerationService final : public v1::Generation::Service {
  public:
   GenerationService(Coordinator& coordinator, const Authenticator& auth,
-                    const RequestLimits& limits, WriteWatchdog& watchdog)
+                    const RequestValidator& validator, WriteWatchdog& watchdog)
       : coordinator_(coordinator),
         auth_(auth),
-        validator_(coordinator.config(), coordinator.tokenizer(), limits),
+        validator_(validator),
         watchdog_(watchdog),
         model_info_(MakeModelInfo(coordinator)) {}
 
@@ -95,7 +97,7 @@ class GenerationService final : public v1::Generation::Service {
     if (!principal.ok()) return ToGrpc(principal.status());
     auto id = validator_.RequestId(req->request_id());
     if (!id.ok()) return ToGrpc(id.status());
-    auto valid = validator_.Generate(*req);
+    auto valid = validator_.Generate(FromProto(*req));
     if (!valid.ok()) return ToGrpc(valid.status());
     auto handle = coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), *principal,
                                               std::move(valid->prompt), std::move(valid->params),
@@ -175,7 +177,7 @@ class GenerationService final : public v1::Generation::Service {
                         v1::ScoreResponse* response, const ProgressWriter& on_progress) {
     DELTASERVE_ASSIGN_OR_RETURN(std::string principal, auth_.Authenticate(context));
     DELTASERVE_ASSIGN_OR_RETURN(std::string id, validator_.RequestId(req.request_id()));
-    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, validator_.Score(req));
+    DELTASERVE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, validator_.Score(FromProto(req)));
     response->mutable_token_ids()->Add(tokens.begin(), tokens.end());
     DELTASERVE_ASSIGN_OR_RETURN(RequestHandle handle,
                                 coordinator_.SubmitScore(ScopedRequestId(principal, id), principal,
@@ -328,7 +330,7 @@ class GenerationService final : public v1::Generation::Service {
 
   Coordinator& coordinator_;
   const Authenticator& auth_;
-  const RequestValidator validator_;
+  const RequestValidator& validator_;
   WriteWatchdog& watchdog_;
   const v1::ModelInfo model_info_;
 };
@@ -484,11 +486,14 @@ struct Server::Impl {
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<Authenticator> client_auth, worker_auth;
   std::unique_ptr<WriteWatchdog> watchdog;
+  std::unique_ptr<ChatFormat> chat;             // null: the model has none
+  std::unique_ptr<RequestValidator> validator;  // every API's requests
   std::unique_ptr<GenerationService> generation;
   std::unique_ptr<WorkerLinkService> worker_link;
   GrpcPort client;  // the client port
   GrpcPort worker;  // the worker port, when there is one
-  std::unique_ptr<HttpServer> http;
+  std::unique_ptr<HttpApi> http_api;
+  std::unique_ptr<HttpServer> http;  // metrics
   bool shut_down = false;
 };
 
@@ -689,8 +694,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                     options.coordinator, impl->metrics);
   impl->watchdog = std::make_unique<WriteWatchdog>(
       std::chrono::milliseconds(static_cast<int64_t>(options.limits.client_write_timeout_s * 1e3)));
+  // The chat format, from the tokenizer files: a model without one takes
+  // prompts, not conversations.
+  if (auto chat = LoadChatFormat(options.model_dir); chat.ok()) {
+    impl->chat = std::move(*chat);
+  } else if (!absl::IsNotFound(chat.status())) {
+    return chat.status();
+  }
+  impl->validator = std::make_unique<RequestValidator>(impl->coordinator->config(),
+                                                       impl->coordinator->tokenizer(),
+                                                       options.limits, impl->chat.get());
   impl->generation = std::make_unique<GenerationService>(*impl->coordinator, *impl->client_auth,
-                                                         options.limits, *impl->watchdog);
+                                                         *impl->validator, *impl->watchdog);
 
   grpc::ResourceQuota quota("deltaserve");
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
@@ -731,10 +746,31 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     impl->worker = std::move(*worker);
   }
+  if (options.http_port >= 0) {
+    HttpApiOptions http;
+    http.host = options.host;
+    http.port = options.http_port;
+    DELTASERVE_ASSIGN_OR_RETURN(http.tls, MakeServerTls(options.tls, TlsProtocol::kHttp11));
+    http.model_name = options.model_name;
+    http.max_connections = options.http_max_connections;
+    http.max_body_bytes = options.limits.max_request_bytes + (1 << 20);
+    http.body_memory_bytes = options.grpc_memory_bytes;
+    http.write_timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(options.limits.client_write_timeout_s * 1e3));
+    auto started = HttpApi::Start(http, *impl->coordinator, *impl->client_auth, *impl->validator,
+                                  impl->chat.get(), impl->metrics);
+    if (!started.ok()) {
+      ShutdownPorts({&impl->worker, &impl->client}, std::chrono::system_clock::now());
+      return started.status();
+    }
+    impl->http_api = std::move(*started);
+  }
   grpc::HealthCheckServiceInterface* health = impl->client.server->GetHealthCheckService();
-  impl->coordinator->SetServingCallback([health](bool serving) {
+  HttpApi* http_api = impl->http_api.get();
+  impl->coordinator->SetServingCallback([health, http_api](bool serving) {
     health->SetServingStatus(serving);
     health->SetServingStatus("deltaserve.v1.Generation", serving);
+    if (http_api != nullptr) http_api->SetServing(serving);
   });
   if (options.metrics_port >= 0) {
     MetricsRegistry* metrics = &impl->metrics;
@@ -757,6 +793,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 int Server::port() const { return impl_->client.port; }
 int Server::worker_port() const { return impl_->worker.port; }
 int Server::metrics_port() const { return impl_->http ? impl_->http->port() : -1; }
+int Server::http_port() const { return impl_->http_api ? impl_->http_api->port() : -1; }
 Coordinator& Server::coordinator() { return *impl_->coordinator; }
 
 int64_t Server::Drain(std::chrono::duration<double> timeout) {
@@ -771,6 +808,7 @@ void Server::Shutdown() {
   impl_->coordinator->Shutdown();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   ShutdownPorts({&impl_->worker, &impl_->client}, deadline);
+  if (impl_->http_api) impl_->http_api->Stop();
   if (impl_->http) impl_->http->Stop();
 }
 

@@ -2,7 +2,8 @@
 // client port the Generation API, grpc.health.v1.Health (SERVING only while a
 // worker is attached) and server reflection; on the worker port (the
 // coordinator's; serve's worker is in its process) the WorkerLink workers
-// attach to, and nothing else; Prometheus metrics over HTTP. Each listener
+// attach to, and nothing else; the OpenAI HTTP API (http_api.h); Prometheus
+// metrics over HTTP. Each listener
 // can do TLS and authenticate its callers (runtime/serving/auth.h);
 // docs/security.md says how.
 #pragma once
@@ -25,6 +26,12 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 50051;      // the client port; 0: any free port (see Server::port)
   int worker_port = -1;  // -1: no worker listener; 0: any free port
+  // The OpenAI HTTP API (http_api.h) on `host`, with the client port's TLS
+  // and authentication. -1: none; 0: any free port. Requests name the model
+  // `model_name`.
+  int http_port = -1;
+  std::string model_name;
+  int http_max_connections = 512;
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;       // -1: no metrics endpoint; 0: any free port
   ServerTls tls;               // both listeners; tls.client_ca_file: mutual TLS on the client port
@@ -55,6 +62,7 @@ class Server {
   int port() const;
   int worker_port() const;   // -1 when none
   int metrics_port() const;  // -1 when none
+  int http_port() const;     // -1 when none
   Coordinator& coordinator();
   // SIGTERM's first half: health NOT_SERVING, no new requests (UNAVAILABLE),
   // and up to `timeout` for the admitted ones to finish. Returns how many

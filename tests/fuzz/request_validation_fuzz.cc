@@ -1,8 +1,8 @@
-// libFuzzer: any bytes as a GenerateRequest, and as a ScoreRequest, through
-// RequestValidator for k3-tiny's shape with the tiktoken fixture. Validation
-// refuses with INVALID_ARGUMENT (or RESOURCE_EXHAUSTED), or accepts a request
-// that fits: every id in the vocabulary, prompt plus max_tokens within the
-// context, at most the limits' stop ids.
+// libFuzzer: any bytes as a GenerateRequest, and as a ScoreRequest, mapped
+// onto the request model (grpc_request.h) and through RequestValidator for k3-tiny's shape with the
+// tiktoken fixture. Validation refuses with INVALID_ARGUMENT (or RESOURCE_EXHAUSTED), or accepts a
+// request that fits: every id in the vocabulary, prompt plus max_tokens within the context, at most
+// the limits' stop ids.
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -10,6 +10,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "runtime/model/presets.h"
+#include "runtime/serving/grpc_request.h"
 #include "runtime/serving/request_validation.h"
 
 namespace {
@@ -68,7 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t context = f.config.max_position_embeddings;
   deltaserve::v1::GenerateRequest generate;
   if (generate.ParseFromArray(data, static_cast<int>(size))) {
-    auto valid = f.validator->Generate(generate);
+    auto valid = f.validator->Generate(deltaserve::FromProto(generate));
     if (!valid.ok()) {
       if (!Refusal(valid.status())) std::abort();
     } else {
@@ -86,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   deltaserve::v1::ScoreRequest score;
   if (score.ParseFromArray(data, static_cast<int>(size))) {
-    auto tokens = f.validator->Score(score);
+    auto tokens = f.validator->Score(deltaserve::FromProto(score));
     if (!tokens.ok()) {
       if (!Refusal(tokens.status())) std::abort();
     } else if (tokens->size() < 2 || static_cast<int64_t>(tokens->size()) > context ||

@@ -72,7 +72,7 @@ TEST(BatchServeTest, ThroughAServerTheRecordsAreTheEmbeddedRunsOnes) {
   const auto plain = testing::ReadRecords(dir + "/plain.jsonl");
   testing::ExpectSameRecords(plain, embedded, /*same_errors=*/false);
   EXPECT_EQ(plain.at("\"oob\"")["error"],
-            "INVALID_ARGUMENT: prompt.tokens.ids[2]: 256 is outside the vocabulary [0, 256)");
+            "INVALID_ARGUMENT: prompt[2]: 256 is outside the vocabulary [0, 256)");
 
   // A rerun finds every record there and sends nothing.
   ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,

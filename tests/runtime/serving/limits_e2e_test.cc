@@ -58,11 +58,11 @@ TEST(LimitsTest, HostileSizesAreRefusedAndMemoryStaysBounded) {
   for (int round = 0; round < 4; ++round) {
     EXPECT_TRUE(Refused(testing::GenerateAll(*server.stub, text, 60).status,
                         grpc::StatusCode::INVALID_ARGUMENT,
-                        "prompt.text: 33554433 bytes, over the limit of 33554432 "
+                        "prompt: 33554433 bytes, over the limit of 33554432 "
                         "(--max-text-bytes-per-token 32 x the context of 1048576 tokens)"));
     EXPECT_TRUE(Refused(testing::GenerateAll(*server.stub, ids, 60).status,
                         grpc::StatusCode::INVALID_ARGUMENT,
-                        "prompt.tokens: 16777217 ids, over the limit of 16777216 "
+                        "prompt: 16777217 ids, over the limit of 16777216 "
                         "(--max-request-bytes / 4)"));
     EXPECT_TRUE(Refused(testing::GenerateAll(*server.stub, stops, 60).status,
                         grpc::StatusCode::INVALID_ARGUMENT,

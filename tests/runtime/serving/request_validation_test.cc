@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "runtime/model/presets.h"
+#include "runtime/serving/grpc_request.h"
 #include "tests/test_util.h"
 
 namespace deltaserve {
@@ -55,17 +56,17 @@ TEST(RequestValidationTest, StopTokenIdsAreLimitedAndChecked) {
   const RequestValidator validator(f.config, f.tokenizer.get(), limits);
   v1::GenerateRequest req = TextRequest("hello");
   for (int i = 0; i < 8; ++i) req.add_stop_token_ids(i);
-  auto ok = validator.Generate(req);
+  auto ok = validator.Generate(FromProto(req));
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->params.stop_ids.size(), 8u);
   req.add_stop_token_ids(9);
-  auto over = validator.Generate(req);
+  auto over = validator.Generate(FromProto(req));
   EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(over.status(), "stop_token_ids: 9 ids, over the limit of 8"));
   EXPECT_TRUE(Contains(over.status(), "--max-stop-token-ids"));
   req.clear_stop_token_ids();
   req.add_stop_token_ids(static_cast<int32_t>(kFixtureVocab));
-  EXPECT_TRUE(Contains(validator.Generate(req).status(), "stop_token_ids[0]"));
+  EXPECT_TRUE(Contains(validator.Generate(FromProto(req)).status(), "stop_token_ids[0]"));
 }
 
 TEST(RequestValidationTest, TextIsBoundedByTheContextBeforeTokenizing) {
@@ -77,24 +78,24 @@ TEST(RequestValidationTest, TextIsBoundedByTheContextBeforeTokenizing) {
   EXPECT_EQ(validator.max_text_bytes(), 10000);
   v1::GenerateRequest req = TextRequest(std::string(4000, 'a'));
   req.set_max_tokens(1);
-  auto within = validator.Generate(req);
+  auto within = validator.Generate(FromProto(req));
   ASSERT_TRUE(within.ok()) << within.status();
   // At the limit the bytes pass (the tokens may still exceed the context).
   req.set_text(std::string(10000, 'a'));
-  EXPECT_FALSE(Contains(validator.Generate(req).status(), "bytes, over the limit"));
+  EXPECT_FALSE(Contains(validator.Generate(FromProto(req)).status(), "bytes, over the limit"));
   req.set_text(std::string(10001, 'a'));
-  auto over = validator.Generate(req);
+  auto over = validator.Generate(FromProto(req));
   EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(over.status(), "prompt.text: 10001 bytes, over the limit of 10000"));
+  EXPECT_TRUE(Contains(over.status(), "prompt: 10001 bytes, over the limit of 10000"));
   EXPECT_TRUE(Contains(over.status(), "--max-text-bytes-per-token 2 x the context of 5000"));
   // --max-request-bytes is the other bound, whichever is smaller.
   limits.max_request_bytes = 100;
   const RequestValidator small(f.config, f.tokenizer.get(), limits);
   req.set_text(std::string(101, 'a'));
-  EXPECT_TRUE(Contains(small.Generate(req).status(), "--max-request-bytes"));
+  EXPECT_TRUE(Contains(small.Generate(FromProto(req)).status(), "--max-request-bytes"));
   v1::ScoreRequest score;
   score.set_text(std::string(101, 'a'));
-  EXPECT_TRUE(Contains(small.Score(score).status(), "input.text: 101 bytes"));
+  EXPECT_TRUE(Contains(small.Score(FromProto(score)).status(), "input: 101 bytes"));
 }
 
 TEST(RequestValidationTest, ParametersAreRefusedBeforeTheTextIsTokenized) {
@@ -106,9 +107,9 @@ TEST(RequestValidationTest, ParametersAreRefusedBeforeTheTextIsTokenized) {
   // error comes first.
   v1::GenerateRequest req = TextRequest("\xff");
   req.add_stop_token_ids(1);
-  EXPECT_TRUE(Contains(validator.Generate(req).status(), "stop_token_ids"));
+  EXPECT_TRUE(Contains(validator.Generate(FromProto(req)).status(), "stop_token_ids"));
   req.clear_stop_token_ids();
-  EXPECT_TRUE(Contains(validator.Generate(req).status(), "prompt.text"));
+  EXPECT_TRUE(Contains(validator.Generate(FromProto(req)).status(), "prompt"));
 }
 
 // A tokenizer that holds each Encode until released, so that the test knows
@@ -155,22 +156,22 @@ TEST(RequestValidationTest, ConcurrentTokenizationsOverTheLimitAreRefused) {
   limits.max_concurrent_tokenizations = 2;
   const RequestValidator validator(f.config, &tokenizer, limits);
   const v1::GenerateRequest req = TextRequest("abc");
-  auto first = std::async(std::launch::async, [&] { return validator.Generate(req); });
-  auto second = std::async(std::launch::async, [&] { return validator.Generate(req); });
+  auto first = std::async(std::launch::async, [&] { return validator.Generate(FromProto(req)); });
+  auto second = std::async(std::launch::async, [&] { return validator.Generate(FromProto(req)); });
   tokenizer.WaitForRunning(2);
-  auto third = validator.Generate(req);
+  auto third = validator.Generate(FromProto(req));
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(Contains(third.status(), "--max-concurrent-tokenizations"));
   // Token ids need no tokenizer: they pass while the slots are taken.
   v1::GenerateRequest ids;
   ids.mutable_tokens()->add_ids(1);
   ids.set_max_tokens(1);
-  EXPECT_TRUE(validator.Generate(ids).ok());
+  EXPECT_TRUE(validator.Generate(FromProto(ids)).ok());
   tokenizer.Release();
   EXPECT_TRUE(first.get().ok());
   EXPECT_TRUE(second.get().ok());
   // The slots were given back.
-  EXPECT_TRUE(validator.Generate(req).ok());
+  EXPECT_TRUE(validator.Generate(FromProto(req)).ok());
 }
 
 TEST(RequestValidationTest, RequestIdsAreBoundedOrRandom) {

@@ -478,6 +478,46 @@ TEST_F(SecurityTest, TlsPortsServeBehindTheGuardWithOrWithoutClientCertificates)
   // A key that is not the certificate's: TlsMistakesAreNamedAtStart.
 }
 
+// The HTTP API on the client port's TLS: curl trusting the test CA is
+// served with the token (an API key) or, under mutual TLS, a certificate of
+// the client CA; without them, or in plaintext, it is not.
+TEST_F(SecurityTest, TheHttpApiHasTheClientPortsTlsAndTokens) {
+  const std::string tls = " --tls-cert " + File("server.pem") + " --tls-key " + File("server.key");
+  const std::string curl = "curl -s -o /dev/null -w '%{http_code}' --cacert " + File("ca.pem");
+  auto get = [&](int port, const std::string& flags) {
+    std::string out;
+    testing::RunCommand(
+        absl::StrCat(curl, " ", flags, " https://127.0.0.1:", port, "/v1/models 2>&1"), &out);
+    return out;
+  };
+  {
+    auto server =
+        testing::StartServer("serve --model " + K3Tiny() + tls + " --client-tokens-file " +
+                             File("clients") + " --http-port 0");
+    ASSERT_GE(server.http_port, 0) << server.process->Log();
+    EXPECT_EQ(get(server.http_port, "-H 'Authorization: Bearer alice-0123456789abcdef'"), "200");
+    EXPECT_EQ(get(server.http_port, "-H 'Authorization: Bearer not-a-token-of-this-server'"),
+              "401");
+    EXPECT_EQ(get(server.http_port, ""), "401");
+    // Plaintext HTTP to the TLS port gets no answer.
+    std::string out;
+    testing::RunCommand(absl::StrCat("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:",
+                                     server.http_port, "/v1/models"),
+                        &out);
+    EXPECT_EQ(out, "000");
+  }
+  auto server = testing::StartServer("serve --model " + K3Tiny() + tls + " --tls-client-ca " +
+                                     File("ca.pem") + " --http-port 0");
+  ASSERT_GE(server.http_port, 0) << server.process->Log();
+  const std::string alice = " --cert " + File("alice.pem") + " --key " + File("alice.key");
+  EXPECT_EQ(get(server.http_port, alice), "200");
+  // No certificate, or one of a CA the server does not trust: no HTTP at all.
+  EXPECT_EQ(get(server.http_port, ""), "000");
+  EXPECT_EQ(
+      get(server.http_port, " --cert " + File("mallory.pem") + " --key " + File("mallory.key")),
+      "000");
+}
+
 TEST_F(SecurityTest, AHeaderFloodGetsAnErrorAndTheServerServesOn) {
   // A header list limit below gRPC's default of 8 KiB, so that the refusal
   // of 6 KiB shows the flag reaches the transport. 1 MiB is past what the

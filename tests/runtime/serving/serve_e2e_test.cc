@@ -286,7 +286,8 @@ TEST(ServeLogTest, JsonLinesWithTimeLevelAndOneLinePerRequest) {
   const std::regex any_line(
       "\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z (info|warning|error) [a-z]+: .*");
   const std::regex listening(
-      "\\S+ info serve: listening on port \\d+ port=\\d+ worker_port=-1 metrics_port=-1");
+      "\\S+ info serve: listening on port \\d+ port=\\d+ worker_port=-1 metrics_port=-1 "
+      "http_port=-1");
   std::istringstream text_log(text.process->Log());
   int listened = 0;
   while (std::getline(text_log, line)) {
@@ -313,15 +314,15 @@ TEST(ServeErrorsTest, BadRequestsAreRefusedNamingTheFieldAndServingGoesOn) {
     const Streamed ok = GenerateAll(*server.stub, TokensRequest({1, 2, 3}, 2));
     EXPECT_TRUE(ok.status.ok()) << "after " << field << ": " << ok.status.error_message();
   };
-  expect_invalid(TokensRequest({1, 256, 3}, 4), "prompt.tokens.ids[1]");
-  expect_invalid(TokensRequest({-5}, 4), "prompt.tokens.ids[0]");
+  expect_invalid(TokensRequest({1, 256, 3}, 4), "prompt[1]");
+  expect_invalid(TokensRequest({-5}, 4), "prompt[0]");
   expect_invalid(TokensRequest({}, 4), "prompt");
   v1::GenerateRequest empty_text;
   empty_text.set_text("");
   expect_invalid(empty_text, "prompt");
   v1::GenerateRequest big_text;
   big_text.set_text(std::string(200000, 'a'));
-  expect_invalid(big_text, "prompt.text");
+  expect_invalid(big_text, "prompt");
   // Longer than the context (k3-tiny: 1,048,576 positions); the limit on
   // request bytes is the default here, so the context is what refuses it.
   {
@@ -334,16 +335,16 @@ TEST(ServeErrorsTest, BadRequestsAreRefusedNamingTheFieldAndServingGoesOn) {
   }
   v1::GenerateRequest req = TokensRequest({1, 2}, 4);
   req.mutable_sampling()->set_temperature(-1);
-  expect_invalid(req, "sampling.temperature");
+  expect_invalid(req, "temperature");
   req = TokensRequest({1, 2}, 4);
   req.mutable_sampling()->set_temperature(NAN);
-  expect_invalid(req, "sampling.temperature");
+  expect_invalid(req, "temperature");
   req = TokensRequest({1, 2}, 4);
   req.mutable_sampling()->set_top_p(1.5f);
-  expect_invalid(req, "sampling.top_p");
+  expect_invalid(req, "top_p");
   req = TokensRequest({1, 2}, 4);
   req.mutable_sampling()->set_top_k(-1);
-  expect_invalid(req, "sampling.top_k");
+  expect_invalid(req, "top_k");
   expect_invalid(TokensRequest({1, 2}, -3), "max_tokens");
   req = TokensRequest({1, 2}, 4);
   req.set_top_logprobs(21);
@@ -628,7 +629,7 @@ TEST(ServeClientTest, JsonRepliesLabelledLogprobsUsageErrorsAndOneCountOfEndedRe
   EXPECT_EQ(Deltaserve(client + " --tokens 1,2,300 2>/dev/null", &code), "");
   EXPECT_NE(code, 0);
   out = Deltaserve(client + " --tokens 1,2,300 2>&1");
-  EXPECT_NE(out.find("INVALID_ARGUMENT: prompt.tokens.ids[2]"), std::string::npos) << out;
+  EXPECT_NE(out.find("INVALID_ARGUMENT: prompt[2]"), std::string::npos) << out;
 
   // --top-logprobs: each token's log-prob and its alternatives, labelled.
   out =
@@ -683,20 +684,27 @@ TEST(ServeClientTest, JsonRepliesLabelledLogprobsUsageErrorsAndOneCountOfEndedRe
 
 // bench-serve's warm-up requests reach the server before the table and are
 // not in it, so the one-client row (what the speedups divide by) does not
-// carry the server's first-use costs.
+// carry the server's first-use costs. With --http each row runs over both
+// APIs.
 TEST(ServeBenchTest, WarmUpRequestsAreSentAndNotCounted) {
-  auto server = testing::StartServer("serve --model " + K3Tiny());
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --http-port 0");
   ASSERT_NE(server.stub, nullptr);
   int code = 0;
+  const std::string flags = " --concurrency 1 --requests 2 --prompt-tokens 4 --max-tokens 2 ";
   const std::string out =
-      Deltaserve("bench-serve --server " + server.address +
-                     " --concurrency 1 --requests 2 --prompt-tokens 4 --max-tokens 2 --warmup 3 "
-                     "2>&1",
-                 &code);
+      Deltaserve("bench-serve --server " + server.address + flags + "--warmup 3 2>&1", &code);
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("# warm-up: 3 requests, not counted"), std::string::npos) << out;
   EXPECT_NE(out.find("\n| 1 | 2 | "), std::string::npos) << out;
   EXPECT_EQ(testing::Status(*server.stub).requests_finished(), 5);
+  const std::string both =
+      Deltaserve("bench-serve --server " + server.address + flags +
+                     "--warmup 0 --http 127.0.0.1:" + std::to_string(server.http_port) + " 2>&1",
+                 &code);
+  ASSERT_EQ(code, 0) << both;
+  EXPECT_NE(both.find("\n| gRPC | 1 | 2 | "), std::string::npos) << both;
+  EXPECT_NE(both.find("\n| HTTP | 1 | 2 | "), std::string::npos) << both;
+  EXPECT_EQ(testing::Status(*server.stub).requests_finished(), 9);
 }
 
 // The Python client as a package: `pip install` of a copy of examples/python

@@ -27,7 +27,7 @@ namespace deltaserve::testing {
 
 struct ServerUnderTest {
   std::unique_ptr<ChildProcess> process;
-  int port = 0, metrics_port = -1;
+  int port = 0, metrics_port = -1, http_port = -1;
   std::string address;         // 127.0.0.1:port, the client API
   std::string worker_address;  // where workers attach (--coordinator of `deltaserve worker`)
   // The worker token a coordinator without worker credentials made (beside
@@ -74,10 +74,10 @@ inline ServerUnderTest StartServer(const std::string& command_and_flags) {
       return s;
     }
   }
-  // The client port, the metrics port, the worker port (-1: none).
+  // The client port, the metrics port, the worker port, the HTTP port (-1: none).
   std::ifstream in(port_file);
   int worker_port = -1;
-  in >> s.port >> s.metrics_port >> worker_port;
+  in >> s.port >> s.metrics_port >> worker_port >> s.http_port;
   s.address = "127.0.0.1:" + std::to_string(s.port);
   if (worker_port >= 0) s.worker_address = "127.0.0.1:" + std::to_string(worker_port);
   s.worker_token_file = port_file + ".worker-token";

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "runtime/engine/step_executor.h"
 #include "runtime/model/model.h"
 #include "tests/model_runs.h"
@@ -296,7 +297,8 @@ namespace {
 // docs/numerics.md), prefill pipelined in chunks included.
 TEST(WorkerJobTest, TensorAndPipelineParallelWorkersGiveGenerateTokens) {
   const std::string model = testing::GoldenPath("model/kimi-linear-tiny");
-  auto coordinator = testing::StartServer("coordinator --model " + model + " --step-tokens 128");
+  auto coordinator =
+      testing::StartServer("coordinator --model " + model + " --step-tokens 128 --http-port 0");
   const std::vector<int32_t> prompt = testing::RandomTokens(1000, 61);
   std::string expected;
   ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + model +
@@ -321,6 +323,26 @@ TEST(WorkerJobTest, TensorAndPipelineParallelWorkersGiveGenerateTokens) {
     ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
     const std::string ids = absl::StrJoin(streamed.ids, " ");
     EXPECT_EQ(ids + "\n", expected);
+    if (pp == 2) {
+      // The OpenAI client through the coordinator's HTTP API, streamed and
+      // not, gets the same tokens.
+      std::string output;
+      ASSERT_EQ(testing::RunCommand(
+                    absl::StrCat("PYTHONPATH=", DELTASERVE_PYTHON_DEPS, " ", testing::kSystemPython,
+                                 " ", DELTASERVE_SOURCE_DIR,
+                                 "/tests/runtime/serving/openai_client_check.py http://127.0.0.1:",
+                                 coordinator.http_port, "/v1 none kimi-linear-tiny ",
+                                 absl::StrJoin(prompt, ","), " 16 2>&1"),
+                    &output),
+                0)
+          << output;
+      const nlohmann::json r = nlohmann::json::parse(output, nullptr, false);
+      ASSERT_FALSE(r.is_discarded()) << output;
+      for (const char* name : {"greedy", "greedy_stream"}) {
+        EXPECT_EQ(absl::StrJoin(r[name]["ids"].get<std::vector<int32_t>>(), " ") + "\n", expected)
+            << name;
+      }
+    }
     worker->Signal(SIGTERM);
     worker->Wait(std::chrono::seconds(20));
     ASSERT_TRUE(testing::WaitForStatus(

@@ -1,0 +1,641 @@
+#include "runtime/serving/http_api.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <limits>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/common/log.h"
+#include "runtime/serving/listen_socket.h"
+#include "runtime/serving/openai_api.h"
+
+namespace deltaserve {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+// A request head: the request line and headers, which a bearer token and a
+// client's usual headers fit well within.
+constexpr uint32_t kMaxHeadBytes = 16 << 10;
+
+uint64_t RandomSeed() {
+  uint64_t seed = 0;
+  size_t got = 0;
+  auto* bytes = reinterpret_cast<unsigned char*>(&seed);
+  while (got < sizeof(seed)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(seed) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // a fixed seed then: sampling still works
+    got += static_cast<size_t>(n);
+  }
+  return seed;
+}
+
+// One accepted connection. Its thread arms the deadline before each
+// blocking read or write; the reaper shuts the socket down once it passes,
+// which ends that read or write with an error.
+struct Connection {
+  int fd = -1;
+  std::atomic<int64_t> deadline_ns{INT64_MAX};  // SteadyClock; INT64_MAX: none
+  std::atomic<bool> cut{false};
+  std::atomic<bool> done{false};
+  std::thread thread;
+
+  void Arm(std::chrono::milliseconds timeout) {
+    deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      (SteadyClock::now() + timeout).time_since_epoch())
+                      .count();
+  }
+  void Disarm() { deadline_ns = INT64_MAX; }
+  // Whether the peer has closed its side (or the connection broke).
+  bool PeerGone() const {
+    pollfd p{fd, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+};
+
+// A reservation of body memory, given back when it goes.
+class BodyReservation {
+ public:
+  BodyReservation(std::atomic<int64_t>& in_use, int64_t bytes, int64_t limit) : in_use_(in_use) {
+    const int64_t before = in_use_.fetch_add(bytes);
+    if (before + bytes > limit) {
+      in_use_.fetch_sub(bytes);
+    } else {
+      bytes_ = bytes;
+    }
+  }
+  ~BodyReservation() { in_use_.fetch_sub(bytes_); }
+  bool held() const { return bytes_ > 0; }
+
+ private:
+  std::atomic<int64_t>& in_use_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
+
+class HttpApi::Impl {
+ public:
+  Impl(const HttpApiOptions& options, Coordinator& coordinator, const Authenticator& auth,
+       const RequestValidator& validator, const ChatFormat* chat, MetricsRegistry& metrics)
+      : options_(options),
+        coordinator_(coordinator),
+        auth_(auth),
+        validator_(validator),
+        chat_(chat),
+        requests_(metrics.AddCounter("deltaserve_http_requests_total",
+                                     "HTTP API requests answered (any status).")),
+        refused_(metrics.AddCounter(
+            "deltaserve_http_connections_refused_total",
+            "HTTP API connections answered 503 and closed: --http-max-connections were open.")),
+        created_(std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count()) {}
+
+  absl::Status Listen() {
+    if (options_.tls != nullptr) {
+      // asio's context owns the SSL_CTX it wraps: it gets a reference of its own.
+      SSL_CTX_up_ref(options_.tls->get());
+      ssl_ = std::make_unique<asio::ssl::context>(options_.tls->get());
+    }
+    auto socket = ListenTcp(options_.host, options_.port, "the HTTP port");
+    if (!socket.ok()) return socket.status();
+    listen_fd_ = socket->fd;
+    port_ = socket->port;
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      ::close(listen_fd_);
+      return ErrnoStatus(errno, "the HTTP port: pipe2");
+    }
+    wake_read_ = pipe_fds[0];
+    wake_write_ = pipe_fds[1];
+    acceptor_ = std::thread([this] { Accept(); });
+    reaper_ = std::thread([this] { Reap(); });
+    return absl::OkStatus();
+  }
+
+  ~Impl() { Stop(); }
+
+  int port() const { return port_; }
+  void SetServing(bool serving) { serving_ = serving; }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    if (wake_write_ >= 0) {
+      const char byte = 1;
+      (void)!::write(wake_write_, &byte, 1);
+    }
+    if (acceptor_.joinable()) acceptor_.join();
+    std::list<Connection> connections;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Connection& c : connections_) {
+        if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
+      }
+      connections.splice(connections.end(), connections_);
+      reaper_cv_.notify_all();
+    }
+    for (Connection& c : connections) c.thread.join();
+    if (reaper_.joinable()) reaper_.join();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (wake_read_ >= 0) ::close(wake_read_);
+    if (wake_write_ >= 0) ::close(wake_write_);
+  }
+
+ private:
+  void Accept() {
+    while (true) {
+      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
+      if (::poll(fds, 2, 1000) < 0 && errno != EINTR) break;
+      if (fds[1].revents != 0) break;
+      JoinFinished();
+      if ((fds[0].revents & POLLIN) == 0) continue;
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;  // the peer gave up, or descriptors ran out for now
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+        refused_.Add();
+        static const std::string busy = [] {
+          const std::string body =
+              ErrorResponse(absl::UnavailableError("too many open connections; try again")).body;
+          return absl::StrCat(
+              "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+              "Connection: close\r\nContent-Length: ",
+              body.size(), "\r\n\r\n", body);
+        }();
+        (void)!::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        ::close(fd);
+        continue;
+      }
+      Connection& c = connections_.emplace_back();
+      c.fd = fd;
+      c.thread = std::thread([this, &c] {
+        Serve(c);
+        // The reaper and Stop shut sockets down by this descriptor: it is
+        // closed, and forgotten, under their lock, so that they never reach
+        // a descriptor number the system has given to another file.
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ::close(c.fd);
+          c.fd = -1;
+        }
+        c.done = true;
+      });
+    }
+  }
+
+  // Joins the threads of connections that have ended.
+  void JoinFinished() {
+    std::list<Connection> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = connections_.begin(); it != connections_.end();) {
+        auto next = std::next(it);
+        if (it->done) finished.splice(finished.end(), connections_, it);
+        it = next;
+      }
+    }
+    for (Connection& c : finished) c.thread.join();
+  }
+
+  void Reap() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopped_) {
+      reaper_cv_.wait_for(lock, std::chrono::milliseconds(50));
+      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              SteadyClock::now().time_since_epoch())
+                              .count();
+      for (Connection& c : connections_) {
+        if (c.fd >= 0 && !c.cut && c.deadline_ns.load() < now) {
+          c.cut = true;
+          ::shutdown(c.fd, SHUT_RDWR);
+        }
+      }
+    }
+  }
+
+  // One connection, until it closes or breaks. The socket gets a
+  // descriptor of its own (a dup), which it closes; c.fd stays the
+  // thread's until it returns.
+  void Serve(Connection& c) {
+    int family = AF_INET;
+    sockaddr_storage addr{};
+    socklen_t length = sizeof(addr);
+    if (::getsockname(c.fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
+      family = addr.ss_family;
+    }
+    const tcp protocol = family == AF_INET6 ? tcp::v6() : tcp::v4();
+    beast::error_code ec;
+    const int own = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return;
+    if (ssl_ == nullptr) {
+      tcp::socket socket(io_);
+      socket.assign(protocol, own, ec);
+      if (ec) {
+        ::close(own);
+        return;
+      }
+      ServeStream(socket, c, std::nullopt);
+      socket.shutdown(tcp::socket::shutdown_send, ec);
+      return;
+    }
+    asio::ssl::stream<tcp::socket> stream(io_, *ssl_);
+    stream.next_layer().assign(protocol, own, ec);
+    if (ec) {
+      ::close(own);
+      return;
+    }
+    c.Arm(options_.request_timeout);
+    stream.handshake(asio::ssl::stream_base::server, ec);
+    if (ec) return;
+    std::optional<std::string> identity;
+    if (const X509* cert = SSL_get0_peer_certificate(stream.native_handle())) {
+      identity = CertificateIdentity(cert);
+    }
+    ServeStream(stream, c, identity);
+    c.Arm(std::chrono::milliseconds(1000));
+    stream.shutdown(ec);
+  }
+
+  template <typename Stream>
+  void ServeStream(Stream& stream, Connection& c, const std::optional<std::string>& identity) {
+    beast::flat_buffer buffer;
+    while (!c.cut) {
+      c.Arm(options_.request_timeout);
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(kMaxHeadBytes);
+      // The head's Content-Length is checked below, once the caller is
+      // known; Beast's own check would end the read of the head first. (Not
+      // boost::none: Boost 1.74's parser takes any length as over it.)
+      parser.body_limit(std::numeric_limits<uint64_t>::max());
+      beast::error_code ec;
+      http::read_header(stream, buffer, parser, ec);
+      if (ec == http::error::header_limit) {
+        Error(stream, c,
+              absl::InvalidArgumentError(
+                  absl::StrCat("the request head is over the limit of ", kMaxHeadBytes, " bytes")),
+              431, false);
+        return;
+      }
+      if (ec) return;  // closed, timed out, or not HTTP
+      const auto& head = parser.get();
+      const std::string path(head.target().substr(0, head.target().find('?')));
+      if (path == "/health") {
+        const bool ok = serving_.load();
+        Respond(stream, c, ok ? 200 : 503, "application/json",
+                ok ? R"({"status":"ok"})" : R"({"status":"unavailable"})", head.keep_alive());
+        // A body, if any, is not read: the connection cannot go on.
+        if (parser.content_length().value_or(0) > 0 || parser.chunked()) return;
+        if (!head.keep_alive()) return;
+        continue;
+      }
+      std::optional<absl::string_view> authorization;
+      if (auto it = head.find(http::field::authorization); it != head.end()) {
+        authorization = absl::string_view(it->value().data(), it->value().size());
+      }
+      absl::StatusOr<std::string> principal = auth_.Authenticate(authorization, identity);
+      if (!principal.ok()) {
+        Error(stream, c, principal.status(), 0, false);
+        return;
+      }
+      const int64_t declared = static_cast<int64_t>(
+          parser.content_length().value_or(static_cast<uint64_t>(options_.max_body_bytes)));
+      if (declared > options_.max_body_bytes) {
+        Error(stream, c, BodyTooLarge(declared), 413, false);
+        return;
+      }
+      const BodyReservation reservation(body_bytes_, std::max<int64_t>(declared, 1),
+                                        options_.body_memory_bytes);
+      if (!reservation.held()) {
+        Error(stream, c,
+              absl::UnavailableError("the server is reading too many request bodies at once; "
+                                     "try again"),
+              0, false);
+        return;
+      }
+      parser.body_limit(static_cast<uint64_t>(options_.max_body_bytes));
+      if (auto it = head.find(http::field::expect);
+          it != head.end() && beast::iequals(it->value(), "100-continue")) {
+        http::response<http::empty_body> proceed{http::status::continue_, 11};
+        http::write(stream, proceed, ec);
+        if (ec) return;
+      }
+      http::read(stream, buffer, parser, ec);
+      if (ec == http::error::body_limit) {
+        Error(stream, c, BodyTooLarge(options_.max_body_bytes + 1), 413, false);
+        return;
+      }
+      if (ec) return;
+      c.Disarm();
+      const http::request<http::string_body>& req = parser.get();
+      const bool keep = Handle(stream, c, req, path, *principal) && req.keep_alive();
+      if (!keep) return;
+    }
+  }
+
+  absl::Status BodyTooLarge(int64_t bytes) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body: ", bytes, " bytes, over the limit of ", options_.max_body_bytes,
+                     " (--max-request-bytes + 1 MiB)"));
+  }
+
+  // Answers one request; false when the connection cannot go on.
+  template <typename Stream>
+  bool Handle(Stream& stream, Connection& c, const http::request<http::string_body>& req,
+              const std::string& path, const std::string& principal) {
+    const bool keep_alive = req.keep_alive();
+    const bool completions = path == "/v1/completions";
+    const bool chat = path == "/v1/chat/completions";
+    if (path == "/v1/models") {
+      if (req.method() != http::verb::get) return MethodNotAllowed(stream, c, "GET", keep_alive);
+      return Respond(stream, c, 200, "application/json", ModelList(options_.model_name, created_),
+                     keep_alive);
+    }
+    if (!completions && !chat) {
+      return Error(stream, c,
+                   absl::NotFoundError(absl::StrCat(
+                       "no such endpoint: ", path.substr(0, 128),
+                       " (this server has /v1/completions, /v1/chat/completions, /v1/models "
+                       "and /health)")),
+                   0, keep_alive);
+    }
+    if (req.method() != http::verb::post) return MethodNotAllowed(stream, c, "POST", keep_alive);
+    return Generate(stream, c, req,
+                    completions ? OpenAiEndpoint::kCompletions : OpenAiEndpoint::kChat, principal);
+  }
+
+  template <typename Stream>
+  bool MethodNotAllowed(Stream& stream, Connection& c, const char* allowed, bool keep_alive) {
+    return Error(stream, c,
+                 absl::InvalidArgumentError(absl::StrCat("this endpoint takes ", allowed)), 405,
+                 keep_alive);
+  }
+
+  template <typename Stream>
+  bool Generate(Stream& stream, Connection& c, const http::request<http::string_body>& req,
+                OpenAiEndpoint endpoint, const std::string& principal) {
+    const bool keep_alive = req.keep_alive();
+    // A token id is at least two bytes of JSON ("1,"): the body holds at
+    // most half its size in values, and the rest of a request far fewer.
+    const int64_t max_values = static_cast<int64_t>(req.body().size()) / 2 + 4096;
+    absl::StatusOr<OpenAiRequest> parsed =
+        ParseOpenAiRequest(endpoint, req.body(), RandomSeed(), max_values);
+    if (!parsed.ok()) return Error(stream, c, parsed.status(), 0, keep_alive);
+    if (parsed->model != options_.model_name) {
+      return Error(stream, c,
+                   absl::NotFoundError(absl::StrCat(
+                       "model: the model `", parsed->model.substr(0, 128),
+                       "` does not exist; this server serves `", options_.model_name, "`")),
+                   0, keep_alive);
+    }
+    absl::StatusOr<std::string> id = validator_.RequestId("");
+    if (!id.ok()) return Error(stream, c, id.status(), 0, keep_alive);
+    absl::StatusOr<ValidGenerate> valid = validator_.Generate(parsed->input);
+    if (!valid.ok()) return Error(stream, c, valid.status(), 0, keep_alive);
+    absl::StatusOr<RequestHandle> handle = coordinator_.SubmitGenerate(
+        ScopedRequestId(principal, *id), principal, std::move(valid->prompt),
+        std::move(valid->params), std::nullopt);
+    if (!handle.ok()) return Error(stream, c, handle.status(), 0, keep_alive);
+    OpenAiResponseId rid;
+    rid.id = absl::StrCat(endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-",
+                          id->substr(4));  // after "req-"
+    rid.created = std::chrono::duration_cast<std::chrono::seconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+    rid.model = options_.model_name;
+    if (parsed->stream) return StreamResponse(stream, c, *parsed, rid, *handle, keep_alive);
+    OpenAiTokens out;
+    while (true) {
+      std::vector<TokenEvent> tokens;
+      std::optional<RequestOutcome> outcome = coordinator_.Poll(*handle, &tokens, kPollInterval);
+      for (TokenEvent& e : tokens) {
+        out.text += e.text;
+        if (parsed->logprobs) out.tokens.push_back(std::move(e));
+      }
+      if (outcome) {
+        if (!outcome->status.ok()) return Error(stream, c, outcome->status, 0, keep_alive);
+        if (endpoint == OpenAiEndpoint::kCompletions) {
+          return Respond(stream, c, 200, "application/json",
+                         CompletionResponse(*parsed, rid, out, *outcome, coordinator_.tokenizer()),
+                         keep_alive);
+        }
+        absl::StatusOr<ChatReply> reply =
+            chat_->Parse(out.text, parsed->input.prompt.chat.thinking);
+        if (!reply.ok()) return Error(stream, c, UnparsedReply(reply.status()), 0, keep_alive);
+        return Respond(stream, c, 200, "application/json",
+                       ChatResponse(*parsed, rid, *reply, out, *outcome, coordinator_.tokenizer()),
+                       keep_alive);
+      }
+      if (c.cut || c.PeerGone()) {
+        coordinator_.Cancel(*handle, absl::CancelledError("the client went away"));
+      }
+    }
+  }
+
+  // A streamed response: server-sent events in chunked encoding, ending
+  // with `data: [DONE]`. An error after the events began comes as an event
+  // holding OpenAI's error object.
+  template <typename Stream>
+  bool StreamResponse(Stream& stream, Connection& c, const OpenAiRequest& req,
+                      const OpenAiResponseId& rid, const RequestHandle& handle, bool keep_alive) {
+    http::response<http::empty_body> res{http::status::ok, 11};
+    res.set(http::field::server, "deltaserve");
+    res.set(http::field::content_type, "text/event-stream");
+    res.set(http::field::cache_control, "no-cache");
+    res.keep_alive(keep_alive);
+    res.chunked(true);
+    http::response_serializer<http::empty_body> serializer{res};
+    beast::error_code ec;
+    c.Arm(options_.write_timeout);
+    http::write_header(stream, serializer, ec);
+    c.Disarm();
+    requests_.Add();
+    auto event = [&](const std::string& data) {
+      const std::string framed = absl::StrCat("data: ", data, "\n\n");
+      c.Arm(options_.write_timeout);
+      asio::write(stream, http::make_chunk(asio::buffer(framed)), ec);
+      c.Disarm();
+      return !ec;
+    };
+    if (ec) {
+      coordinator_.Cancel(handle, absl::CancelledError("the client went away"));
+    }
+    bool first = true;
+    int64_t offset = 0;
+    std::optional<ChatStream> chat;
+    std::string text;  // a chat's reply so far
+    if (req.endpoint == OpenAiEndpoint::kChat) {
+      chat.emplace(req, rid, *chat_, coordinator_.tokenizer());
+    }
+    auto send = [&](const std::vector<std::string>& chunks) {
+      for (const std::string& chunk : chunks) {
+        if (!event(chunk)) return false;
+      }
+      return true;
+    };
+    while (true) {
+      std::vector<TokenEvent> tokens;
+      std::optional<RequestOutcome> outcome = coordinator_.Poll(handle, &tokens, kPollInterval);
+      if (!ec && !tokens.empty()) {
+        bool sent = true;
+        if (chat) {
+          for (const TokenEvent& e : tokens) text += e.text;
+          if (!req.logprobs) tokens.clear();
+          sent = send(chat->Update(text, std::move(tokens)));
+        } else {
+          OpenAiTokens out;
+          for (TokenEvent& e : tokens) {
+            out.text += e.text;
+            if (req.logprobs) out.tokens.push_back(std::move(e));
+          }
+          if (!out.text.empty() || !out.tokens.empty()) {
+            sent = event(
+                CompletionChunk(req, rid, out, offset, first, nullptr, coordinator_.tokenizer()));
+            first = false;
+            offset += static_cast<int64_t>(out.text.size());
+          }
+        }
+        if (!sent) coordinator_.Cancel(handle, WriteFailure(c));
+      }
+      if (outcome) {
+        if (ec) return false;
+        bool sent = true;
+        if (!outcome->status.ok()) {
+          sent = event(ErrorResponse(outcome->status).body);
+        } else if (chat) {
+          absl::StatusOr<std::vector<std::string>> last = chat->Finish(text, *outcome);
+          sent = last.ok() ? send(*last) : event(ErrorResponse(UnparsedReply(last.status())).body);
+        } else {
+          const std::string finish = FinishReasonName(outcome->reason);
+          sent = event(CompletionChunk(req, rid, OpenAiTokens{}, offset, first, &finish,
+                                       coordinator_.tokenizer()));
+        }
+        if (sent && outcome->status.ok() && req.include_usage) {
+          sent = event(UsageChunk(req, rid, *outcome));
+        }
+        if (!sent || !event("[DONE]")) return false;
+        c.Arm(options_.write_timeout);
+        asio::write(stream, http::make_chunk_last(), ec);
+        c.Disarm();
+        return !ec;
+      }
+      if (!ec && (c.cut || c.PeerGone())) {
+        coordinator_.Cancel(handle, absl::CancelledError("the client went away"));
+      }
+    }
+  }
+
+  // A reply the model generated that its chat format cannot read (a tool
+  // call cut short or malformed): the server's failure, not the client's.
+  static absl::Status UnparsedReply(const absl::Status& why) {
+    return absl::InternalError(
+        absl::StrCat("the model's reply does not parse as its chat format: ", why.message()));
+  }
+
+  absl::Status WriteFailure(const Connection& c) const {
+    if (c.cut) {
+      return absl::CancelledError(absl::StrCat("the client did not read its stream for ",
+                                               options_.write_timeout.count() / 1e3,
+                                               " s (--client-write-timeout)"));
+    }
+    return absl::CancelledError("the client went away");
+  }
+
+  template <typename Stream>
+  bool Error(Stream& stream, Connection& c, const absl::Status& status, int http_status,
+             bool keep_alive) {
+    OpenAiError e = ErrorResponse(status);
+    if (http_status != 0) e.http_status = http_status;
+    return Respond(stream, c, e.http_status, "application/json", std::move(e.body), keep_alive,
+                   e.http_status == 401);
+  }
+
+  template <typename Stream>
+  bool Respond(Stream& stream, Connection& c, int status, const char* content_type,
+               std::string body, bool keep_alive, bool challenge = false) {
+    requests_.Add();
+    http::response<http::string_body> res{static_cast<http::status>(status), 11};
+    res.set(http::field::server, "deltaserve");
+    res.set(http::field::content_type, content_type);
+    if (challenge) res.set(http::field::www_authenticate, "Bearer");
+    res.keep_alive(keep_alive);
+    res.body() = std::move(body);
+    res.prepare_payload();
+    beast::error_code ec;
+    c.Arm(options_.write_timeout);
+    http::write(stream, res, ec);
+    c.Disarm();
+    return !ec && keep_alive;
+  }
+
+  const HttpApiOptions options_;
+  Coordinator& coordinator_;
+  const Authenticator& auth_;
+  const RequestValidator& validator_;
+  const ChatFormat* const chat_;  // null: no chat format (the validator refuses chats)
+  Counter& requests_;
+  Counter& refused_;
+  const int64_t created_;
+  std::atomic<bool> serving_{false};
+  std::atomic<int64_t> body_bytes_{0};
+
+  asio::io_context io_;  // sockets need one; all I/O here is blocking
+  std::unique_ptr<asio::ssl::context> ssl_;
+  int listen_fd_ = -1, wake_read_ = -1, wake_write_ = -1;
+  int port_ = -1;
+  std::thread acceptor_, reaper_;
+  std::mutex mu_;
+  std::condition_variable reaper_cv_;
+  bool stopped_ = false;               // guarded by mu_
+  std::list<Connection> connections_;  // guarded by mu_
+};
+
+HttpApi::HttpApi(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpApi::~HttpApi() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
+    const HttpApiOptions& options, Coordinator& coordinator, const Authenticator& auth,
+    const RequestValidator& validator, const ChatFormat* chat, MetricsRegistry& metrics) {
+  auto impl = std::make_unique<Impl>(options, coordinator, auth, validator, chat, metrics);
+  if (absl::Status ok = impl->Listen(); !ok.ok()) return ok;
+  return std::unique_ptr<HttpApi>(new HttpApi(std::move(impl)));
+}
+
+int HttpApi::port() const { return impl_->port(); }
+void HttpApi::SetServing(bool serving) { impl_->SetServing(serving); }
+void HttpApi::Stop() {
+  if (impl_) impl_->Stop();
+}
+
+}  // namespace deltaserve

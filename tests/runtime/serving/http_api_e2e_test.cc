@@ -1,0 +1,387 @@
+// The OpenAI HTTP API end to end: `deltaserve serve --http-port 0`, driven
+// by the `openai` Python package (deploy/setup.sh --test installs it), curl
+// and raw sockets; tokens compared with `deltaserve generate`.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "runtime/model/presets.h"
+#include "runtime/model/random_checkpoint.h"
+#include "runtime/tokenizer/chat_format.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "tests/runtime/serving/serving_test_util.h"
+
+namespace deltaserve {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kModel = "k3-tiny";
+
+std::string Deltaserve(const std::string& args) {
+  std::string output;
+  EXPECT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " " + args, &output), 0) << output;
+  return output;
+}
+
+// A token file the server takes as --client-tokens-file (mode 600).
+std::string TokenFile(const std::string& token) {
+  const std::string path = testing::TempDir("http_tokens") + "/tokens";
+  std::ofstream(path) << "tester:" << token << "\n";
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  return path;
+}
+
+std::vector<int32_t> Ids(const std::string& line) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    ids.push_back(std::stoi(std::string(part)));
+  }
+  return ids;
+}
+
+// One HTTP exchange on a raw socket: what the server sent back before it
+// closed the connection (or within `wait`).
+std::string RawExchange(int port, const std::string& bytes, int wait_ms = 5000) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{wait_ms / 1000, (wait_ms % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "connect failed";
+  }
+  (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string got;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+TEST(HttpApiTest, OpenAiClientGetsTheTokensOfGenerate) {
+  const std::string token = "test-token-0123456789abcdef";
+  const std::string model_dir = testing::GoldenPath("model/" + kModel);
+  auto server = testing::StartServer("serve --model " + model_dir +
+                                     " --http-port 0 --client-tokens-file " + TokenFile(token));
+  ASSERT_GE(server.http_port, 0);
+  const std::vector<int32_t> prompt = testing::RandomTokens(29, 5);
+  const std::string prompt_flag = absl::StrJoin(prompt, ",");
+  constexpr int kMaxTokens = 12;
+  const std::string generate = "generate --model " + model_dir + " --tokens " + prompt_flag +
+                               " --max-tokens " + std::to_string(kMaxTokens) + " --ids";
+  const std::vector<int32_t> greedy = Ids(Deltaserve(generate + " 2>/dev/null"));
+  const std::vector<int32_t> seeded =
+      Ids(Deltaserve(generate + " --temperature 0.8 --top-k 40 --top-p 0.9 --seed 11 2>/dev/null"));
+  ASSERT_EQ(greedy.size(), static_cast<size_t>(kMaxTokens));
+
+  std::string output;
+  const int code = testing::RunCommand(
+      absl::StrCat("PYTHONPATH=", DELTASERVE_PYTHON_DEPS, " ", testing::kSystemPython, " ",
+                   DELTASERVE_SOURCE_DIR, "/tests/runtime/serving/openai_client_check.py ",
+                   "http://127.0.0.1:", server.http_port, "/v1 ", token, " ", kModel, " ",
+                   prompt_flag, " ", kMaxTokens, " 2>&1"),
+      &output);
+  ASSERT_EQ(code, 0) << output << "\n(the openai package comes from deploy/setup.sh --test)";
+  const json r = json::parse(output, nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << output;
+  EXPECT_EQ(r["models"], json::array({kModel}));
+  for (const char* name : {"greedy", "greedy_stream"}) {
+    EXPECT_EQ(r[name]["ids"].get<std::vector<int32_t>>(), greedy) << name;
+    EXPECT_EQ(r[name]["finish_reason"], "length") << name;
+  }
+  for (const char* name : {"seeded", "seeded_stream"}) {
+    EXPECT_EQ(r[name]["ids"].get<std::vector<int32_t>>(), seeded) << name;
+  }
+  // The stream's text is the whole response's, and so is its usage.
+  EXPECT_EQ(r["greedy_stream"]["text"], r["greedy"]["text"]);
+  EXPECT_EQ(r["greedy"]["usage"], json::array({29, kMaxTokens, 29 + kMaxTokens}));
+  EXPECT_EQ(r["greedy_stream"]["usage"], json::array({29, kMaxTokens}));
+  EXPECT_EQ(r["greedy"]["object"], "text_completion");
+  // Four streams at once, each the prompt rotated by its index, each with
+  // the tokens generate gives it alone.
+  ASSERT_EQ(r["concurrent"].size(), 4u) << output;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> rotated(prompt.begin() + i, prompt.end());
+    rotated.insert(rotated.end(), prompt.begin(), prompt.begin() + i);
+    const std::vector<int32_t> alone = Ids(
+        Deltaserve("generate --model " + model_dir + " --tokens " + absl::StrJoin(rotated, ",") +
+                   " --max-tokens " + std::to_string(kMaxTokens) + " --ids 2>/dev/null"));
+    EXPECT_EQ(r["concurrent"][i].get<std::vector<int32_t>>(), alone) << i;
+  }
+  EXPECT_EQ(r["greedy"]["top"], json(std::vector<int>(kMaxTokens, 2)));
+
+  // The errors, with OpenAI's statuses and the validator's wording, which
+  // the gRPC API gives for the same input.
+  const json& e = r["errors"];
+  EXPECT_EQ(e["temperature"]["status"], 400);
+  EXPECT_EQ(e["temperature"]["param"], "temperature");
+  EXPECT_EQ(e["temperature"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["n"]["status"], 400);
+  EXPECT_EQ(e["n"]["param"], "n");
+  EXPECT_EQ(e["vocabulary"]["status"], 400);
+  EXPECT_EQ(e["vocabulary"]["param"], "prompt[1]");
+  EXPECT_EQ(e["model"]["status"], 404);
+  EXPECT_EQ(e["unknown"]["status"], 400);
+  EXPECT_EQ(e["unknown"]["param"], "bogus");
+  v1::GenerateRequest bad = testing::TokensRequest(prompt, 2);
+  bad.mutable_sampling()->set_temperature(-1);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer " + token);
+  v1::GenerateResponse unused;
+  auto reader = server.stub->Generate(&context, bad);
+  while (reader->Read(&unused)) {
+  }
+  const grpc::Status refused = reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), e["temperature"]["message"].get<std::string>());
+
+  // Without the API key: 401 before the body is read, with the challenge.
+  const std::string unauthorized =
+      RawExchange(server.http_port,
+                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n");
+  EXPECT_EQ(unauthorized.rfind("HTTP/1.1 401", 0), 0u) << unauthorized;
+  EXPECT_NE(unauthorized.find("WWW-Authenticate: Bearer"), std::string::npos) << unauthorized;
+  EXPECT_NE(unauthorized.find("authentication_error"), std::string::npos) << unauthorized;
+  // /health needs no key.
+  const std::string health =
+      RawExchange(server.http_port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(health.rfind("HTTP/1.1 200", 0), 0u) << health;
+}
+
+TEST(HttpApiTest, CurlStreamsServerSentEventsAndADisconnectCancels) {
+  const std::string model_dir = testing::GoldenPath("model/" + kModel);
+  auto server = testing::StartServer("serve --model " + model_dir + " --http-port 0");
+  ASSERT_GE(server.http_port, 0);
+  const std::string url = absl::StrCat("http://127.0.0.1:", server.http_port, "/v1/completions");
+  std::string out;
+  ASSERT_EQ(
+      testing::RunCommand("curl -sN " + url +
+                              " -H 'Content-Type: application/json' -d '{\"model\": \"" + kModel +
+                              "\", \"prompt\": [1, 2, 3], \"max_tokens\": 5, \"temperature\": 0, "
+                              "\"stream\": true, \"stream_options\": {\"include_usage\": true}}'",
+                          &out),
+      0)
+      << out;
+  // Five events of text (a token each, or fewer when one holds back part of
+  // a character), the finish, the usage, then [DONE]; each `data: ` and a
+  // blank line.
+  std::vector<std::string> events = absl::StrSplit(out, "\n\n", absl::SkipEmpty());
+  ASSERT_GE(events.size(), 4u) << out;
+  EXPECT_EQ(events.back(), "data: [DONE]") << out;
+  for (const std::string& event : events) EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+  const json usage = json::parse(events[events.size() - 2].substr(6), nullptr, false);
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 5) << out;
+  EXPECT_EQ(usage["choices"], json::array()) << out;
+  const json finish = json::parse(events[events.size() - 3].substr(6), nullptr, false);
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "length") << out;
+
+  // A stream whose client goes away is cancelled: its sequence is freed
+  // long before its 4000 tokens would have been made.
+  testing::RunCommand("curl -sN --max-time 1 " + url + " -d '{\"model\": \"" + kModel +
+                          "\", \"prompt\": [1, 2, 3], \"max_tokens\": 4000, \"stream\": true}'"
+                          " >/dev/null",
+                      &out);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  v1::ServerStatus status;
+  while (std::chrono::steady_clock::now() < end) {
+    grpc::ClientContext context;
+    ASSERT_TRUE(server.stub->GetServerStatus(&context, v1::GetServerStatusRequest(), &status).ok());
+    if (status.running_sequences() == 0 && status.requests_failed() >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(status.running_sequences(), 0);
+  EXPECT_EQ(status.requests_failed(), 1);
+}
+
+TEST(HttpApiTest, BadRequestsGetOpenAiErrorsAndTheServerHoldsNothing) {
+  const std::string model_dir = testing::GoldenPath("model/" + kModel);
+  auto server = testing::StartServer("serve --model " + model_dir +
+                                     " --http-port 0 --max-request-bytes 100000");
+  ASSERT_GE(server.http_port, 0);
+  auto post = [&](const std::string& path, const std::string& body) {
+    return RawExchange(server.http_port,
+                       absl::StrCat("POST ", path,
+                                    " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                    "Content-Length: ",
+                                    body.size(), "\r\n\r\n", body));
+  };
+  auto expect = [](const std::string& response, const std::string& status,
+                   const std::string& part) {
+    EXPECT_EQ(response.rfind("HTTP/1.1 " + status, 0), 0u) << response;
+    EXPECT_NE(response.find(part), std::string::npos) << response;
+  };
+  expect(post("/v1/completions", "{"), "400", "not JSON");
+  expect(post("/v1/completions", "[1]"), "400", "not a JSON object");
+  expect(post("/v1/completions", std::string(40, '[') + std::string(40, ']')), "400",
+         "nested deeper than the limit of 32");
+  expect(post("/v1/completions", R"({"model": "k3-tiny"})"), "400", "prompt: missing");
+  expect(post("/v1/completions", R"({"model": "k3-tiny", "prompt": [1], "echo": true})"), "400",
+         "\"param\":\"echo\"");
+  expect(post("/v1/completions", R"({"model": "k3-tiny", "prompt": [1], "max_tokens": 1e400})"),
+         "400", "a number out of the range of a double");
+  expect(post("/v1/completions", R"({"model": "k3-tiny", "prompt": [1], "stream_options": {}})"),
+         "400", "only allowed when stream is true");
+  expect(post("/v1/nowhere", "{}"), "404", "no such endpoint");
+  expect(RawExchange(server.http_port,
+                     "GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+         "405", "takes POST");
+  // A body over --max-request-bytes + 1 MiB is refused from its head.
+  expect(
+      RawExchange(server.http_port,
+                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"),
+      "413", "over the limit of 1148576");
+  // A head over 16 KiB.
+  expect(RawExchange(server.http_port, "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                                           std::string(20000, 'a') + "\r\n\r\n"),
+         "431", "request head");
+  // Text over the validator's limit: the gRPC API's error.
+  expect(post("/v1/completions",
+              R"({"model": "k3-tiny", "prompt": ")" + std::string(100001, 'a') + R"("})"),
+         "400", "prompt: 100001 bytes, over the limit of 100000 (--max-request-bytes)");
+  // Keep-alive: two requests on one connection.
+  const std::string two =
+      RawExchange(server.http_port,
+                  "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+                  "Connection: close\r\n\r\n");
+  EXPECT_NE(two.find("\"object\":\"list\""), std::string::npos) << two;
+  EXPECT_NE(two.find("{\"status\":\"ok\"}"), std::string::npos) << two;
+}
+
+// A K3-shaped model with the tokenizer fixture of tests/data/tokenizer and
+// Kimi Linear's chat tokens: /v1/chat/completions renders with that format. The reply is what the
+// gRPC API generates from the rendered prompt's ids, stopping at the format's end tokens, as the
+// format parses it; or, where the random model's text does not parse (its
+// vocabulary is a quarter special tokens), the 500 that says so.
+TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::TempDir("chat_model") + "/chat-tiny";
+  auto config = PresetConfig("k3-tiny");
+  ASSERT_TRUE(config.ok());
+  config->vocab_size = 1024;
+  ASSERT_TRUE(WriteRandomCheckpoint(*config, dir, 7).ok());
+  const std::string fixture = std::string(DELTASERVE_SOURCE_DIR) + "/tests/data/tokenizer/";
+  fs::copy_file(fixture + "tiktoken.model", dir + "/tiktoken.model");
+  // The fixture's special tokens, and the rest of Kimi Linear's chat tokens
+  // at reserved ids it leaves free.
+  json tokenizer_config = json::parse(std::ifstream(fixture + "tokenizer_config.json"));
+  for (const auto& [id, token] :
+       std::vector<std::pair<int, std::string>>{{681, "<|im_system|>"},
+                                                {684, "<|tool_calls_section_begin|>"},
+                                                {685, "<|tool_calls_section_end|>"},
+                                                {686, "<|tool_call_begin|>"},
+                                                {687, "<|tool_call_argument_begin|>"},
+                                                {688, "<|tool_call_end|>"}}) {
+    tokenizer_config["added_tokens_decoder"][std::to_string(id)] = {
+        {"content", token}, {"lstrip", false},      {"normalized", false},
+        {"rstrip", false},  {"single_word", false}, {"special", true}};
+  }
+  std::ofstream(dir + "/tokenizer_config.json") << tokenizer_config.dump(2);
+  auto tokenizer = LoadTokenizer(dir, 1024);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto format = LoadChatFormat(dir);
+  ASSERT_TRUE(format.ok()) << format.status();
+  EXPECT_EQ((*format)->name(), "kimi_linear");
+  auto server = testing::StartServer("serve --model " + dir + " --http-port 0");
+  ASSERT_GE(server.http_port, 0);
+  const std::string base = absl::StrCat("http://127.0.0.1:", server.http_port, "/v1");
+  constexpr int kMaxTokens = 10;
+  int parsed = 0;
+  for (const char* user : {"Hello! <|im_end|> is only text here.", "What is 2 + 2?",
+                           "Tell me a story", "Bonjour, ça va ?"}) {
+    const json messages = json::array(
+        {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", user}}});
+    auto chat = ParseChatMessages(messages.dump());
+    ASSERT_TRUE(chat.ok()) << chat.status();
+    ChatRequest request;
+    request.messages = *chat;
+    auto segments = (*format)->Render(request);
+    ASSERT_TRUE(segments.ok()) << segments.status();
+    auto prompt = EncodeChat(*segments, **tokenizer);
+    ASSERT_TRUE(prompt.ok()) << prompt.status();
+    v1::GenerateRequest req = testing::TokensRequest(*prompt, kMaxTokens);
+    for (const std::string& end : (*format)->end_tokens()) {
+      auto id = (*tokenizer)->Encode(end, /*allow_special=*/true);
+      ASSERT_TRUE(id.ok() && id->size() == 1) << end;
+      req.add_stop_token_ids((*id)[0]);
+    }
+    const testing::Streamed want = testing::GenerateAll(*server.stub, req);
+    ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+    const absl::StatusOr<ChatReply> reply = (*format)->Parse(want.text, request.thinking);
+
+    std::string output;
+    ASSERT_EQ(testing::RunCommand(
+                  absl::StrCat("PYTHONPATH=", DELTASERVE_PYTHON_DEPS, " ", testing::kSystemPython,
+                               " ", DELTASERVE_SOURCE_DIR,
+                               "/tests/runtime/serving/openai_client_check.py chat ", base,
+                               " none chat-tiny '", messages.dump(), "' ", kMaxTokens, " 2>&1"),
+                  &output),
+              0)
+        << output;
+    const json r = json::parse(output, nullptr, false);
+    ASSERT_FALSE(r.is_discarded()) << output;
+    if (!reply.ok()) {
+      EXPECT_EQ(r["reply"]["error"]["status"], 500) << output;
+      EXPECT_NE(r["reply"]["error"]["message"].get<std::string>().find("does not parse"),
+                std::string::npos)
+          << output;
+      EXPECT_NE(r["stream"]["error"].get<std::string>().find("does not parse"), std::string::npos)
+          << output;
+      continue;
+    }
+    ++parsed;
+    for (const char* mode : {"reply", "stream"}) {
+      const json& got = r[mode];
+      EXPECT_EQ(got["ids"].get<std::vector<int32_t>>(), want.ids) << mode << output;
+      EXPECT_EQ(got["content"].is_null() ? "" : got["content"].get<std::string>(), reply->content)
+          << mode << output;
+      EXPECT_EQ(
+          got["reasoning_content"].is_null() ? "" : got["reasoning_content"].get<std::string>(),
+          reply->reasoning_content)
+          << mode << output;
+      EXPECT_EQ(got["tool_calls"].size(), reply->tool_calls.size()) << mode << output;
+      const std::string finish = !reply->tool_calls.empty() ? "tool_calls"
+                                 : want.completion.finish_reason() == v1::FINISH_REASON_STOP
+                                     ? "stop"
+                                     : "length";
+      EXPECT_EQ(got["finish_reason"], finish) << mode << output;
+    }
+    EXPECT_EQ(r["reply"]["usage"], json::array({static_cast<int64_t>(prompt->size()),
+                                                static_cast<int64_t>(want.ids.size())}))
+        << output;
+    EXPECT_EQ(r["reply"]["object"], "chat.completion");
+    EXPECT_EQ(r["stream"]["role"], "assistant");
+  }
+  // The random model's replies are not all noise the format refuses.
+  EXPECT_GE(parsed, 1);
+
+  // A model without a chat format refuses conversations by name.
+  auto plain = testing::StartServer("serve --model " + testing::GoldenPath("model/" + kModel) +
+                                    " --http-port 0");
+  const std::string body = absl::StrCat(R"({"model": ")", kModel,
+                                        R"(", "messages": [{"role": "user", "content": "hi"}]})");
+  const std::string refused =
+      RawExchange(plain.http_port, absl::StrCat("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                                "Connection: close\r\nContent-Length: ",
+                                                body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused;
+  EXPECT_NE(refused.find("this model has no chat format"), std::string::npos) << refused;
+}
+
+}  // namespace
+}  // namespace deltaserve
