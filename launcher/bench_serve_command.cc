@@ -116,7 +116,8 @@ absl::StatusOr<Sample> OneHttpRequest(const std::string& host, const std::string
   while (!parser.is_done()) {
     parser.get().body().data = chunk;
     parser.get().body().size = sizeof(chunk);
-    http::read(socket, buffer, parser, ec);
+    // Whatever has arrived: read() would wait for the whole buffer.
+    http::read_some(socket, buffer, parser, ec);
     if (ec && ec != http::error::need_buffer) {
       return absl::UnavailableError(absl::StrCat("the HTTP API's stream: ", ec.message()));
     }
