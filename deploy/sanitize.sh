@@ -6,8 +6,6 @@
 # target for DELTASERVE_FUZZ_SECONDS over its committed corpus. Any
 # sanitizer report fails the test it happens in. Prints how long each part
 # took. Extra arguments go to both sanitized ctest runs (e.g. -R Limits).
-# DELTASERVE_SANITIZE_BUILD_ONLY=1 configures and builds, and stops there
-# (deploy/test.sh builds beside its test run that way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzz_seconds="${DELTASERVE_FUZZ_SECONDS:-10}"
@@ -79,7 +77,6 @@ cmake --build build-asan --parallel "$(nproc)" --target deltaserve deltaserve_py
     "${targets[@]}"
 built=$(date +%s)
 echo "sanitize: build-asan built (${#targets[@]} test and fuzz executables) in $((built - start)) s"
-if [[ "${DELTASERVE_SANITIZE_BUILD_ONLY:-0}" == 1 ]]; then exit 0; fi
 
 cd build-asan
 status=0
