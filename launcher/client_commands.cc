@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -15,6 +16,7 @@
 #include "launcher/flags.h"
 #include "launcher/prefill_bar.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/serving/grpc_request.h"
 #include "runtime/serving/grpc_status.h"
 
 namespace deltaserve {
@@ -76,10 +78,17 @@ absl::Status PrintReply(const google::protobuf::Message& message, bool json) {
   return absl::OkStatus();
 }
 
-// The prompt flags (PromptFlag) into the request's oneof.
+// The prompt flags (PromptFlag) into the request's oneof (a conversation
+// only for Generate, whose flags have --messages-file).
 template <typename Req>
 absl::Status SetInput(const Flags& flags, Req* req) {
   DELTASERVE_ASSIGN_OR_RETURN(PromptArg input, PromptFlag(flags));
+  if constexpr (std::is_same_v<Req, v1::GenerateRequest>) {
+    if (input.is_chat) {
+      ToProto(input.chat, req->mutable_chat());
+      return absl::OkStatus();
+    }
+  }
   if (input.is_text) {
     req->set_text(std::move(input.text));
   } else {
@@ -119,9 +128,9 @@ const CommandSpec& ClientGenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client generate",
       .summary = "stream a generation from a server",
-      .usage = absl::StrCat("[--server HOST:PORT] ", kPromptUsage, " [flags]"),
+      .usage = absl::StrCat("[--server HOST:PORT] ", kChatPromptUsage, " [flags]"),
       .flags = Concat(
-          Concat({kServerFlag}, PromptFlags("the prompt")),
+          Concat({kServerFlag}, PromptFlags("the prompt", /*chat=*/true)),
           Concat(
               {
                   {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/json_reader.h"
 #include "runtime/common/status_macros.h"
 
 namespace deltaserve {
@@ -274,14 +275,63 @@ absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags) {
   return ParseTokenList(text, path);
 }
 
+namespace {
+
+// --messages-file: a list of messages, or {"messages": [...], "tools": [...],
+// "thinking": bool}.
+absl::StatusOr<ChatRequest> ReadChatFile(const std::string& path) {
+  DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxInputFileBytes));
+  auto fail = [&](const absl::Status& why) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", why.message()));
+  };
+  absl::StatusOr<nlohmann::json> parsed =
+      ParseJson(text, JsonLimits{32, static_cast<int64_t>(text.size()) / 2 + 4096, "the file"});
+  if (!parsed.ok()) return fail(parsed.status());
+  ChatRequest chat;
+  const nlohmann::json* messages = &*parsed;
+  if (parsed->is_object()) {
+    for (const auto& [key, value] : parsed->items()) {
+      if (key == "tools" && value.is_array()) {
+        if (!value.empty()) chat.tools_json = value.dump();
+      } else if (key == "thinking" && value.is_boolean()) {
+        chat.thinking = value.get<bool>();
+      } else if (key != "messages") {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat(key,
+                         ": not a field of a conversation file (messages, tools: a list, thinking: "
+                         "true or false)")));
+      }
+    }
+    if (!parsed->contains("messages")) {
+      return fail(absl::InvalidArgumentError("messages: missing"));
+    }
+    messages = &(*parsed)["messages"];
+  }
+  if (!messages->is_array()) {
+    return fail(absl::InvalidArgumentError("messages: must be a list of messages"));
+  }
+  auto list = ParseChatMessages(messages->dump());
+  if (!list.ok()) return fail(list.status());
+  chat.messages = std::move(*list);
+  return chat;
+}
+
+}  // namespace
+
 absl::StatusOr<PromptArg> PromptFlag(const Flags& flags) {
   const int given = flags.Has("prompt") + flags.Has("prompt-file") + flags.Has("tokens") +
-                    flags.Has("tokens-file");
+                    flags.Has("tokens-file") + flags.Has("messages-file");
   if (given != 1) {
     return absl::InvalidArgumentError(
-        "give exactly one of --prompt, --prompt-file, --tokens, --tokens-file");
+        "give exactly one of --prompt, --prompt-file, --tokens, --tokens-file (or, to "
+        "generate, --messages-file)");
   }
   PromptArg input;
+  if (flags.Has("messages-file")) {
+    input.is_chat = true;
+    DELTASERVE_ASSIGN_OR_RETURN(input.chat, ReadChatFile(flags.GetString("messages-file")));
+    return input;
+  }
   if (flags.Has("tokens") || flags.Has("tokens-file")) {
     DELTASERVE_ASSIGN_OR_RETURN(input.ids, TokenIdsFlag(flags));
     return input;
@@ -298,13 +348,21 @@ absl::StatusOr<PromptArg> PromptFlag(const Flags& flags) {
   return input;
 }
 
-std::vector<FlagSpec> PromptFlags(const std::string& what) {
-  return {
+std::vector<FlagSpec> PromptFlags(const std::string& what, bool chat) {
+  std::vector<FlagSpec> flags = {
       {"prompt", "TEXT", absl::StrCat(what, ", as text (encoded by the model's tokenizer)")},
       {"prompt-file", "F", absl::StrCat(what, ", as text from a file (UTF-8, up to 64 MiB)")},
       {"tokens", "IDS", absl::StrCat(what, ", as token ids: 1,2,3 (commas and/or spaces)")},
       {"tokens-file", "F", absl::StrCat(what, ", as token ids from a file")},
   };
+  if (chat) {
+    flags.push_back({"messages-file", "F",
+                     absl::StrCat(what,
+                                  ", as a conversation rendered by the model's chat format: "
+                                  "OpenAI's `messages` JSON (a list), or {\"messages\": [...], "
+                                  "\"tools\": [...], \"thinking\": false}")});
+  }
+  return flags;
 }
 
 }  // namespace deltaserve

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/tokenizer/chat_format.h"
 
 namespace deltaserve {
 
@@ -92,17 +93,25 @@ absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags);
 // A prompt (or a text to score) as every command that takes one takes it:
 // exactly one of --prompt TEXT, --prompt-file F (the file's bytes as they
 // are, for a text too long for the command line), --tokens IDS and
-// --tokens-file F. Files are regular and at most 64 MiB; a text is not empty.
+// --tokens-file F, and for the commands that generate --messages-file F (a
+// conversation: OpenAI's `messages` JSON, a list, or an object with
+// `messages` and optionally `tools` and `thinking`). Files are regular and
+// at most 64 MiB; a text is not empty.
 struct PromptArg {
   bool is_text = false;
   std::string text;          // is_text
-  std::vector<int32_t> ids;  // otherwise
+  std::vector<int32_t> ids;  // neither text nor chat
+  bool is_chat = false;
+  ChatRequest chat;  // is_chat
 };
 absl::StatusOr<PromptArg> PromptFlag(const Flags& flags);
 
-// The four flags' table entries, `what` naming the input ("the prompt").
-std::vector<FlagSpec> PromptFlags(const std::string& what);
+// The flags' table entries, `what` naming the input ("the prompt"); with
+// `chat`, --messages-file too.
+std::vector<FlagSpec> PromptFlags(const std::string& what, bool chat = false);
 inline constexpr char kPromptUsage[] =
     "(--prompt TEXT | --prompt-file F | --tokens IDS | --tokens-file F)";
+inline constexpr char kChatPromptUsage[] =
+    "(--prompt TEXT | --prompt-file F | --tokens IDS | --tokens-file F | --messages-file F)";
 
 }  // namespace deltaserve

@@ -21,19 +21,37 @@
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/scheduler/offline_engine.h"
+#include "runtime/tokenizer/chat_format.h"
 #include "runtime/tokenizer/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace deltaserve {
 namespace {
 
-// The prompt's token ids: given, or its text encoded by the model's
-// tokenizer (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes).
-absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const ModelConfig& config) {
+// The prompt's token ids: given, its text encoded by the model's tokenizer
+// (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes), or a
+// conversation rendered by the model's chat format, whose end-of-turn
+// tokens then go to `end_ids`.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const ModelConfig& config,
+                                                  std::vector<int32_t>* end_ids = nullptr) {
   DELTASERVE_ASSIGN_OR_RETURN(PromptArg input, PromptFlag(flags));
-  if (!input.is_text) return std::move(input.ids);
+  if (!input.is_text && !input.is_chat) return std::move(input.ids);
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                               LoadTokenizer(flags.GetString("model"), config.vocab_size));
+  if (input.is_chat) {
+    const std::string source = "--messages-file " + flags.GetString("messages-file");
+    DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<ChatFormat> format,
+                                LoadChatFormat(flags.GetString("model")));
+    auto segments = format->Render(input.chat);
+    if (!segments.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", segments.status().message()));
+    }
+    for (const std::string& token : format->end_tokens()) {
+      auto id = tokenizer->Encode(token, /*allow_special=*/true);
+      if (end_ids != nullptr && id.ok() && id->size() == 1) end_ids->push_back((*id)[0]);
+    }
+    return EncodeChat(*segments, *tokenizer);
+  }
   auto tokens = tokenizer->Encode(input.text);
   if (!tokens.ok()) {
     const std::string source =
@@ -125,9 +143,9 @@ const CommandSpec& GenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "generate",
       .summary = "stream a generation to stdout; timings to stderr",
-      .usage = absl::StrCat("--model DIR ", kPromptUsage, " [flags]"),
+      .usage = absl::StrCat("--model DIR ", kChatPromptUsage, " [flags]"),
       .flags = Concat(
-          Concat(DeploymentFlags(), PromptFlags("the prompt")),
+          Concat(DeploymentFlags(), PromptFlags("the prompt", /*chat=*/true)),
           {
               {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
               {"temperature", "T", "0 is greedy", "0"},
@@ -155,7 +173,8 @@ absl::Status RunGenerate(const Args& args) {
   DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
   SequenceRequest request;
   request.kind = SequenceKind::kGenerate;
-  DELTASERVE_ASSIGN_OR_RETURN(request.prompt, PromptTokens(flags, config));
+  std::vector<int32_t> chat_end_ids;  // a conversation's end-of-turn tokens
+  DELTASERVE_ASSIGN_OR_RETURN(request.prompt, PromptTokens(flags, config, &chat_end_ids));
   DELTASERVE_ASSIGN_OR_RETURN(request.max_tokens, flags.GetInt("max-tokens", 32));
   DELTASERVE_ASSIGN_OR_RETURN(double temperature, flags.GetDouble("temperature", 0.0));
   DELTASERVE_ASSIGN_OR_RETURN(request.sampling.top_k, flags.GetInt("top-k", 0));
@@ -193,7 +212,10 @@ absl::Status RunGenerate(const Args& args) {
   std::unique_ptr<Tokenizer> tokenizer;
   if (auto loaded = LoadTokenizer(flags.GetString("model"), config.vocab_size); loaded.ok()) {
     tokenizer = std::move(*loaded);
-    if (!flags.Has("ignore-eos")) request.stop_ids = tokenizer->end_ids();
+    if (!flags.Has("ignore-eos")) {
+      request.stop_ids = tokenizer->end_ids();
+      request.stop_ids.insert(request.stop_ids.end(), chat_end_ids.begin(), chat_end_ids.end());
+    }
   }
   std::optional<TextStream> text;
   if (tokenizer && !flags.Has("ids")) text.emplace(*tokenizer, std::vector<std::string>{});

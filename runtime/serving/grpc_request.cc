@@ -3,8 +3,34 @@
 namespace deltaserve {
 namespace {
 
+ChatToolCall FromProto(const v1::ChatToolCall& call) {
+  return ChatToolCall{call.id(), call.name(), call.arguments()};
+}
+
+ChatRequest FromProto(const v1::Chat& chat) {
+  ChatRequest out;
+  out.messages.reserve(chat.messages_size());
+  for (const v1::ChatMessage& m : chat.messages()) {
+    ChatMessage message;
+    message.role = m.role();
+    message.content = m.content();
+    message.reasoning_content = m.reasoning_content();
+    for (const v1::ChatToolCall& call : m.tool_calls()) {
+      message.tool_calls.push_back(FromProto(call));
+    }
+    message.tool_call_id = m.tool_call_id();
+    message.name = m.name();
+    out.messages.push_back(std::move(message));
+  }
+  out.tools_json = chat.tools_json();
+  if (chat.has_thinking()) out.thinking = chat.thinking();
+  out.thinking_effort = chat.thinking_effort();
+  return out;
+}
+
+// Both requests' text or token ids.
 template <typename Req>
-PromptInput Prompt(const Req& req) {
+PromptInput TextOrIds(const Req& req) {
   if (req.has_text()) return PromptInput::Text(req.text());
   if (req.has_tokens()) {
     const auto& ids = req.tokens().ids();
@@ -13,12 +39,39 @@ PromptInput Prompt(const Req& req) {
   return PromptInput();
 }
 
+void ToProto(const ChatToolCall& call, v1::ChatToolCall* out) {
+  out->set_id(call.id);
+  out->set_name(call.name);
+  out->set_arguments(call.arguments);
+}
+
 }  // namespace
+
+void ToProto(const ChatRequest& chat, v1::Chat* out) {
+  for (const ChatMessage& m : chat.messages) {
+    v1::ChatMessage* message = out->add_messages();
+    message->set_role(m.role);
+    message->set_content(m.content);
+    message->set_reasoning_content(m.reasoning_content);
+    for (const ChatToolCall& call : m.tool_calls) ToProto(call, message->add_tool_calls());
+    message->set_tool_call_id(m.tool_call_id);
+    message->set_name(m.name);
+  }
+  out->set_tools_json(chat.tools_json);
+  out->set_thinking(chat.thinking);
+  out->set_thinking_effort(chat.thinking_effort);
+}
+
+void ToProto(const ChatReply& reply, v1::ChatReply* out) {
+  out->set_content(reply.content);
+  out->set_reasoning_content(reply.reasoning_content);
+  for (const ChatToolCall& call : reply.tool_calls) ToProto(call, out->add_tool_calls());
+}
 
 GenerateInput FromProto(const v1::GenerateRequest& req) {
   GenerateInput in;
   in.request_id = req.request_id();
-  in.prompt = Prompt(req);
+  in.prompt = req.has_chat() ? PromptInput::Chat(FromProto(req.chat())) : TextOrIds(req);
   const v1::SamplingParams& s = req.sampling();
   in.temperature = s.temperature();
   in.top_k = s.top_k();
@@ -36,7 +89,7 @@ GenerateInput FromProto(const v1::GenerateRequest& req) {
 ScoreInput FromProto(const v1::ScoreRequest& req) {
   ScoreInput in;
   in.request_id = req.request_id();
-  in.input = Prompt(req);
+  in.input = TextOrIds(req);
   return in;
 }
 

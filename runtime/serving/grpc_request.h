@@ -1,6 +1,7 @@
 // The Generation API's messages as the one request model (request.h): what
 // the gRPC service hands the validator. The proto's `prompt` (or `input`)
-// oneof becomes a PromptInput; the sampling message's fields sit flat.
+// oneof becomes a PromptInput (a Chat a conversation); the sampling
+// message's fields sit flat. And a chat's parsed reply, back.
 #pragma once
 
 #include "deltaserve/v1/generation.pb.h"
@@ -10,5 +11,7 @@ namespace deltaserve {
 
 GenerateInput FromProto(const v1::GenerateRequest& req);
 ScoreInput FromProto(const v1::ScoreRequest& req);
+void ToProto(const ChatRequest& chat, v1::Chat* out);  // what a client sends
+void ToProto(const ChatReply& reply, v1::ChatReply* out);
 
 }  // namespace deltaserve

@@ -132,6 +132,10 @@ absl::StatusOr<std::vector<int32_t>> RequestValidator::RenderChat(const ChatRequ
                    "send a prompt instead");
   }
   if (chat.messages.empty()) return Invalid("messages", "empty");
+  if (static_cast<int64_t>(chat.messages.size()) > kMaxChatMessages) {
+    return Invalid("messages", absl::StrCat(chat.messages.size(), " messages, over the limit of ",
+                                            kMaxChatMessages));
+  }
   auto segments = chat_->Render(chat);
   if (!segments.ok()) return segments.status();
   int64_t bytes = 0;

@@ -83,11 +83,15 @@ void SetTimings(const RequestOutcome& o, v1::Timings* t) {
 
 class GenerationService final : public v1::Generation::Service {
  public:
+  // `chat_format`: the validator's (null when the model has none, and the
+  // validator refuses chats).
   GenerationService(Coordinator& coordinator, const Authenticator& auth,
-                    const RequestValidator& validator, WriteWatchdog& watchdog)
+                    const RequestValidator& validator, const ChatFormat* chat_format,
+                    WriteWatchdog& watchdog)
       : coordinator_(coordinator),
         auth_(auth),
         validator_(validator),
+        chat_format_(chat_format),
         watchdog_(watchdog),
         model_info_(MakeModelInfo(coordinator)) {}
 
@@ -97,8 +101,16 @@ class GenerationService final : public v1::Generation::Service {
     if (!principal.ok()) return ToGrpc(principal.status());
     auto id = validator_.RequestId(req->request_id());
     if (!id.ok()) return ToGrpc(id.status());
-    auto valid = validator_.Generate(FromProto(*req));
+    bool chat = false, thinking = false;
+    absl::StatusOr<ValidGenerate> valid;
+    {
+      const GenerateInput input = FromProto(*req);
+      chat = input.prompt.form == PromptInput::Form::kChat;
+      thinking = input.prompt.chat.thinking;
+      valid = validator_.Generate(input);
+    }
     if (!valid.ok()) return ToGrpc(valid.status());
+    std::string text;  // a chat's reply, parsed from all its text at the end
     auto handle = coordinator_.SubmitGenerate(ScopedRequestId(*principal, *id), *principal,
                                               std::move(valid->prompt), std::move(valid->params),
                                               Deadline(*context));
@@ -113,6 +125,7 @@ class GenerationService final : public v1::Generation::Service {
       // Progress comes before any token, and alone (Poll says so).
       if (progress) SetProgress(*progress, response.mutable_progress());
       for (TokenEvent& e : tokens) {
+        if (chat) text += e.text;
         v1::GeneratedToken* t = response.add_tokens();
         t->set_id(e.id);
         t->set_text(std::move(e.text));
@@ -133,6 +146,20 @@ class GenerationService final : public v1::Generation::Service {
         c->mutable_usage()->set_prompt_tokens(outcome->prompt_tokens);
         c->mutable_usage()->set_completion_tokens(outcome->completion_tokens);
         SetTimings(*outcome, c->mutable_timings());
+        if (chat) {
+          absl::StatusOr<ChatReply> reply = chat_format_->Parse(text, thinking);
+          if (!reply.ok()) {
+            // The tokens went out; what the model said cannot be read.
+            response.clear_completion();
+            if (absl::Status ok = Write(*context, *writer, response, *handle, *id); !ok.ok()) {
+              return ToGrpc(ok);
+            }
+            return ToGrpc(absl::InternalError(
+                absl::StrCat("the model's reply does not parse as its chat format: ",
+                             reply.status().message())));
+          }
+          ToProto(*reply, c->mutable_reply());
+        }
       }
       if (response.tokens_size() > 0 || response.has_completion() || response.has_progress()) {
         if (absl::Status ok = Write(*context, *writer, response, *handle, *id); !ok.ok()) {
@@ -331,6 +358,7 @@ class GenerationService final : public v1::Generation::Service {
   Coordinator& coordinator_;
   const Authenticator& auth_;
   const RequestValidator& validator_;
+  const ChatFormat* const chat_format_;
   WriteWatchdog& watchdog_;
   const v1::ModelInfo model_info_;
 };
@@ -704,8 +732,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->validator = std::make_unique<RequestValidator>(impl->coordinator->config(),
                                                        impl->coordinator->tokenizer(),
                                                        options.limits, impl->chat.get());
-  impl->generation = std::make_unique<GenerationService>(*impl->coordinator, *impl->client_auth,
-                                                         *impl->validator, *impl->watchdog);
+  impl->generation = std::make_unique<GenerationService>(
+      *impl->coordinator, *impl->client_auth, *impl->validator, impl->chat.get(), *impl->watchdog);
 
   grpc::ResourceQuota quota("deltaserve");
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));

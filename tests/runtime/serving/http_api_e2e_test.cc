@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
+#include "runtime/serving/grpc_request.h"
 #include "runtime/tokenizer/chat_format.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/runtime/serving/serving_test_util.h"
@@ -40,8 +41,10 @@ std::string TokenFile(const std::string& token) {
   return path;
 }
 
-std::vector<int32_t> Ids(const std::string& line) {
+// The ids of an output's first line ("1 2 3").
+std::vector<int32_t> Ids(const std::string& output) {
   std::vector<int32_t> ids;
+  const std::string line = output.substr(0, output.find('\n'));
   for (absl::string_view part : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
     ids.push_back(std::stoi(std::string(part)));
   }
@@ -324,6 +327,41 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
     ASSERT_TRUE(want.status.ok()) << want.status.error_message();
     const absl::StatusOr<ChatReply> reply = (*format)->Parse(want.text, request.thinking);
 
+    // The same conversation over gRPC (a Chat), from a file through
+    // `generate` and `client generate`: the same tokens, and over gRPC the
+    // same parse of the reply (or INTERNAL saying it does not parse).
+    v1::GenerateRequest chat_req;
+    ToProto(request, chat_req.mutable_chat());
+    chat_req.set_max_tokens(kMaxTokens);
+    const testing::Streamed by_chat = testing::GenerateAll(*server.stub, chat_req);
+    EXPECT_EQ(by_chat.ids, want.ids);
+    if (reply.ok()) {
+      ASSERT_TRUE(by_chat.status.ok()) << by_chat.status.error_message();
+      EXPECT_EQ(by_chat.completion.reply().content(), reply->content);
+      EXPECT_EQ(by_chat.completion.reply().reasoning_content(), reply->reasoning_content);
+      EXPECT_EQ(by_chat.completion.reply().tool_calls_size(),
+                static_cast<int>(reply->tool_calls.size()));
+    } else {
+      EXPECT_EQ(by_chat.status.error_code(), grpc::StatusCode::INTERNAL);
+      EXPECT_NE(by_chat.status.error_message().find("does not parse"), std::string::npos);
+    }
+    const std::string file = testing::TempDir("chat_file") + "/messages.json";
+    std::ofstream(file) << messages.dump();
+    const std::string flags =
+        " --messages-file " + file + " --max-tokens " + std::to_string(kMaxTokens) + " --ids";
+    std::string out;
+    EXPECT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + dir +
+                                      flags + " 2>/dev/null",
+                                  &out),
+              0);
+    EXPECT_EQ(Ids(out), want.ids) << out;
+    const int client =
+        testing::RunCommand(testing::BinPath("deltaserve") + " client generate --server " +
+                                server.address + flags + " 2>/dev/null",
+                            &out);
+    EXPECT_EQ(client == 0, reply.ok()) << out;
+    EXPECT_EQ(Ids(out), want.ids) << out;
+
     std::string output;
     ASSERT_EQ(testing::RunCommand(
                   absl::StrCat("PYTHONPATH=", DELTASERVE_PYTHON_DEPS, " ", testing::kSystemPython,
@@ -369,6 +407,24 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
   }
   // The random model's replies are not all noise the format refuses.
   EXPECT_GE(parsed, 1);
+
+  // A conversation file that is not one, and a model without a chat format,
+  // are named.
+  const std::string bad = testing::TempDir("chat_bad") + "/bad.json";
+  std::ofstream(bad) << R"({"messages": [{"role": "user", "content": "hi"}], "tool": []})";
+  std::string out;
+  EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " + dir +
+                                    " --messages-file " + bad + " 2>&1",
+                                &out),
+            0);
+  EXPECT_NE(out.find(bad + ": tool: not a field of a conversation file"), std::string::npos) << out;
+  std::ofstream(bad) << R"([{"role": "user", "content": "hi"}])";
+  EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " +
+                                    testing::GoldenPath("model/" + kModel) + " --messages-file " +
+                                    bad + " 2>&1",
+                                &out),
+            0);
+  EXPECT_NE(out.find("chat"), std::string::npos) << out;
 
   // A model without a chat format refuses conversations by name.
   auto plain = testing::StartServer("serve --model " + testing::GoldenPath("model/" + kModel) +
