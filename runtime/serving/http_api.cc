@@ -5,7 +5,6 @@
 #include <netinet/tcp.h>
 #include <openssl/ssl.h>
 #include <poll.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/log.h"
+#include "runtime/common/random_bytes.h"
 #include "runtime/serving/listen_socket.h"
 #include "runtime/serving/openai_api.h"
 
@@ -41,16 +41,11 @@ constexpr auto kPollInterval = std::chrono::milliseconds(20);
 // client's usual headers fit well within.
 constexpr uint32_t kMaxHeadBytes = 16 << 10;
 
+// An unseeded request's seed; a fixed one if the kernel gives no random
+// bytes (sampling still works).
 uint64_t RandomSeed() {
   uint64_t seed = 0;
-  size_t got = 0;
-  auto* bytes = reinterpret_cast<unsigned char*>(&seed);
-  while (got < sizeof(seed)) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof(seed) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // a fixed seed then: sampling still works
-    got += static_cast<size_t>(n);
-  }
+  if (!FillRandom(&seed, sizeof(seed)).ok()) seed = 0;
   return seed;
 }
 

@@ -1,13 +1,11 @@
 #include "runtime/serving/request_validation.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <limits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/common/random_bytes.h"
 
 namespace deltaserve {
 namespace {
@@ -270,12 +268,8 @@ absl::StatusOr<std::string> RequestValidator::RequestId(const std::string& given
   if (!given.empty()) return given;
   // 128 random bits, so that no client can guess, and Abort, another's.
   uint8_t bits[16];
-  size_t got = 0;
-  while (got < sizeof(bits)) {
-    const ssize_t n = ::getrandom(bits + got, sizeof(bits) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError("getrandom failed: no request id could be made");
-    got += static_cast<size_t>(n);
+  if (absl::Status ok = FillRandom(bits, sizeof(bits)); !ok.ok()) {
+    return absl::InternalError(absl::StrCat("no request id could be made: ", ok.message()));
   }
   return absl::StrCat("req-", absl::BytesToHexString(absl::string_view(
                                   reinterpret_cast<const char*>(bits), sizeof(bits))));

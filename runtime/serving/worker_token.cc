@@ -1,7 +1,6 @@
 #include "runtime/serving/worker_token.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/random_bytes.h"
 
 namespace deltaserve {
 namespace {
@@ -33,15 +33,8 @@ bool IsDirectory(const char* path) {
 
 absl::StatusOr<std::string> NewWorkerToken() {
   unsigned char bytes[32];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrCat("cannot make a worker token: getrandom: ", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
+  if (absl::Status ok = FillRandom(bytes, sizeof(bytes)); !ok.ok()) {
+    return absl::InternalError(absl::StrCat("cannot make a worker token: ", ok.message()));
   }
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
