@@ -166,58 +166,35 @@ void ReadStop(const json* v, Fields& f, std::vector<std::string>* out) {
   }
 }
 
-const std::set<std::string>& KnownFields(OpenAiEndpoint endpoint) {
-  // OpenAI's parameters of each endpoint, and this server's extensions
-  // (top_k, ignore_eos, stop_token_ids), as vLLM and SGLang take them.
-  static const std::set<std::string> completions = {"model",
-                                                    "prompt",
-                                                    "max_tokens",
-                                                    "temperature",
-                                                    "top_p",
-                                                    "n",
-                                                    "stream",
-                                                    "stream_options",
-                                                    "logprobs",
-                                                    "echo",
-                                                    "stop",
-                                                    "presence_penalty",
-                                                    "frequency_penalty",
-                                                    "best_of",
-                                                    "logit_bias",
-                                                    "user",
-                                                    "seed",
-                                                    "suffix",
-                                                    "top_k",
-                                                    "ignore_eos",
-                                                    "stop_token_ids",
-                                                    "return_tokens_as_token_ids"};
-  static const std::set<std::string> chat = {"model",
-                                             "messages",
-                                             "max_tokens",
-                                             "max_completion_tokens",
-                                             "temperature",
-                                             "top_p",
-                                             "n",
-                                             "stream",
-                                             "stream_options",
-                                             "logprobs",
-                                             "top_logprobs",
-                                             "stop",
-                                             "presence_penalty",
-                                             "frequency_penalty",
-                                             "logit_bias",
-                                             "user",
-                                             "seed",
-                                             "tools",
-                                             "tool_choice",
-                                             "parallel_tool_calls",
-                                             "response_format",
-                                             "chat_template_kwargs",
-                                             "top_k",
-                                             "ignore_eos",
-                                             "stop_token_ids",
-                                             "return_tokens_as_token_ids"};
-  return endpoint == OpenAiEndpoint::kChat ? chat : completions;
+// OpenAI's parameters of each endpoint, and this server's extensions (top_k,
+// ignore_eos, stop_token_ids, return_tokens_as_token_ids), as vLLM and
+// SGLang take them: those both endpoints share (ReadCommon reads them), and
+// each one's own.
+bool KnownField(OpenAiEndpoint endpoint, const std::string& key) {
+  static const std::set<std::string> shared = {"model",
+                                               "max_tokens",
+                                               "temperature",
+                                               "top_p",
+                                               "n",
+                                               "stream",
+                                               "stream_options",
+                                               "logprobs",
+                                               "stop",
+                                               "presence_penalty",
+                                               "frequency_penalty",
+                                               "logit_bias",
+                                               "user",
+                                               "seed",
+                                               "top_k",
+                                               "ignore_eos",
+                                               "stop_token_ids",
+                                               "return_tokens_as_token_ids"};
+  static const std::set<std::string> completions = {"prompt", "echo", "best_of", "suffix"};
+  static const std::set<std::string> chat = {
+      "messages",    "max_completion_tokens", "top_logprobs",    "tools",
+      "tool_choice", "parallel_tool_calls",   "response_format", "chat_template_kwargs"};
+  return shared.count(key) > 0 ||
+         (endpoint == OpenAiEndpoint::kChat ? chat : completions).count(key) > 0;
 }
 
 // What both endpoints share.
@@ -368,9 +345,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, std::s
   if (!parsed.ok()) return parsed.status();
   const json& o = *parsed;
   if (!o.is_object()) return absl::InvalidArgumentError("the body: not a JSON object");
-  const std::set<std::string>& known = KnownFields(endpoint);
   for (const auto& [key, value] : o.items()) {
-    if (known.count(key) == 0) {
+    if (!KnownField(endpoint, key)) {
       return absl::InvalidArgumentError(absl::StrCat(
           key, ": not a parameter this server takes (",
           endpoint == OpenAiEndpoint::kChat ? "/v1/chat/completions" : "/v1/completions", ")"));
