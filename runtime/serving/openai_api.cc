@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/json_reader.h"
+#include "runtime/serving/request_json.h"
 
 namespace deltaserve {
 namespace {
@@ -15,92 +16,8 @@ using json = nlohmann::json;
 // limit (kMaxTopLogprobs, checked by the validator) is the larger.
 constexpr int64_t kMaxLegacyLogprobs = 20;
 
-std::string Shown(const json& value) {
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return text;
-}
-
 std::string Dump(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// Reads a request object's fields, keeping the first error. A JSON null is
-// an absent field, as OpenAI's own API takes it.
-class Fields {
- public:
-  explicit Fields(const json& o) : o_(o) {}
-
-  const json* Get(const char* key) const {
-    const auto it = o_.find(key);
-    if (it == o_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-  std::optional<std::string> String(const char* key) {
-    const json* v = Get(key);
-    if (v == nullptr) return std::nullopt;
-    if (!v->is_string()) return Fail(key, absl::StrCat(Shown(*v), ": must be a string"));
-    return v->get<std::string>();
-  }
-  std::optional<double> Number(const char* key) {
-    const json* v = Get(key);
-    if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) return Fail(key, absl::StrCat(Shown(*v), ": must be a number"));
-    return v->get<double>();
-  }
-  std::optional<bool> Bool(const char* key) {
-    const json* v = Get(key);
-    if (v == nullptr) return std::nullopt;
-    if (!v->is_boolean()) return Fail(key, absl::StrCat(Shown(*v), ": must be true or false"));
-    return v->get<bool>();
-  }
-  // An integer as a JSON number without a fraction; the validator checks
-  // its range.
-  std::optional<int64_t> Integer(const char* key) { return IntegerOf(Get(key), key); }
-  std::optional<int64_t> IntegerOf(const json* v, const std::string& name) {
-    if (v == nullptr) return std::nullopt;
-    if (v->is_number_unsigned()) {
-      return static_cast<int64_t>(
-          std::min<uint64_t>(v->get<uint64_t>(), std::numeric_limits<int64_t>::max()));
-    }
-    if (v->is_number_integer()) return v->get<int64_t>();
-    if (v->is_number_float()) {
-      const double d = v->get<double>();
-      if (d == static_cast<double>(static_cast<int64_t>(d)) && d > -9.2e18 && d < 9.2e18) {
-        return static_cast<int64_t>(d);
-      }
-    }
-    return Fail(name, absl::StrCat(Shown(*v), ": must be an integer"));
-  }
-  // A parameter the runtime does not implement, accepted only at the value
-  // that means "off".
-  template <typename Off>
-  void Unsupported(const char* key, Off off, const std::string& why) {
-    const json* v = Get(key);
-    if (v != nullptr && *v != json(off)) Fail(key, absl::StrCat(Shown(*v), ": ", why));
-  }
-
-  std::nullopt_t Fail(const std::string& field, const std::string& what) {
-    if (error_.ok()) error_ = absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-    return std::nullopt;
-  }
-  const absl::Status& error() const { return error_; }
-
- private:
-  const json& o_;
-  absl::Status error_;
-};
-
-// Token ids as a JSON list: each an integer (its range is the validator's).
-std::optional<std::vector<int64_t>> IdList(const json& list, const std::string& name, Fields& f) {
-  std::vector<int64_t> ids;
-  ids.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    auto id = f.IntegerOf(&list[i], absl::StrCat(name, "[", i, "]"));
-    if (!id) return std::nullopt;
-    ids.push_back(*id);
-  }
-  return ids;
 }
 
 bool AllIntegers(const json& list) {
@@ -112,7 +29,7 @@ bool AllIntegers(const json& list) {
 
 // The completions API's prompt: a string, token ids, or a list of one of
 // either (a list of several asks for several completions in one request).
-void ReadPrompt(const json* v, Fields& f, PromptInput* out) {
+void ReadPrompt(const json* v, JsonFields& f, PromptInput* out) {
   if (v == nullptr) {
     f.Fail("prompt", "missing: give text or token ids");
     return;
@@ -130,7 +47,7 @@ void ReadPrompt(const json* v, Fields& f, PromptInput* out) {
     return;
   }
   if (AllIntegers(*v)) {
-    if (auto ids = IdList(*v, "prompt", f)) *out = PromptInput::Ids(std::move(*ids));
+    if (auto ids = f.Ids(*v, "prompt")) *out = PromptInput::Ids(std::move(*ids));
     return;
   }
   if (v->size() > 1) {
@@ -141,28 +58,9 @@ void ReadPrompt(const json* v, Fields& f, PromptInput* out) {
   if (only.is_string()) {
     *out = PromptInput::Text(only.get<std::string>());
   } else if (only.is_array() && AllIntegers(only)) {
-    if (auto ids = IdList(only, "prompt[0]", f)) *out = PromptInput::Ids(std::move(*ids));
+    if (auto ids = f.Ids(only, "prompt[0]")) *out = PromptInput::Ids(std::move(*ids));
   } else {
     f.Fail("prompt[0]", "must be a string or a list of token ids");
-  }
-}
-
-void ReadStop(const json* v, Fields& f, std::vector<std::string>* out) {
-  if (v == nullptr) return;
-  if (v->is_string()) {
-    out->push_back(v->get<std::string>());
-    return;
-  }
-  if (!v->is_array()) {
-    f.Fail("stop", "must be a string or a list of strings");
-    return;
-  }
-  for (size_t i = 0; i < v->size(); ++i) {
-    if (!(*v)[i].is_string()) {
-      f.Fail(absl::StrCat("stop[", i, "]"), "must be a string");
-      return;
-    }
-    out->push_back((*v)[i].get<std::string>());
   }
 }
 
@@ -198,7 +96,7 @@ bool KnownField(OpenAiEndpoint endpoint, const std::string& key) {
 }
 
 // What both endpoints share.
-void ReadCommon(const json& o, Fields& f, uint64_t random_seed, OpenAiRequest* req) {
+void ReadCommon(const json& o, JsonFields& f, uint64_t random_seed, OpenAiRequest* req) {
   GenerateInput& in = req->input;
   if (auto model = f.String("model")) {
     req->model = *model;
@@ -239,14 +137,7 @@ void ReadCommon(const json& o, Fields& f, uint64_t random_seed, OpenAiRequest* r
       }
     }
   }
-  ReadStop(f.Get("stop"), f, &in.stop);
-  if (const json* ids = f.Get("stop_token_ids")) {
-    if (!ids->is_array()) {
-      f.Fail("stop_token_ids", "must be a list of token ids");
-    } else if (auto list = IdList(*ids, "stop_token_ids", f)) {
-      in.stop_token_ids = std::move(*list);
-    }
-  }
+  ReadStops(f, &in);
   in.ignore_eos = f.Bool("ignore_eos").value_or(false);
   req->tokens_as_ids = f.Bool("return_tokens_as_token_ids").value_or(false);
   if (auto max = f.Integer("max_tokens")) in.max_tokens = *max;
@@ -255,29 +146,10 @@ void ReadCommon(const json& o, Fields& f, uint64_t random_seed, OpenAiRequest* r
 
 // The chat endpoint's own parameters: the conversation, its tools and the
 // template's switches, and the chat form of logprobs.
-void ReadChat(Fields& f, OpenAiRequest* req) {
+void ReadChat(JsonFields& f, OpenAiRequest* req) {
   GenerateInput& in = req->input;
   ChatRequest chat;
-  if (const json* messages = f.Get("messages"); messages == nullptr) {
-    f.Fail("messages", "missing: give the conversation");
-  } else if (!messages->is_array()) {
-    f.Fail("messages", "must be a list of messages");
-  } else {
-    // ParseChatMessages names each message's fields ("messages[2].role").
-    auto parsed = ParseChatMessages(Dump(*messages));
-    if (!parsed.ok()) {
-      f.Fail("messages", std::string(parsed.status().message()));
-    } else {
-      chat.messages = std::move(*parsed);
-    }
-  }
-  if (const json* tools = f.Get("tools")) {
-    if (!tools->is_array()) {
-      f.Fail("tools", "must be a list of tools");
-    } else if (!tools->empty()) {
-      chat.tools_json = Dump(*tools);
-    }
-  }
+  ReadConversation(f, &chat);
   if (const json* choice = f.Get("tool_choice")) {
     // "none" leaves the tools out of the prompt; "auto" lets the model
     // choose. Forcing a call needs constrained decoding, which this server
@@ -286,7 +158,7 @@ void ReadChat(Fields& f, OpenAiRequest* req) {
       chat.tools_json.clear();
     } else if (*choice != "auto") {
       f.Fail("tool_choice",
-             absl::StrCat(Shown(*choice), ": only \"auto\" and \"none\" are supported"));
+             absl::StrCat(ShownJson(*choice), ": only \"auto\" and \"none\" are supported"));
     }
   }
   if (const json* parallel = f.Get("parallel_tool_calls");
@@ -296,25 +168,7 @@ void ReadChat(Fields& f, OpenAiRequest* req) {
   if (const json* format = f.Get("response_format")) {
     if (!format->is_object() || format->value("type", json()) != "text" || format->size() != 1) {
       f.Fail("response_format",
-             absl::StrCat(Shown(*format), ": only {\"type\": \"text\"} is supported"));
-    }
-  }
-  if (const json* kwargs = f.Get("chat_template_kwargs")) {
-    if (!kwargs->is_object()) {
-      f.Fail("chat_template_kwargs", "must be an object");
-    } else {
-      for (const auto& [key, value] : kwargs->items()) {
-        const std::string name = absl::StrCat("chat_template_kwargs.", key);
-        if (key == "thinking" && value.is_boolean()) {
-          chat.thinking = value.get<bool>();
-        } else if (key == "thinking_effort" && value.is_string()) {
-          chat.thinking_effort = value.get<std::string>();
-        } else if (key == "thinking" || key == "thinking_effort") {
-          f.Fail(name, key == "thinking" ? "must be true or false" : "must be a string");
-        } else {
-          f.Fail(name, "not a switch of this server's chat formats (thinking, thinking_effort)");
-        }
-      }
+             absl::StrCat(ShownJson(*format), ": only {\"type\": \"text\"} is supported"));
     }
   }
   // max_completion_tokens is the current name, max_tokens the deprecated
@@ -354,7 +208,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, std::s
   }
   OpenAiRequest req;
   req.endpoint = endpoint;
-  Fields f(o);
+  JsonFields f(o);
   ReadCommon(o, f, random_seed, &req);
   GenerateInput& in = req.input;
   if (endpoint == OpenAiEndpoint::kCompletions) {

@@ -76,8 +76,8 @@ absl::StatusOr<std::vector<int32_t>> RequestValidator::Tokenize(const std::strin
   return std::move(*encoded);
 }
 
-absl::StatusOr<std::vector<int32_t>> RequestValidator::InputTokens(const PromptInput& input,
-                                                                   const std::string& field) const {
+absl::StatusOr<std::vector<int32_t>> RequestValidator::Tokens(const PromptInput& input,
+                                                              const std::string& field) const {
   std::vector<int32_t> tokens;
   switch (input.form) {
     case PromptInput::Form::kText: {
@@ -220,11 +220,12 @@ absl::StatusOr<GenerateParams> RequestValidator::Params(const GenerateInput& req
   return p;
 }
 
-absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& req) const {
+absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& req,
+                                                         const std::string& prompt_field) const {
   // The parameters first: a request refused for them costs no tokenization.
   auto params = Params(req);
   if (!params.ok()) return params.status();
-  auto prompt = InputTokens(req.prompt, "prompt");
+  auto prompt = Tokens(req.prompt, prompt_field);
   if (!prompt.ok()) return prompt.status();
   if (req.prompt.form == PromptInput::Form::kChat && !req.ignore_eos) {
     // The tokens that end an assistant turn end the reply, whatever the
@@ -238,10 +239,10 @@ absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& re
   const int64_t context = config_.max_position_embeddings;
   if (req.max_tokens == 0 && req.max_tokens_to_context) {
     if (prompt_tokens >= context) {
-      return Invalid("prompt", absl::StrCat(prompt_tokens,
-                                            " tokens leave no room to generate in "
-                                            "the context of ",
-                                            context));
+      return Invalid(prompt_field, absl::StrCat(prompt_tokens,
+                                                " tokens leave no room to generate in "
+                                                "the context of ",
+                                                context));
     }
     params->max_tokens = context - prompt_tokens;
   }
@@ -253,10 +254,11 @@ absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& re
   return ValidGenerate{std::move(*prompt), std::move(*params)};
 }
 
-absl::StatusOr<std::vector<int32_t>> RequestValidator::Score(const ScoreInput& req) const {
-  auto tokens = InputTokens(req.input, "input");
+absl::StatusOr<std::vector<int32_t>> RequestValidator::Score(const ScoreInput& req,
+                                                             const std::string& field) const {
+  auto tokens = Tokens(req.input, field);
   if (!tokens.ok()) return tokens.status();
-  if (tokens->size() < 2) return Invalid("input", "needs at least 2 tokens");
+  if (tokens->size() < 2) return Invalid(field, "needs at least 2 tokens");
   return tokens;
 }
 

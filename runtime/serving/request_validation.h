@@ -63,9 +63,17 @@ class RequestValidator {
   RequestValidator(const ModelConfig& config, const Tokenizer* tokenizer, RequestLimits limits,
                    const ChatFormat* chat = nullptr);
 
-  absl::StatusOr<ValidGenerate> Generate(const GenerateInput& req) const;
+  // Errors about the prompt name `prompt_field` (a front end's name for
+  // it: `prompt`, batch's `text` or `tokens`), or `messages`.
+  absl::StatusOr<ValidGenerate> Generate(const GenerateInput& req,
+                                         const std::string& prompt_field = "prompt") const;
   // The scored tokens (at least 2).
-  absl::StatusOr<std::vector<int32_t>> Score(const ScoreInput& req) const;
+  absl::StatusOr<std::vector<int32_t>> Score(const ScoreInput& req,
+                                             const std::string& field = "input") const;
+  // A prompt's, or a part of one's, token ids (in the vocabulary, within the
+  // context and the limits); errors name `field`.
+  absl::StatusOr<std::vector<int32_t>> Tokens(const PromptInput& input,
+                                              const std::string& field) const;
   // The client's id when it fits, else 128 random bits in hex ("req-...").
   absl::StatusOr<std::string> RequestId(const std::string& given) const;
 
@@ -74,9 +82,6 @@ class RequestValidator {
   int64_t max_text_bytes() const;
 
  private:
-  // The prompt (or scored input) as token ids; errors name `field`.
-  absl::StatusOr<std::vector<int32_t>> InputTokens(const PromptInput& input,
-                                                   const std::string& field) const;
   absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& text,
                                                 const std::string& field) const;
   // A conversation rendered by the chat format, and its ids.

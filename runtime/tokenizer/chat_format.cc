@@ -693,9 +693,7 @@ absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(std::string_view json
     return absl::InvalidArgumentError(
         absl::StrCat("messages: must be an array, not ", messages.type_name()));
   }
-  if (messages.empty()) {
-    return absl::InvalidArgumentError("messages: must hold at least one message");
-  }
+  if (messages.empty()) return absl::InvalidArgumentError("messages: empty");
   if (static_cast<int64_t>(messages.size()) > kMaxChatMessages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "messages: ", messages.size(), " messages, over the limit of ", kMaxChatMessages));

@@ -172,7 +172,8 @@ class Renderer {
       const ChatToolCall& call = message.tool_calls[k];
       const std::string field = absl::StrCat(where, ".tool_calls[", k, "]");
       if (call.name.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".function.name: required"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".function.name: required, a non-empty string"));
       }
       OpenTag(out_, "call", {{"tool", call.name}, {"index", absl::StrCat(k + 1)}});
       // As the serving stack hands arguments to the template: blank is {},

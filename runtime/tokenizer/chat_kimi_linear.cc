@@ -89,7 +89,8 @@ absl::StatusOr<std::vector<ChatSegment>> RenderLinear(const ChatRequest& request
         const ChatToolCall& call = message.tool_calls[k];
         const std::string field = absl::StrCat(where, ".tool_calls[", k, "].function");
         if (call.name.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(field, ".name: required"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(field, ".name: required, a non-empty string"));
         }
         // As vLLM hands arguments to the template: "" is {}, the rest
         // json.loads, which the template writes back with tojson.

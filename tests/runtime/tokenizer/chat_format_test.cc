@@ -177,7 +177,7 @@ TEST(ChatFormatTest, RefusesWhatTheTemplatesRefuse) {
     rendered = format->Render(request);
     ASSERT_FALSE(rendered.ok());
     EXPECT_TRUE(Contains(std::string(rendered.status().message()),
-                         "messages[0].tool_calls[0].function.name: required"));
+                         "messages[0].tool_calls[0].function.name: required, a non-empty string"));
   }
 
   request = ChatRequest();
@@ -429,7 +429,7 @@ TEST(ChatMessagesTest, NamesTheBadField) {
     std::string error;
   } cases[] = {
       {R"({"role": "user"})", "messages: must be an array, not object"},
-      {"[]", "messages: must hold at least one message"},
+      {"[]", "messages: empty"},
       {"[1]", "messages[0]: must be an object, not number"},
       {R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
            {"role": "robot", "content": "c"}])",
