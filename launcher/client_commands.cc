@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -78,18 +77,13 @@ absl::Status PrintReply(const google::protobuf::Message& message, bool json) {
   return absl::OkStatus();
 }
 
-// The prompt flags (PromptFlag) into the request's oneof (a conversation
-// only for Generate, whose flags have --messages-file).
+// The prompt flags (PromptFlag) into the request's oneof.
 template <typename Req>
 absl::Status SetInput(const Flags& flags, Req* req) {
   DELTASERVE_ASSIGN_OR_RETURN(PromptArg input, PromptFlag(flags));
-  if constexpr (std::is_same_v<Req, v1::GenerateRequest>) {
-    if (input.is_chat) {
-      ToProto(input.chat, req->mutable_chat());
-      return absl::OkStatus();
-    }
-  }
-  if (input.is_text) {
+  if (input.is_chat) {
+    ToProto(input.chat, req->mutable_chat());
+  } else if (input.is_text) {
     req->set_text(std::move(input.text));
   } else {
     req->mutable_tokens()->mutable_ids()->Add(input.ids.begin(), input.ids.end());
@@ -128,9 +122,9 @@ const CommandSpec& ClientGenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "client generate",
       .summary = "stream a generation from a server",
-      .usage = absl::StrCat("[--server HOST:PORT] ", kChatPromptUsage, " [flags]"),
+      .usage = absl::StrCat("[--server HOST:PORT] ", kPromptUsage, " [flags]"),
       .flags = Concat(
-          Concat({kServerFlag}, PromptFlags("the prompt", /*chat=*/true)),
+          Concat({kServerFlag}, PromptFlags("the prompt")),
           Concat(
               {
                   {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},

@@ -16,6 +16,7 @@
 #include "runtime/common/file_util.h"
 #include "runtime/common/json_reader.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/serving/request_json.h"
 
 namespace deltaserve {
 
@@ -277,8 +278,9 @@ absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags) {
 
 namespace {
 
-// --messages-file: a list of messages, or {"messages": [...], "tools": [...],
-// "thinking": bool}.
+// --messages-file: a list of messages, or an object of the fields a chat
+// request has for its conversation (messages, tools, chat_template_kwargs),
+// read as the HTTP API and batch read them.
 absl::StatusOr<ChatRequest> ReadChatFile(const std::string& path) {
   DELTASERVE_ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxInputFileBytes));
   auto fail = [&](const absl::Status& why) {
@@ -287,32 +289,21 @@ absl::StatusOr<ChatRequest> ReadChatFile(const std::string& path) {
   absl::StatusOr<nlohmann::json> parsed =
       ParseJson(text, JsonLimits{32, static_cast<int64_t>(text.size()) / 2 + 4096, "the file"});
   if (!parsed.ok()) return fail(parsed.status());
+  nlohmann::json object = *std::move(parsed);
+  if (object.is_array()) object = nlohmann::json{{"messages", std::move(object)}};
+  if (!object.is_object()) {
+    return fail(absl::InvalidArgumentError("must be a list of messages or an object"));
+  }
+  for (const auto& [key, value] : object.items()) {
+    if (key != "messages" && key != "tools" && key != "chat_template_kwargs") {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          key, ": not a field of a conversation (messages, tools, chat_template_kwargs)")));
+    }
+  }
+  JsonFields f(object);
   ChatRequest chat;
-  const nlohmann::json* messages = &*parsed;
-  if (parsed->is_object()) {
-    for (const auto& [key, value] : parsed->items()) {
-      if (key == "tools" && value.is_array()) {
-        if (!value.empty()) chat.tools_json = value.dump();
-      } else if (key == "thinking" && value.is_boolean()) {
-        chat.thinking = value.get<bool>();
-      } else if (key != "messages") {
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat(key,
-                         ": not a field of a conversation file (messages, tools: a list, thinking: "
-                         "true or false)")));
-      }
-    }
-    if (!parsed->contains("messages")) {
-      return fail(absl::InvalidArgumentError("messages: missing"));
-    }
-    messages = &(*parsed)["messages"];
-  }
-  if (!messages->is_array()) {
-    return fail(absl::InvalidArgumentError("messages: must be a list of messages"));
-  }
-  auto list = ParseChatMessages(messages->dump());
-  if (!list.ok()) return fail(list.status());
-  chat.messages = std::move(*list);
+  ReadConversation(f, &chat);
+  if (!f.error().ok()) return fail(f.error());
   return chat;
 }
 
@@ -323,8 +314,7 @@ absl::StatusOr<PromptArg> PromptFlag(const Flags& flags) {
                     flags.Has("tokens-file") + flags.Has("messages-file");
   if (given != 1) {
     return absl::InvalidArgumentError(
-        "give exactly one of --prompt, --prompt-file, --tokens, --tokens-file (or, to "
-        "generate, --messages-file)");
+        "give exactly one of --prompt, --prompt-file, --tokens, --tokens-file, --messages-file");
   }
   PromptArg input;
   if (flags.Has("messages-file")) {
@@ -348,20 +338,18 @@ absl::StatusOr<PromptArg> PromptFlag(const Flags& flags) {
   return input;
 }
 
-std::vector<FlagSpec> PromptFlags(const std::string& what, bool chat) {
+std::vector<FlagSpec> PromptFlags(const std::string& what) {
   std::vector<FlagSpec> flags = {
       {"prompt", "TEXT", absl::StrCat(what, ", as text (encoded by the model's tokenizer)")},
       {"prompt-file", "F", absl::StrCat(what, ", as text from a file (UTF-8, up to 64 MiB)")},
       {"tokens", "IDS", absl::StrCat(what, ", as token ids: 1,2,3 (commas and/or spaces)")},
       {"tokens-file", "F", absl::StrCat(what, ", as token ids from a file")},
+      {"messages-file", "F",
+       absl::StrCat(what,
+                    ", as a conversation rendered by the model's chat format: OpenAI's "
+                    "`messages` JSON (a list), or {\"messages\": [...], \"tools\": [...], "
+                    "\"chat_template_kwargs\": {\"thinking\": false}}")},
   };
-  if (chat) {
-    flags.push_back({"messages-file", "F",
-                     absl::StrCat(what,
-                                  ", as a conversation rendered by the model's chat format: "
-                                  "OpenAI's `messages` JSON (a list), or {\"messages\": [...], "
-                                  "\"tools\": [...], \"thinking\": false}")});
-  }
   return flags;
 }
 

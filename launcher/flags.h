@@ -93,10 +93,10 @@ absl::StatusOr<std::vector<int32_t>> TokenIdsFlag(const Flags& flags);
 // A prompt (or a text to score) as every command that takes one takes it:
 // exactly one of --prompt TEXT, --prompt-file F (the file's bytes as they
 // are, for a text too long for the command line), --tokens IDS and
-// --tokens-file F, and for the commands that generate --messages-file F (a
-// conversation: OpenAI's `messages` JSON, a list, or an object with
-// `messages` and optionally `tools` and `thinking`). Files are regular and
-// at most 64 MiB; a text is not empty.
+// --tokens-file F, and --messages-file F (a conversation: OpenAI's
+// `messages` JSON, a list, or an object with `messages` and optionally
+// `tools` and `chat_template_kwargs`, as a chat completion request has
+// them). Files are regular and at most 64 MiB; a text is not empty.
 struct PromptArg {
   bool is_text = false;
   std::string text;          // is_text
@@ -106,12 +106,9 @@ struct PromptArg {
 };
 absl::StatusOr<PromptArg> PromptFlag(const Flags& flags);
 
-// The flags' table entries, `what` naming the input ("the prompt"); with
-// `chat`, --messages-file too.
-std::vector<FlagSpec> PromptFlags(const std::string& what, bool chat = false);
+// The flags' table entries, `what` naming the input ("the prompt").
+std::vector<FlagSpec> PromptFlags(const std::string& what);
 inline constexpr char kPromptUsage[] =
-    "(--prompt TEXT | --prompt-file F | --tokens IDS | --tokens-file F)";
-inline constexpr char kChatPromptUsage[] =
     "(--prompt TEXT | --prompt-file F | --tokens IDS | --tokens-file F | --messages-file F)";
 
 }  // namespace deltaserve

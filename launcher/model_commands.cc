@@ -30,11 +30,14 @@ namespace {
 
 // The prompt's token ids: given, its text encoded by the model's tokenizer
 // (runtime/tokenizer: the checkpoint's tiktoken BPE, or bytes), or a
-// conversation rendered by the model's chat format, whose end-of-turn
-// tokens then go to `end_ids`.
+// conversation rendered by the model's chat format. To generate (`end_ids`
+// given), the conversation ends with the assistant's generation prompt and
+// the format's end-of-turn tokens go to `end_ids`; to score, it is scored as
+// it stands.
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const Flags& flags, const ModelConfig& config,
                                                   std::vector<int32_t>* end_ids = nullptr) {
   DELTASERVE_ASSIGN_OR_RETURN(PromptArg input, PromptFlag(flags));
+  input.chat.add_generation_prompt = end_ids != nullptr;
   if (!input.is_text && !input.is_chat) return std::move(input.ids);
   DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                               LoadTokenizer(flags.GetString("model"), config.vocab_size));
@@ -143,9 +146,9 @@ const CommandSpec& GenerateSpec() {
   static const auto* spec = new CommandSpec{
       .name = "generate",
       .summary = "stream a generation to stdout; timings to stderr",
-      .usage = absl::StrCat("--model DIR ", kChatPromptUsage, " [flags]"),
+      .usage = absl::StrCat("--model DIR ", kPromptUsage, " [flags]"),
       .flags = Concat(
-          Concat(DeploymentFlags(), PromptFlags("the prompt", /*chat=*/true)),
+          Concat(DeploymentFlags(), PromptFlags("the prompt")),
           {
               {"max-tokens", "N", "tokens to generate at most (>= 1)", "32"},
               {"temperature", "T", "0 is greedy", "0"},

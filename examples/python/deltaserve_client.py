@@ -32,6 +32,7 @@ exits with 2.
 """
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -120,10 +121,75 @@ def metadata(args):
 MAX_INPUT_FILE_BYTES = 64 << 20  # as deltaserve's --prompt-file and --tokens-file
 
 
-def set_input(request, args):
-    """Fills the request's prompt/input oneof from --prompt, --prompt-file, --tokens or
-    --tokens-file, as deltaserve client does."""
-    if args.prompt is not None or args.prompt_file is not None:
+def read_conversation(path, pb):
+    """--messages-file: OpenAI's `messages` JSON (a list), or an object with `messages` and
+    optionally `tools` and `chat_template_kwargs`, as deltaserve client reads it. The shape is
+    checked here; the server checks the rest (roles, sizes, what its chat format takes)."""
+    def fail(what):
+        sys.exit("--messages-file %s: %s" % (path, what))
+    try:
+        data = json.loads(read_file(path, "--messages-file", limit=MAX_INPUT_FILE_BYTES))
+    except (UnicodeDecodeError, ValueError) as e:
+        fail("not JSON: %s" % e)
+    if isinstance(data, list):
+        data = {"messages": data}
+    if not isinstance(data, dict):
+        fail("must be a list of messages or an object")
+    for key in data:
+        if key not in ("messages", "tools", "chat_template_kwargs"):
+            fail("%s: not a field of a conversation (messages, tools, chat_template_kwargs)" % key)
+    if not isinstance(data.get("messages"), list):
+        fail("messages: must be a list of messages")
+    chat = pb.Chat()
+    for i, m in enumerate(data["messages"]):
+        where = "messages[%d]" % i
+        if not isinstance(m, dict):
+            fail(where + ": must be an object")
+        message = chat.messages.add(role=str(m.get("role", "")))
+        content = m.get("content")
+        if isinstance(content, list):  # text parts, concatenated; the rest refused by name
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, dict) else part
+                    fail("%s.content[%d].type: %s: this model takes text only" % (where, j, kind))
+                message.content += str(part.get("text", ""))
+        elif content is not None:
+            if not isinstance(content, str):
+                fail(where + ".content: must be a string or a list of text parts")
+            message.content = content
+        for field in ("reasoning_content", "tool_call_id", "name"):
+            if m.get(field) is not None:
+                setattr(message, field, str(m[field]))
+        for j, call in enumerate(m.get("tool_calls") or []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                fail("%s.tool_calls[%d].function: required" % (where, j))
+            arguments = function.get("arguments", "")
+            message.tool_calls.add(id=str(call.get("id") or ""), name=str(function.get("name", "")),
+                                   arguments=arguments if isinstance(arguments, str)
+                                   else json.dumps(arguments))
+    if data.get("tools"):
+        chat.tools_json = json.dumps(data["tools"])
+    kwargs = data.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        fail("chat_template_kwargs: must be an object")
+    for key, value in kwargs.items():
+        if key == "thinking" and isinstance(value, bool):
+            chat.thinking = value
+        elif key == "thinking_effort" and isinstance(value, str):
+            chat.thinking_effort = value
+        else:
+            fail("chat_template_kwargs.%s: not a switch of deltaserve's chat formats "
+                 "(thinking: true or false, thinking_effort: a string)" % key)
+    return chat
+
+
+def set_input(request, args, pb):
+    """Fills the request's prompt/input oneof from --prompt, --prompt-file, --tokens,
+    --tokens-file or --messages-file, as deltaserve client does."""
+    if args.messages_file is not None:
+        request.chat.CopyFrom(read_conversation(args.messages_file, pb))
+    elif args.prompt is not None or args.prompt_file is not None:
         text = args.prompt
         if text is None:
             data = read_file(args.prompt_file, "--prompt-file", limit=MAX_INPUT_FILE_BYTES)
@@ -154,7 +220,7 @@ def show_progress(args, progress):
 
 def generate(args, pb, pb_grpc):
     request = pb.GenerateRequest(max_tokens=args.max_tokens, stop=args.stop or [])
-    set_input(request, args)
+    set_input(request, args, pb)
     request.sampling.temperature = args.temperature
     request.sampling.top_k = args.top_k
     request.sampling.seed = args.seed
@@ -196,7 +262,7 @@ def generate(args, pb, pb_grpc):
 
 def score(args, pb, pb_grpc):
     request = pb.ScoreRequest()
-    set_input(request, args)
+    set_input(request, args, pb)
     response = None
     with connect(args) as channel:
         for message in pb_grpc.GenerationStub(channel).ScoreStream(
@@ -326,6 +392,10 @@ def parse_args(argv):
                            help="token ids, separated by commas or spaces")
         group.add_argument("--tokens-file", metavar="F",
                            help="token ids from a file, separated by commas or spaces")
+        group.add_argument("--messages-file", metavar="F",
+                           help="a conversation, rendered by the server's chat format: OpenAI's "
+                                "`messages` JSON (a list), or {\"messages\": [...], \"tools\": "
+                                "[...], \"chat_template_kwargs\": {\"thinking\": false}}")
         sub.add_argument("--progress", action="store_true",
                          help="print the prefill's progress to stderr even when it is not a "
                               "terminal")

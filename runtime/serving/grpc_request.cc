@@ -1,7 +1,19 @@
 #include "runtime/serving/grpc_request.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
 namespace deltaserve {
 namespace {
+
+// A request model integer in a proto's int32: one out of its range is held
+// at the nearest end, which the server's checks then refuse as out of range
+// (no value past int32 is valid anywhere it is used).
+int32_t Int32(int64_t v) {
+  return static_cast<int32_t>(std::clamp<int64_t>(v, std::numeric_limits<int32_t>::min(),
+                                                  std::numeric_limits<int32_t>::max()));
+}
 
 ChatToolCall FromProto(const v1::ChatToolCall& call) {
   return ChatToolCall{call.id(), call.name(), call.arguments()};
@@ -39,6 +51,19 @@ PromptInput TextOrIds(const Req& req) {
   return PromptInput();
 }
 
+template <typename Req>
+void SetTextOrIds(const PromptInput& input, Req* req) {
+  if (input.form == PromptInput::Form::kText) {
+    req->set_text(input.text);
+  } else if (input.form == PromptInput::Form::kIds) {
+    auto* ids = req->mutable_tokens()->mutable_ids();
+    ids->Reserve(static_cast<int>(input.ids.size()));
+    for (int64_t id : input.ids) ids->Add(Int32(id));
+  } else if (input.form == PromptInput::Form::kChat) {
+    ToProto(input.chat, req->mutable_chat());
+  }
+}
+
 void ToProto(const ChatToolCall& call, v1::ChatToolCall* out) {
   out->set_id(call.id);
   out->set_name(call.name);
@@ -68,6 +93,14 @@ void ToProto(const ChatReply& reply, v1::ChatReply* out) {
   for (const ChatToolCall& call : reply.tool_calls) ToProto(call, out->add_tool_calls());
 }
 
+ChatReply FromProto(const v1::ChatReply& reply) {
+  ChatReply out;
+  out.content = reply.content();
+  out.reasoning_content = reply.reasoning_content();
+  for (const v1::ChatToolCall& call : reply.tool_calls()) out.tool_calls.push_back(FromProto(call));
+  return out;
+}
+
 GenerateInput FromProto(const v1::GenerateRequest& req) {
   GenerateInput in;
   in.request_id = req.request_id();
@@ -89,8 +122,39 @@ GenerateInput FromProto(const v1::GenerateRequest& req) {
 ScoreInput FromProto(const v1::ScoreRequest& req) {
   ScoreInput in;
   in.request_id = req.request_id();
-  in.input = TextOrIds(req);
+  if (req.has_chat()) {
+    // Scored as it stands: no generation prompt after its last message.
+    in.input = PromptInput::Chat(FromProto(req.chat()));
+    in.input.chat.add_generation_prompt = false;
+  } else {
+    in.input = TextOrIds(req);
+  }
   return in;
+}
+
+v1::GenerateRequest ToProto(const GenerateInput& in) {
+  v1::GenerateRequest req;
+  req.set_request_id(in.request_id);
+  SetTextOrIds(in.prompt, &req);
+  v1::SamplingParams* s = req.mutable_sampling();
+  s->set_temperature(static_cast<float>(in.temperature));
+  s->set_top_k(Int32(in.top_k));
+  if (in.top_p.has_value()) s->set_top_p(static_cast<float>(*in.top_p));
+  s->set_seed(in.seed);
+  req.set_max_tokens(Int32(in.max_tokens));
+  for (const std::string& stop : in.stop) req.add_stop(stop);
+  for (int64_t id : in.stop_token_ids) req.add_stop_token_ids(Int32(id));
+  req.set_logprobs(in.logprobs);
+  req.set_top_logprobs(Int32(in.top_logprobs));
+  req.set_ignore_eos(in.ignore_eos);
+  return req;
+}
+
+v1::ScoreRequest ToProto(const ScoreInput& in) {
+  v1::ScoreRequest req;
+  req.set_request_id(in.request_id);
+  SetTextOrIds(in.input, &req);
+  return req;
 }
 
 }  // namespace deltaserve

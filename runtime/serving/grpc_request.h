@@ -11,7 +11,13 @@ namespace deltaserve {
 
 GenerateInput FromProto(const v1::GenerateRequest& req);
 ScoreInput FromProto(const v1::ScoreRequest& req);
+// What a client sends. A number past the proto's int32 field is held at its
+// range's end (refused by the server as out of range); temperature and
+// top_p go as float32.
+v1::GenerateRequest ToProto(const GenerateInput& in);
+v1::ScoreRequest ToProto(const ScoreInput& in);
 void ToProto(const ChatRequest& chat, v1::Chat* out);  // what a client sends
 void ToProto(const ChatReply& reply, v1::ChatReply* out);
+ChatReply FromProto(const v1::ChatReply& reply);  // what a client reads
 
 }  // namespace deltaserve
