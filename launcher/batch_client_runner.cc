@@ -16,40 +16,13 @@
 #include "launcher/batch_runners.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/credentials.h"
+#include "runtime/serving/grpc_request.h"
 #include "runtime/serving/grpc_status.h"
 
 namespace deltaserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-template <typename Req>
-void SetInput(const BatchUnit& unit, Req* req) {
-  if (unit.resolved) {
-    req->mutable_tokens()->mutable_ids()->Add(unit.prompt.begin(), unit.prompt.end());
-  } else if (unit.input.is_text) {
-    req->set_text(unit.input.text);
-  } else {
-    req->mutable_tokens()->mutable_ids()->Add(unit.input.tokens.begin(), unit.input.tokens.end());
-  }
-}
-
-v1::GenerateRequest GenerateRequestOf(const BatchUnit& unit) {
-  v1::GenerateRequest req;
-  SetInput(unit, &req);
-  const BatchGenerateOptions& o = unit.options;
-  req.mutable_sampling()->set_temperature(o.sampling.temperature);
-  req.mutable_sampling()->set_top_k(static_cast<int32_t>(o.sampling.top_k));
-  if (o.has_top_p) req.mutable_sampling()->set_top_p(o.sampling.top_p);
-  req.mutable_sampling()->set_seed(o.seed);
-  req.set_max_tokens(static_cast<int32_t>(o.max_tokens));
-  for (const std::string& stop : o.stop) req.add_stop(stop);
-  req.mutable_stop_token_ids()->Add(o.stop_token_ids.begin(), o.stop_token_ids.end());
-  req.set_logprobs(o.logprobs);
-  req.set_top_logprobs(o.top_logprobs);
-  req.set_ignore_eos(o.ignore_eos);
-  return req;
-}
 
 const char* FinishName(v1::FinishReason reason) {
   switch (reason) {
@@ -130,7 +103,7 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
               const OnProgress& on_progress) {
   grpc::ClientContext context;
   context.set_wait_for_ready(true);
-  auto reader = stub.Generate(&context, GenerateRequestOf(unit));
+  auto reader = stub.Generate(&context, ToProto(unit.request));
   v1::GenerateResponse response;
   GenerateOutcome o;
   o.has_text = has_text;
@@ -140,8 +113,8 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
     for (const v1::GeneratedToken& t : response.tokens()) {
       o.token_ids.push_back(t.id());
       o.text += t.text();
-      if (unit.options.logprobs) o.logprobs.push_back(t.logprob());
-      if (unit.options.top_logprobs > 0) {
+      if (unit.logprobs()) o.logprobs.push_back(t.logprob());
+      if (unit.request.top_logprobs > 0) {
         std::vector<std::pair<int32_t, float>> top;
         for (const v1::TopLogprob& alt : t.top_logprobs())
           top.emplace_back(alt.id(), alt.logprob());
@@ -155,6 +128,7 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
   if (!call.status.ok()) return call;
   o.finish_reason = FinishName(completion.finish_reason());
   o.stop = completion.stop();
+  if (completion.has_reply()) o.reply = FromProto(completion.reply());
   o.prompt_tokens = completion.usage().prompt_tokens();
   o.timings = TimingsOf(completion.timings());
   call.record = GenerateRecord(unit, o);
@@ -166,9 +140,7 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
 Call Score(v1::Generation::Stub& stub, const BatchUnit& unit, const OnProgress& on_progress) {
   grpc::ClientContext context;
   context.set_wait_for_ready(true);
-  v1::ScoreRequest req;
-  SetInput(unit, &req);
-  auto reader = stub.ScoreStream(&context, req);
+  auto reader = stub.ScoreStream(&context, ToProto(ScoreInput{"", unit.request.prompt}));
   v1::ScoreStreamResponse message;
   v1::ScoreResponse response;
   bool got_result = false;

@@ -16,6 +16,7 @@
 #include "launcher/deployment.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/tokenizer/chat_format.h"
 
 namespace deltaserve {
 namespace {
@@ -41,11 +42,13 @@ constexpr char kDetails[] =
     "  {\"id\": \"b\", \"task\": \"score\", \"tokens\": [1, 2, 3, 4]}\n"
     "  {\"id\": \"c\", \"document\": \"...\", \"questions\": [\"Q1?\", \"Q2?\"], \"max_tokens\": "
     "64}\n"
-    "Fields as in the gRPC API: text | tokens, max_tokens (0: 16), temperature, top_k, top_p,\n"
-    "seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs. The long-document form\n"
+    "  {\"id\": \"d\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi!\"}]}\n"
+    "Fields as in the gRPC API: text | tokens | messages (with tools, chat_template_kwargs),\n"
+    "max_tokens (0: 16), temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,\n"
+    "logprobs, top_logprobs, checked as the servers check them. The long-document form\n"
     "answers each question after the document (document tokens, then the question's).\n"
     "Output: one record per request (per question), in the order they finish: id, [question],\n"
-    "text, token_ids, finish_reason, usage, timings; score: token_ids, logprobs,\n"
+    "text, token_ids, finish_reason, [reply], usage, timings; score: token_ids, logprobs,\n"
     "total_logprob; a bad line or a failed request: id, line, error. The job goes on.\n"
     "A line longer than --max-line-bytes is an error record, not read into memory.\n"
     "Rerunning with the same --output (or --resume) skips the records already there; with\n"
@@ -53,6 +56,31 @@ constexpr char kDetails[] =
     "is written whole and synced, so kill -9 at any moment loses at most the requests in\n"
     "flight. Only records of the shape batch writes count as done; --output must be a new\n"
     "name or a regular file (no link, FIFO or device), and not the input. See docs/batch.md.";
+
+// What the requests are checked against: the model's config, tokenizer and
+// chat format, loaded as `serve` loads them (a model directory without a
+// tokenizer takes token ids; without a chat format, no conversations).
+struct LoadedModel {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatFormat> chat;
+  std::unique_ptr<BatchModel> model;
+};
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& dir, const ModelConfig& config) {
+  LoadedModel loaded;
+  if (auto tokenizer = LoadTokenizer(dir, config.vocab_size); tokenizer.ok()) {
+    loaded.tokenizer = std::move(*tokenizer);
+  } else if (!absl::IsNotFound(tokenizer.status())) {
+    return tokenizer.status();
+  }
+  if (auto chat = LoadChatFormat(dir); chat.ok()) {
+    loaded.chat = std::move(*chat);
+  } else if (!absl::IsNotFound(chat.status())) {
+    return chat.status();
+  }
+  loaded.model = std::make_unique<BatchModel>(config, loaded.tokenizer.get(), loaded.chat.get());
+  return loaded;
+}
 
 }  // namespace
 
@@ -188,21 +216,16 @@ absl::Status RunBatch(const Args& args) {
     DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<BatchOutput> output, open_output());
     // With --model, requests are encoded and checked here as the embedded
     // run does, and sent as token ids.
-    std::unique_ptr<BatchModel> model;
-    std::unique_ptr<Tokenizer> tokenizer;
+    LoadedModel loaded;
     if (flags.Has("model")) {
-      model = std::make_unique<BatchModel>();
-      DELTASERVE_ASSIGN_OR_RETURN(model->config, DeploymentConfig(flags));
-      if (auto loaded = LoadTokenizer(flags.GetString("model"), model->config.vocab_size);
-          loaded.ok()) {
-        tokenizer = std::move(*loaded);
-        model->tokenizer = tokenizer.get();
-      }
+      DELTASERVE_ASSIGN_OR_RETURN(ModelConfig config, DeploymentConfig(flags));
+      DELTASERVE_ASSIGN_OR_RETURN(loaded, LoadModel(flags.GetString("model"), config));
     }
+    const BatchModel* model = loaded.model.get();
     DELTASERVE_ASSIGN_OR_RETURN(
         std::unique_ptr<BatchSource> source,
-        BatchSource::Open(input, model.get(), line_bound(model ? &model->config : nullptr),
-                          output.get(), &progress));
+        BatchSource::Open(input, model, line_bound(model ? &model->config : nullptr), output.get(),
+                          &progress));
     BatchClientOptions options;
     options.server = flags.GetString("server");
     options.security = ChannelSecurityFrom(flags, "token-file");
@@ -222,24 +245,17 @@ absl::Status RunBatch(const Args& args) {
   // The leader reads the input and writes the output.
   absl::Status status = [&]() -> absl::Status {
     DELTASERVE_ASSIGN_OR_RETURN(std::unique_ptr<BatchOutput> output, open_output());
-    BatchModel model;
-    model.config = config;
-    std::unique_ptr<Tokenizer> tokenizer;
-    if (auto loaded = LoadTokenizer(flags.GetString("model"), config.vocab_size); loaded.ok()) {
-      tokenizer = std::move(*loaded);
-      model.tokenizer = tokenizer.get();
-    }
+    DELTASERVE_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModel(flags.GetString("model"), config));
     DELTASERVE_ASSIGN_OR_RETURN(
         std::unique_ptr<BatchSource> source,
-        BatchSource::Open(input, &model, line_bound(&config), output.get(), &progress));
+        BatchSource::Open(input, loaded.model.get(), line_bound(&config), output.get(), &progress));
     SchedulerOptions options;
     options.max_running = max_running;
     options.step_tokens = step_tokens;
     options.pipeline_stages = deployment.layout.pp;
     options.cache_pages = replica.cache_pages();
     options.state_slots = replica.state_slots();
-    const absl::Status run =
-        RunBatchOnEngine(replica, config, model.tokenizer, options, *source, progress);
+    const absl::Status run = RunBatchOnEngine(replica, *loaded.model, options, *source, progress);
     progress.Summary(output_path, output->records_before(), output->errors_before(),
                      output->retried());
     return run;

@@ -54,10 +54,11 @@ struct Running {
 
 }  // namespace
 
-absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
-                              const Tokenizer* tokenizer, const SchedulerOptions& options,
-                              BatchSource& source, BatchProgress& progress) {
-  OfflineEngine engine(replica, config, options);
+absl::Status RunBatchOnEngine(Replica& replica, const BatchModel& model,
+                              const SchedulerOptions& options, BatchSource& source,
+                              BatchProgress& progress) {
+  const Tokenizer* const tokenizer = model.tokenizer;
+  OfflineEngine engine(replica, model.config, options);
   std::map<uint64_t, Running> running;
   uint64_t next_id = 1;
   bool input_done = false;
@@ -103,16 +104,17 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
     }
     if (u.task == BatchTask::kGenerate) {
       // As the API does (Coordinator::SubmitGenerate), and `generate`.
-      s.sampling = u.options.sampling;
-      s.seed = u.options.seed;
-      s.logprobs = u.options.logprobs;
-      s.top_logprobs = u.options.top_logprobs;
-      s.max_tokens = u.options.max_tokens;
-      s.stop_ids = u.options.stop_token_ids;
+      const GenerateParams& p = u.params;
+      s.sampling = p.sampling;
+      s.seed = p.seed;
+      s.logprobs = p.logprobs;
+      s.top_logprobs = p.top_logprobs;
+      s.max_tokens = p.max_tokens;
+      s.stop_ids = p.stop_ids;
       if (tokenizer != nullptr) {
-        r.text = std::make_unique<TextStream>(*tokenizer, u.options.stop);
+        r.text = std::make_unique<TextStream>(*tokenizer, p.stop);
         r.generated.has_text = true;
-        if (!u.options.ignore_eos) {
+        if (!p.ignore_eos) {
           for (int32_t id : tokenizer->end_ids()) s.stop_ids.push_back(id);
         }
       }
@@ -209,8 +211,8 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
         if (g.token_ids.empty()) r.first_token = now;
         g.token_ids.push_back(e.output.token);
         progress.AddGenerated(1);
-        if (r.unit.options.logprobs) g.logprobs.push_back(e.output.logprob);
-        if (r.unit.options.top_logprobs > 0) {
+        if (r.unit.params.logprobs) g.logprobs.push_back(e.output.logprob);
+        if (r.unit.params.top_logprobs > 0) {
           std::vector<std::pair<int32_t, float>> top;
           for (size_t i = 0; i < e.output.top_ids.size(); ++i) {
             top.emplace_back(e.output.top_ids[i], e.output.top_logprobs[i]);
@@ -237,6 +239,21 @@ absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
         }
         if (end) {
           g.timings = r.Timings(now);
+          if (r.unit.chat()) {
+            // As the servers read a conversation's reply (a server's
+            // INTERNAL error is an error record too).
+            absl::StatusOr<ChatReply> reply =
+                model.chat->Parse(g.text, r.unit.request.prompt.chat.thinking);
+            if (!reply.ok()) {
+              return write(e.id,
+                           ErrorRecord(r.unit.id_json, r.unit.question, r.unit.line,
+                                       absl::StrCat("the model's reply does not parse as its chat "
+                                                    "format: ",
+                                                    reply.status().message())),
+                           true);
+            }
+            g.reply = std::move(*reply);
+          }
           write(e.id, GenerateRecord(r.unit, g), false);
         }
         return;

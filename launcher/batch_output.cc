@@ -71,8 +71,8 @@ std::string Errno(const std::string& path, const std::string& what) {
 // The fields each kind of record may have (ShapeProblem checks the required
 // ones).
 const std::set<std::string> kGenerateFields = {
-    "id",   "question", "text",         "token_ids", "finish_reason",
-    "stop", "logprobs", "top_logprobs", "usage",     "timings"};
+    "id",       "question",     "text",  "token_ids", "finish_reason", "stop",
+    "logprobs", "top_logprobs", "reply", "usage",     "timings"};
 const std::set<std::string> kScoreFields = {
     "id", "question", "token_ids", "logprobs", "total_logprob", "usage", "timings"};
 const std::set<std::string> kErrorFields = {"id", "question", "line", "error"};
@@ -159,8 +159,17 @@ std::string GenerateRecord(const BatchUnit& unit, const GenerateOutcome& o) {
   record["token_ids"] = o.token_ids;
   record["finish_reason"] = o.finish_reason;
   if (!o.stop.empty()) record["stop"] = o.stop;
-  if (unit.options.logprobs) record["logprobs"] = Numbers(o.logprobs);
-  if (unit.options.top_logprobs > 0) {
+  if (o.reply) {
+    json calls = json::array();
+    for (const ChatToolCall& call : o.reply->tool_calls) {
+      calls.push_back(json{{"id", call.id}, {"name", call.name}, {"arguments", call.arguments}});
+    }
+    record["reply"] = json{{"content", o.reply->content},
+                           {"reasoning_content", o.reply->reasoning_content},
+                           {"tool_calls", std::move(calls)}};
+  }
+  if (unit.logprobs()) record["logprobs"] = Numbers(o.logprobs);
+  if (unit.request.top_logprobs > 0) {
     json all = json::array();
     for (const auto& alternatives : o.top_logprobs) {
       json list = json::array();

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/batch_request.h"
+#include "runtime/tokenizer/chat_format.h"
 
 namespace deltaserve {
 
@@ -35,6 +37,7 @@ struct GenerateOutcome {
   std::string stop;           // the stop string, or "token N"
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  std::optional<ChatReply> reply;  // a conversation's: the chat format's parse of `text`
   int64_t prompt_tokens = 0;
   BatchTimings timings;
 };
@@ -66,7 +69,7 @@ struct BatchRecordRead {
 // with no field beyond its own: an error record ("line" >= 1, "error" a
 // string), a generate record ("token_ids" integers, "finish_reason" a
 // string, "usage" and "timings" objects; "text", "stop", "logprobs",
-// "top_logprobs" may be there) or a score record ("token_ids", "logprobs" a
+// "top_logprobs", "reply" may be there) or a score record ("token_ids", "logprobs" a
 // list, "total_logprob", "usage", "timings").
 absl::StatusOr<BatchRecordRead> ReadBatchRecord(std::string_view line);
 

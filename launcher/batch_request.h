@@ -1,7 +1,9 @@
 // The requests of `deltaserve batch`: one JSON object per input line, read
-// into plain values and checked the way the gRPC API checks its requests
-// (runtime/serving/server.cc: the same defaults, limits and wording, with
-// the JSON field names). docs/batch.md describes the format.
+// into the request model (runtime/serving/request.h) the way the OpenAI API
+// reads its bodies (runtime/serving/request_json.h) and checked by the same
+// validator as every server (runtime/serving/request_validation.h), so a bad
+// value gets the same error here as from `serve`. docs/batch.md describes
+// the format.
 //
 // A line becomes one or more units, each one sequence for the engine: a
 // generate or score request is one unit; the long-document form
@@ -12,36 +14,19 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
-#include "kernels/sampling.h"
 #include "runtime/model/config.h"
+#include "runtime/serving/coordinator.h"
+#include "runtime/serving/request.h"
+#include "runtime/serving/request_validation.h"
+#include "runtime/tokenizer/chat_format.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace deltaserve {
-
-// Text, or token ids given as such.
-struct BatchInput {
-  bool is_text = false;
-  std::string text;
-  std::vector<int32_t> tokens;
-};
-
-struct BatchGenerateOptions {
-  int64_t max_tokens = 16;  // 0 in the request means 16, as in the API
-  kernels::SamplingParams sampling;
-  bool has_top_p = false;
-  uint64_t seed = 0;
-  std::vector<std::string> stop;  // stop strings: end the text, not part of it
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;
-  bool logprobs = false;     // each generated token's log-prob
-  int32_t top_logprobs = 0;  // 0..20 alternatives per token (implies logprobs)
-};
 
 enum class BatchTask { kGenerate, kScore };
 
@@ -51,11 +36,13 @@ struct BatchRequest {
   int64_t line = 0;  // 1-based
   std::string id_json;
   BatchTask task = BatchTask::kGenerate;
-  BatchInput input;  // generate and score
+  // The prompt (text, tokens or messages) and, to generate, the rest of the
+  // request; batch's defaults are the gRPC API's (greedy, seed 0).
+  GenerateInput input;
+  std::string input_field;  // the prompt's field: "text", "tokens" or "messages"
   bool long_document = false;
-  BatchInput document;
-  std::vector<BatchInput> questions;
-  BatchGenerateOptions options;
+  PromptInput document;
+  std::vector<PromptInput> questions;
 };
 
 // A line that could not be taken as a request. `id_json` is empty when the
@@ -70,11 +57,11 @@ struct BatchLineError {
 };
 
 // Parses one non-blank line; any bytes give a request or an error, never an
-// exception. Checks everything that needs no model: JSON syntax, numbers a
-// double cannot hold, nesting (at most 16 levels), JSON types, unknown
-// fields, value ranges. Errors name the field ("top_p: 1.5: must be in (0,
-// 1]", "questions[1]: empty", "temperature: 1e400: a number out of the
-// range of a double").
+// exception. Checks what needs no model: JSON syntax, numbers a double
+// cannot hold, nesting (at most 16 levels), JSON types, unknown fields
+// ("top_k: \"many\": must be an integer", "questions[1]: empty",
+// "temperature: 1e400: a number out of the range of a double"); the values'
+// ranges are the validator's, in UnitsOf or on the server.
 std::variant<BatchRequest, BatchLineError> ParseBatchLine(std::string_view line,
                                                           int64_t line_number);
 
@@ -84,33 +71,44 @@ struct BatchUnit {
   int question = -1;  // the long-document form: the question's index
   int64_t line = 0;
   BatchTask task = BatchTask::kGenerate;
-  // Resolved: the prompt's token ids, checked against the model. Unresolved
-  // (a client without the model's tokenizer): `input` is sent as it is and
+  // The request as given, or, once resolved (not a conversation), with its
+  // prompt's token ids: what a server is sent. A conversation is sent as
+  // one, so that the server reads the reply.
+  GenerateInput request;
+  // Resolved: checked against the model, `prompt` its token ids and
+  // `params` what the engine runs. Unresolved (a client without the model):
   // the server checks it.
   bool resolved = false;
   std::vector<int32_t> prompt;
+  GenerateParams params;
   // The long-document form: how many of `prompt`'s tokens are the document,
   // which the engine prefills once and forks for each question.
   int64_t document_tokens = 0;
-  BatchInput input;
-  BatchGenerateOptions options;
   std::string error;  // non-empty: the unit failed its checks, and this is why
+
+  bool chat() const { return request.prompt.form == PromptInput::Form::kChat; }
+  bool logprobs() const { return request.logprobs || request.top_logprobs > 0; }
 };
 
 // The unit for people, in progress lines: `id "doc"`, `id "doc" question 2`.
 std::string UnitName(const BatchUnit& unit);
 
-// What the checks against a model need: its config and its tokenizer (null
-// when it has none: text is refused, as the API refuses it).
+// What the checks against a model need: its config, its tokenizer (null when
+// it has none: text is refused, as the API refuses it) and chat format (null:
+// conversations are refused). The limits are the input line's: a request
+// holds no more than its line.
 struct BatchModel {
-  ModelConfig config;
-  const Tokenizer* tokenizer = nullptr;
+  BatchModel(const ModelConfig& config, const Tokenizer* tokenizer, const ChatFormat* chat);
+  const ModelConfig config;
+  const Tokenizer* const tokenizer;
+  const ChatFormat* const chat;
+  const RequestValidator validator;
 };
 
-// The request's units, resolved against `model` (text encoded, ids and
-// lengths checked, as the API checks them), or, with no model, as given.
-// The long-document form with text needs the tokenizer to cut the prompt
-// the way the engine will: without a model its units fail.
+// The request's units, resolved against `model` (text encoded, everything
+// checked by the validator), or, with no model, as given. The long-document
+// form with text needs the tokenizer to cut the prompt the way the engine
+// will: without a model its units fail.
 std::vector<BatchUnit> UnitsOf(const BatchRequest& request, const BatchModel* model);
 
 // The resume key of a record: the id and the question's index, or the line

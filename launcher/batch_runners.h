@@ -21,11 +21,12 @@ namespace deltaserve {
 // they share its steps, adding the next as each finishes; each unit's
 // record is written as it finishes. A unit gets the tokens it gets alone
 // (`deltaserve generate`): the engine samples each sequence with its own
-// seeded generator. `tokenizer` may be null (no text in the records).
+// seeded generator. The model's tokenizer may be null (no text in the
+// records).
 // Errors: the replica's communication, writing the output.
-absl::Status RunBatchOnEngine(Replica& replica, const ModelConfig& config,
-                              const Tokenizer* tokenizer, const SchedulerOptions& options,
-                              BatchSource& source, BatchProgress& progress);
+absl::Status RunBatchOnEngine(Replica& replica, const BatchModel& model,
+                              const SchedulerOptions& options, BatchSource& source,
+                              BatchProgress& progress);
 
 struct BatchClientOptions {
   std::string server;  // HOST:PORT

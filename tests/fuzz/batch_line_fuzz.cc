@@ -20,8 +20,8 @@
 namespace {
 
 struct Fixture {
-  deltaserve::BatchModel model;
   std::unique_ptr<deltaserve::Tokenizer> tokenizer;
+  std::unique_ptr<deltaserve::BatchModel> model;
 };
 
 const Fixture& Get() {
@@ -29,14 +29,14 @@ const Fixture& Get() {
     auto* f = new Fixture();
     auto preset = deltaserve::PresetConfig("k3-tiny");
     if (!preset.ok()) std::abort();
-    f->model.config = *preset;
-    f->model.config.vocab_size = 1024;  // the fixture's 676 ranks + 256 special ids, padded
-    f->model.config.max_position_embeddings = 4096;
+    deltaserve::ModelConfig config = *preset;
+    config.vocab_size = 1024;  // the fixture's 676 ranks + 256 special ids, padded
+    config.max_position_embeddings = 4096;
     auto loaded = deltaserve::LoadTokenizer(
-        std::string(DELTASERVE_SOURCE_DIR) + "/tests/data/tokenizer", f->model.config.vocab_size);
+        std::string(DELTASERVE_SOURCE_DIR) + "/tests/data/tokenizer", config.vocab_size);
     if (!loaded.ok()) std::abort();
     f->tokenizer = std::move(*loaded);
-    f->model.tokenizer = f->tokenizer.get();
+    f->model = std::make_unique<deltaserve::BatchModel>(config, f->tokenizer.get(), nullptr);
     return f;
   }();
   return *fixture;
@@ -66,7 +66,7 @@ void CheckUnits(const deltaserve::BatchRequest& request, const deltaserve::Batch
       for (const int32_t id : u.prompt) {
         if (id < 0 || id >= model->config.vocab_size) std::abort();
       }
-      if (u.task == deltaserve::BatchTask::kGenerate && n + u.options.max_tokens > context) {
+      if (u.task == deltaserve::BatchTask::kGenerate && n + u.params.max_tokens > context) {
         std::abort();
       }
     }
@@ -75,6 +75,7 @@ void CheckUnits(const deltaserve::BatchRequest& request, const deltaserve::Batch
       outcome.token_ids = {1, 2};
       outcome.finish_reason = "length";
       outcome.logprobs = {-1.0f, -2.0f};
+      if (u.chat()) outcome.reply = deltaserve::ChatReply{"a", "b", {{"", "f", "{}"}}};
       ExpectReadsBack(deltaserve::GenerateRecord(u, outcome), key, false);
     } else {
       deltaserve::ScoreOutcome outcome;
@@ -98,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     const auto& request = std::get<deltaserve::BatchRequest>(parsed);
     if (request.line != 7 || request.id_json.empty()) std::abort();
-    CheckUnits(request, &f.model);
+    CheckUnits(request, f.model.get());
     CheckUnits(request, nullptr);
   }
   auto read = deltaserve::ReadBatchRecord(line);

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -305,6 +306,13 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
   const std::string base = absl::StrCat("http://127.0.0.1:", server.http_port, "/v1");
   constexpr int kMaxTokens = 10;
   int parsed = 0;
+  // Each conversation's tokens and reply, for batch below.
+  struct Want {
+    json messages;
+    std::vector<int32_t> ids;
+    absl::StatusOr<ChatReply> reply;
+  };
+  std::vector<Want> wants;
   for (const char* user : {"Hello! <|im_end|> is only text here.", "What is 2 + 2?",
                            "Tell me a story", "Bonjour, ça va ?"}) {
     const json messages = json::array(
@@ -326,6 +334,7 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
     const testing::Streamed want = testing::GenerateAll(*server.stub, req);
     ASSERT_TRUE(want.status.ok()) << want.status.error_message();
     const absl::StatusOr<ChatReply> reply = (*format)->Parse(want.text, request.thinking);
+    wants.push_back(Want{messages, want.ids, reply});
 
     // The same conversation over gRPC (a Chat), from a file through
     // `generate` and `client generate`: the same tokens, and over gRPC the
@@ -360,6 +369,14 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
                                 server.address + flags + " 2>/dev/null",
                             &out);
     EXPECT_EQ(client == 0, reply.ok()) << out;
+    EXPECT_EQ(Ids(out), want.ids) << out;
+    // The Python example client, from the same file.
+    const int python = testing::RunCommand(
+        absl::StrCat(testing::kSystemPython, " ", DELTASERVE_SOURCE_DIR,
+                     "/examples/python/deltaserve_client.py --stubs ", DELTASERVE_PYTHON_DIR,
+                     " generate --server ", server.address, flags, " 2>/dev/null"),
+        &out);
+    EXPECT_EQ(python == 0, reply.ok()) << out;
     EXPECT_EQ(Ids(out), want.ids) << out;
 
     std::string output;
@@ -408,6 +425,72 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
   // The random model's replies are not all noise the format refuses.
   EXPECT_GE(parsed, 1);
 
+  // The conversations as `deltaserve batch` lines, run here and through the
+  // server: the same tokens and replies, or the same refusal.
+  const std::string batch_dir = testing::TempDir("chat_batch");
+  {
+    std::ofstream lines(batch_dir + "/in.jsonl");
+    for (size_t i = 0; i < wants.size(); ++i) {
+      lines << json{{"id", i}, {"messages", wants[i].messages}, {"max_tokens", kMaxTokens}}.dump()
+            << "\n";
+    }
+  }
+  for (const std::string& where : {" --model " + dir, " --server " + server.address}) {
+    SCOPED_TRACE(where);
+    const std::string output = batch_dir + "/out" + std::to_string(where.size()) + ".jsonl";
+    std::string log;
+    ASSERT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " batch" + where + " --input " +
+                                      batch_dir + "/in.jsonl --output " + output + " 2>&1",
+                                  &log),
+              0)
+        << log;
+    std::map<std::string, json> records;
+    std::ifstream in(output);
+    for (std::string line; std::getline(in, line);) {
+      const json r = json::parse(line);
+      records[r["id"].dump()] = r;
+    }
+    ASSERT_EQ(records.size(), wants.size()) << log;
+    for (size_t i = 0; i < wants.size(); ++i) {
+      const json& r = records[std::to_string(i)];
+      if (!wants[i].reply.ok()) {
+        EXPECT_NE(r.value("error", "").find("does not parse"), std::string::npos) << r.dump();
+        continue;
+      }
+      EXPECT_EQ(r["token_ids"].get<std::vector<int32_t>>(), wants[i].ids) << r.dump();
+      EXPECT_EQ(r["reply"]["content"], wants[i].reply->content) << r.dump();
+      EXPECT_EQ(r["reply"]["reasoning_content"], wants[i].reply->reasoning_content) << r.dump();
+      EXPECT_EQ(r["reply"]["tool_calls"].size(), wants[i].reply->tool_calls.size()) << r.dump();
+    }
+  }
+
+  // A conversation scored as it stands (no generation prompt after it), by
+  // `score` and `client score`: what scoring its rendering's ids gives.
+  {
+    const json messages = json::array({{{"role", "user"}, {"content", "What is 2 + 2?"}},
+                                       {{"role", "assistant"}, {"content", "4"}}});
+    const std::string file = batch_dir + "/scored.json";
+    std::ofstream(file) << messages.dump();
+    ChatRequest request;
+    request.messages = *ParseChatMessages(messages.dump());
+    request.add_generation_prompt = false;
+    auto ids = EncodeChat(*(*format)->Render(request), **tokenizer);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    const std::string by_ids = " --tokens " + absl::StrJoin(*ids, ",") + " 2>/dev/null";
+    const std::string by_chat = " --messages-file " + file + " 2>/dev/null";
+    Deltaserve("score --model " + dir + " --logprobs-out " + batch_dir + "/chat.st" + by_chat);
+    Deltaserve("score --model " + dir + " --logprobs-out " + batch_dir + "/ids.st" + by_ids);
+    auto bytes = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    EXPECT_FALSE(bytes(batch_dir + "/ids.st").empty());
+    EXPECT_EQ(bytes(batch_dir + "/chat.st"), bytes(batch_dir + "/ids.st"));
+    const std::string scored = Deltaserve("client score --server " + server.address + by_ids);
+    EXPECT_NE(scored.find('\n'), std::string::npos) << scored;
+    EXPECT_EQ(Deltaserve("client score --server " + server.address + by_chat), scored);
+  }
+
   // A conversation file that is not one, and a model without a chat format,
   // are named.
   const std::string bad = testing::TempDir("chat_bad") + "/bad.json";
@@ -417,7 +500,7 @@ TEST(HttpApiTest, ChatCompletionsRenderTheConversationAndParseTheReply) {
                                     " --messages-file " + bad + " 2>&1",
                                 &out),
             0);
-  EXPECT_NE(out.find(bad + ": tool: not a field of a conversation file"), std::string::npos) << out;
+  EXPECT_NE(out.find(bad + ": tool: not a field of a conversation"), std::string::npos) << out;
   std::ofstream(bad) << R"([{"role": "user", "content": "hi"}])";
   EXPECT_NE(testing::RunCommand(testing::BinPath("deltaserve") + " generate --model " +
                                     testing::GoldenPath("model/" + kModel) + " --messages-file " +
