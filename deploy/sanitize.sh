@@ -28,7 +28,8 @@ export LSAN_OPTIONS="suppressions=$PWD/deploy/sanitizers/lsan.supp:print_suppres
 #
 # Test executables not built here, each covered by what runs here or testing
 # no memory handling of its own:
-# - the MPI and Slurm tests (labels mpi, slurm): build/ runs them;
+# - the MPI, Slurm and multihost tests (labels mpi, slurm, multihost):
+#   build/ runs them;
 # - long_context_test (262,144-token runs, 700 s here; chunked Forward calls
 #   over KDA and both forms of MLA run in InvarianceTest and ScoreCliTest);
 # - worker_loss_e2e_test and worker_mpi_e2e_test (workers killed and
@@ -44,7 +45,7 @@ export LSAN_OPTIONS="suppressions=$PWD/deploy/sanitizers/lsan.supp:print_suppres
 #   (label cuda-sim), 200 s here even without detect_stack_use_after_return
 #   (its fibers' frames make that 4-5x slower); build/ runs it, where the
 #   kernel tests' guard bands catch a write out of bounds.
-not_built='^(long_context_test|model_cuda_test|simt_test|worker_loss_e2e_test|worker_mpi_e2e_test|progress_e2e_test|batch_serve_e2e_test|stage_plan_test|gpu_plan_test|plan_cli_test|chunk_cost_test|shard_test|weight_spec_test|resident_weights_test|[a-z_]+_(mpi|mpirun|slurm)_test)$'
+not_built='^(long_context_test|model_cuda_test|simt_test|worker_loss_e2e_test|worker_mpi_e2e_test|progress_e2e_test|batch_serve_e2e_test|stage_plan_test|gpu_plan_test|plan_cli_test|chunk_cost_test|shard_test|weight_spec_test|resident_weights_test|[a-z_]+_(mpi|mpirun|slurm|multihost)_test)$'
 
 # Warnings are not errors here: the kernels' SIMD code draws clang-only
 # warnings (-Wpsabi on the generic level's 8-float vectors) that say nothing

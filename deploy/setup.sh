@@ -29,6 +29,9 @@ if [[ "${1:-}" == "--test" ]]; then
     # which slurmd brings. Without a slurm.conf in /etc/slurm the packages'
     # services do not start.
     munge slurmctld slurmd slurm-client
+    # The multihost tests' hosts: network namespaces, veth links and a bridge
+    # (ip), each host's hostname in a UTS namespace (unshare).
+    iproute2 util-linux
   )
 elif [[ $# -gt 0 ]]; then
   echo "usage: deploy/setup.sh [--test]" >&2
