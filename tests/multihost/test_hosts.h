@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,10 @@ class TestHosts {
     }
   }
   ~TestHosts() {
-    for (const std::string& ns : namespaces_) RemoveNamespace(ns);
+    for (size_t i = 0; i < namespaces_.size(); ++i) {
+      RemoveNamespace(namespaces_[i]);
+      Run("ip link del " + Veth(static_cast<int>(i)));  // gone with the namespace, or now
+    }
     if (made_bridge_) Run("ip link del " + Bridge());
     std::remove(hosts_file().c_str());
   }
@@ -72,18 +76,29 @@ class TestHosts {
     return absl::StrCat("env DELTASERVE_TEST_HOSTS=", hosts_file(), " ip netns exec ", ns(i),
                         " unshare --uts sh -c 'hostname ", hostname(i), " && ", command, "'");
   }
-  // mpirun's flags for these hosts: `slots` processes on each of the first
-  // `hosts`, started through the agent, their messages over TCP on the
-  // links only.
-  std::string MpirunFlags(int hosts, int slots) const {
+  // mpirun's flags for these hosts: `slots` processes on each of `hosts`
+  // (in order: ranks fill the first, then the next), started through the
+  // agent, their messages over TCP on the links only.
+  std::string MpirunFlags(const std::vector<int>& hosts, int slots) const {
     std::string list;
-    for (int i = 0; i < hosts; ++i) absl::StrAppend(&list, i ? "," : "", address(i), ":", slots);
+    for (int i : hosts) absl::StrAppend(&list, list.empty() ? "" : ",", address(i), ":", slots);
     return absl::StrCat("--allow-run-as-root --oversubscribe --mca plm_rsh_agent ",
                         DELTASERVE_SOURCE_DIR,
                         "/tests/multihost/netns_agent.sh --mca btl tcp,self "
                         "--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
                         "-np ",
-                        hosts * slots, " --host ", list);
+                        hosts.size() * slots, " --host ", list);
+  }
+  // `command` started on host i in the background, its output to `log`.
+  std::unique_ptr<ChildProcess> Start(int i, const std::string& command,
+                                      const std::string& log) const {
+    return ChildProcess::Start(On(i, command), log);
+  }
+  // Every process of host i killed (SIGKILL, by pid), as when it dies.
+  void KillAll(int i) const { Run("ip netns pids " + ns(i) + " | xargs -r kill -9"); }
+  // Host i's link down (a partition: its processes live on), or up again.
+  void SetLink(int i, bool up) const {
+    Must(absl::StrCat("ip link set ", Veth(i), up ? " up" : " down"));
   }
 
  private:

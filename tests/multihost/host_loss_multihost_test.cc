@@ -1,0 +1,141 @@
+// Losing a host, on test hosts (tests/multihost/test_hosts.h): a coordinator
+// on host 0, replica A a PP2 MPI worker job over hosts 1 and 2, replica B a
+// worker on host 3, clients on host 0. While requests run on both replicas,
+// host 2 dies (every process killed) or its link goes down (a partition:
+// its processes live on). The coordinator notices within seconds (a broken
+// connection; a step overdue by the cost model's deadline), A's requests
+// run again on B, and every request ends with the tokens `deltaserve
+// generate` gives it alone: nothing lost, nothing duplicated.
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/multihost/test_hosts.h"
+#include "tests/test_util.h"
+
+namespace deltaserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Model() { return testing::GoldenPath("model/k3-tiny"); }
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The first line of a `--ids` run's output.
+std::string FirstLine(const std::string& output) { return output.substr(0, output.find('\n')); }
+
+struct Request {
+  std::string flags;     // prompt and sampling
+  std::string expected;  // the ids `generate` prints alone
+  std::unique_ptr<testing::ChildProcess> client;
+  std::string log;
+};
+
+class HostLossTest : public ::testing::TestWithParam<bool> {};
+
+// GetParam(): true, host 2's processes are killed; false, its link goes down.
+TEST_P(HostLossTest, ARequestOfTheLostReplicaEndsOnTheOtherWithItsTokens) {
+  const bool kill = GetParam();
+  const std::string bin = testing::BinPath("deltaserve");
+  const std::string dir = testing::TempDir("host_loss");
+  constexpr int kMaxTokens = 1000;
+  std::vector<Request> requests(4);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].flags = absl::StrCat("--tokens 1,2,", r + 3, " --max-tokens ", kMaxTokens,
+                                     r % 2 ? " --temperature 0.9 --seed 7" : "", " --ids");
+    std::string out;
+    ASSERT_EQ(testing::RunCommand(absl::StrCat(bin, " generate --threads 1 --model ", Model(), " ",
+                                               requests[r].flags, " 2>/dev/null"),
+                                  &out),
+              0)
+        << out;
+    requests[r].expected = FirstLine(out);
+  }
+
+  testing::TestHosts hosts(4);
+  ASSERT_EQ(hosts.size(), 4);
+  const std::string port_file = dir + "/port";
+  // A step is due within the cost model's expectation times its slack, but
+  // at least --step-timeout-floor: 3 s here, for a partition to show fast.
+  auto coordinator =
+      hosts.Start(0,
+                  absl::StrCat(bin, " coordinator --model ", Model(), " --host ", hosts.address(0),
+                               " --port 0 --worker-port 0 --port-file ", port_file,
+                               " --insecure --step-timeout-floor 3"),
+                  dir + "/coordinator.log");
+  const auto started = Clock::now();
+  while (!std::ifstream(port_file).good() && Clock::now() - started < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  int port = 0, metrics_port = 0, worker_port = 0;
+  std::ifstream(port_file) >> port >> metrics_port >> worker_port;
+  ASSERT_GT(worker_port, 0) << ReadAll(dir + "/coordinator.log");
+  const std::string server = absl::StrCat(hosts.address(0), ":", port);
+  const std::string worker = absl::StrCat(bin, " worker --coordinator ", hosts.address(0), ":",
+                                          worker_port, " --model ", Model(), " --threads 1");
+  auto replica_a =
+      hosts.Start(1, absl::StrCat("mpirun ", hosts.MpirunFlags({1, 2}, 1), " ", worker, " --pp 2"),
+                  dir + "/a.log");
+  auto replica_b = hosts.Start(3, worker, dir + "/b.log");
+  // Both attached.
+  std::string status;
+  for (int i = 0; i < 600 && status.find("\"workers\":2") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    testing::RunCommand(hosts.On(0, bin + " client status --json --server " + server) + " 2>&1",
+                        &status);
+  }
+  ASSERT_NE(status.find("\"workers\":2"), std::string::npos) << status;
+
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].log = absl::StrCat(dir, "/request", r, ".log");
+    requests[r].client = hosts.Start(
+        0, absl::StrCat(bin, " client generate --server ", server, " ", requests[r].flags),
+        requests[r].log);
+  }
+  // Both replicas are generating: A has served steps of its own.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto fault = Clock::now();
+  if (kill) {
+    hosts.KillAll(2);
+  } else {
+    hosts.SetLink(2, false);
+  }
+  for (Request& r : requests) {
+    const std::optional<int> rc = r.client->Wait(std::chrono::seconds(90));
+    ASSERT_TRUE(rc.has_value()) << "a request did not end: " << ReadAll(dir + "/coordinator.log");
+    EXPECT_EQ(*rc, 0) << ReadAll(r.log);
+    EXPECT_EQ(FirstLine(ReadAll(r.log)), r.expected) << r.flags;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - fault).count();
+  const std::string log = ReadAll(dir + "/coordinator.log");
+  std::printf("host 2 %s: every request done %.1f s after\n", kill ? "killed" : "cut off", seconds);
+  // Noticed as the fault it was, and A's requests ran again.
+  EXPECT_NE(log.find(kill ? "lost: its connection broke" : "lost: no answer to a step within"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("queued to run again"), std::string::npos) << log;
+  // The partition within the floor and the re-run's time, not the 300 s of
+  // --step-timeout.
+  EXPECT_LT(seconds, 45) << log;
+
+  // What is left of A (the partitioned ranks spin in MPI, waiting on a peer
+  // that cannot answer) is stopped with the hosts.
+  for (int i = 0; i < hosts.size(); ++i) hosts.KillAll(i);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, HostLossTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Killed" : "CutOff"; });
+
+}  // namespace
+}  // namespace deltaserve
