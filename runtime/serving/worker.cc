@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
+#include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/serving/tls_check.h"
@@ -127,10 +128,26 @@ class Inbox {
       messages_.push_back(std::move(message));
       cv_.notify_all();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     ended_ = true;
     cv_.notify_all();
+    // The coordinator ended the link (it dropped this replica, or went):
+    // the leader finishes its step, stops the other ranks and closes. One
+    // that does not within kGiveUpAfter is blocked on a rank that cannot
+    // answer (a lost host, a cut link), which would hold this job, and its
+    // CPUs, forever: the job ends instead, as a failed rank ends it.
+    if (!cv_.wait_for(lock, kGiveUpAfter, [&] { return closing_; })) {
+      log::Error("worker",
+                 absl::StrCat("the link to the coordinator ended and this replica's step has not "
+                              "finished ",
+                              kGiveUpAfter.count(),
+                              " s later: a rank of this job does not answer (a lost host or "
+                              "network link); ending the job"));
+      AbortMpi(1);
+    }
   }
+
+  static constexpr std::chrono::seconds kGiveUpAfter{10};
 
   Link& link_;
   grpc::ClientContext& context_;
