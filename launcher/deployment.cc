@@ -43,6 +43,10 @@ const std::vector<FlagSpec>& DeploymentFlags() {
        "f32"},
       {"pp", "N", "pipeline stages; with --tp, runs as an MPI job of pp x tp ranks (mpirun/srun)",
        "1"},
+      {"boundary-dtype", "f32|bf16",
+       "dtype of what a pipeline stage sends the next, the running prefix and K3's block "
+       "summaries (bf16: half the bytes; docs/numerics.md)",
+       "f32"},
       {"tp", "M", "tensor-parallel ranks per stage", "1"},
       {"stage-layers", "2,3,4",
        "layers per pipeline stage, one count per stage (default: balanced by the cost model)"},
@@ -106,7 +110,8 @@ absl::StatusOr<Deployment> Deploy(const Flags& flags, const ModelConfig& config,
   DELTASERVE_ASSIGN_OR_RETURN(std::string dir, flags.Required("model"));
   ModelOptions options;
   for (const auto& [flag, dtype] : {std::pair{"kv-cache-dtype", &options.kv_cache_dtype},
-                                    std::pair{"compute-dtype", &options.compute_dtype}}) {
+                                    std::pair{"compute-dtype", &options.compute_dtype},
+                                    std::pair{"boundary-dtype", &options.boundary_dtype}}) {
     const std::string value = flags.GetString(flag, "f32");
     if (value == "bf16") {
       *dtype = kernels::DType::kBF16;

@@ -48,9 +48,11 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
     act = model_.Embed(batch.tokens);
     stats_.compute_s += Since(t0);
   } else {
-    // The packet: bank entries, then the prefix, each [rows, D].
+    // The packet: bank entries, then the prefix, each [rows, D], in the
+    // boundary's dtype.
     const int64_t bank = model_.BankSizeBefore(model_.shard().layer_begin);
-    const kernels::Buffer packet(model_.device(), kernels::DType::kF32, (bank + 1) * rows, D);
+    const kernels::Buffer packet(model_.device(), model_.options().boundary_dtype,
+                                 (bank + 1) * rows, D);
     DELTASERVE_RETURN_IF_ERROR(stage_.Recv(packet.view().data, packet.bytes(), coord_.stage - 1,
                                            message_tags::kActivation, stream()));
     act.rows = rows;
@@ -71,7 +73,8 @@ absl::Status StageRunner::Forward(std::span<const ForwardInput> inputs,
   stats_.compute_s += Since(t0);
   InFlight send;
   const int64_t entries = static_cast<int64_t>(act.bank.size()) + 1;
-  send.packet = kernels::Buffer(act.prefix.device(), kernels::DType::kF32, entries * rows, D);
+  send.packet =
+      kernels::Buffer(act.prefix.device(), model_.options().boundary_dtype, entries * rows, D);
   for (int64_t b = 0; b < entries; ++b) {
     const kernels::Tensor part = b + 1 < entries ? kernels::Tensor(act.bank[b]) : act.prefix;
     kernels::Convert(part, send.packet.view().Rows(b * rows, rows));

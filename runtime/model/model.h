@@ -43,6 +43,10 @@ struct ModelOptions {
   // the CPU, or the CUDA device of the active backend (kernels/cuda/ops.h)
   // that SelectCudaDevice chose.
   kernels::Device device = kernels::Device::kCpu;
+  // What a pipeline stage sends the next (the running prefix and K3's bank
+  // of block summaries): kF32, or kBF16 (half the bytes; docs/numerics.md
+  // measures its effect). Every rank of a replica must have the same.
+  kernels::DType boundary_dtype = kernels::DType::kF32;
 };
 
 // The pool's default size: 64 sequences of the model's whole context, at
@@ -78,6 +82,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
   kernels::Device device() const { return options_.device; }
+  const ModelOptions& options() const { return options_; }
   int64_t bytes_read() const { return bytes_read_; }  // from the checkpoint
   WeightBytes weight_bytes() const { return CountWeightBytes(weights_); }
   // A new sequence, its state zero; ResourceExhausted when the pool holds as
