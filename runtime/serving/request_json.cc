@@ -1,6 +1,7 @@
 #include "runtime/serving/request_json.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -50,10 +51,9 @@ std::optional<int64_t> JsonFields::IntegerOf(const json* v, const std::string& n
   }
   if (v->is_number_integer()) return v->get<int64_t>();
   if (v->is_number_float()) {
+    // In range first: converting a double past int64's range is undefined.
     const double d = v->get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d)) && d > -9.2e18 && d < 9.2e18) {
-      return static_cast<int64_t>(d);
-    }
+    if (d > -9.2e18 && d < 9.2e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
   }
   return Fail(name, absl::StrCat(ShownJson(*v), ": must be an integer"));
 }
