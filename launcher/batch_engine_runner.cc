@@ -243,13 +243,11 @@ absl::Status RunBatchOnEngine(Replica& replica, const BatchModel& model,
             // As the servers read a conversation's reply (a server's
             // INTERNAL error is an error record too).
             absl::StatusOr<ChatReply> reply =
-                model.chat->Parse(g.text, r.unit.request.prompt.chat.thinking);
+                ParseReply(*model.chat, g.text, r.unit.request.prompt.chat.thinking);
             if (!reply.ok()) {
               return write(e.id,
                            ErrorRecord(r.unit.id_json, r.unit.question, r.unit.line,
-                                       absl::StrCat("the model's reply does not parse as its chat "
-                                                    "format: ",
-                                                    reply.status().message())),
+                                       std::string(reply.status().message())),
                            true);
             }
             g.reply = std::move(*reply);

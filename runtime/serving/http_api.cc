@@ -446,8 +446,8 @@ class HttpApi::Impl {
                          keep_alive);
         }
         absl::StatusOr<ChatReply> reply =
-            chat_->Parse(out.text, parsed->input.prompt.chat.thinking);
-        if (!reply.ok()) return Error(stream, c, UnparsedReply(reply.status()), 0, keep_alive);
+            ParseReply(*chat_, out.text, parsed->input.prompt.chat.thinking);
+        if (!reply.ok()) return Error(stream, c, reply.status(), 0, keep_alive);
         return Respond(stream, c, 200, "application/json",
                        ChatResponse(*parsed, rid, *reply, out, *outcome, coordinator_.tokenizer()),
                        keep_alive);
@@ -530,7 +530,7 @@ class HttpApi::Impl {
           sent = event(ErrorResponse(outcome->status).body);
         } else if (chat) {
           absl::StatusOr<std::vector<std::string>> last = chat->Finish(text, *outcome);
-          sent = last.ok() ? send(*last) : event(ErrorResponse(UnparsedReply(last.status())).body);
+          sent = last.ok() ? send(*last) : event(ErrorResponse(last.status()).body);
         } else {
           const std::string finish = FinishReasonName(outcome->reason);
           sent = event(CompletionChunk(req, rid, OpenAiTokens{}, offset, first, &finish,
@@ -549,13 +549,6 @@ class HttpApi::Impl {
         coordinator_.Cancel(handle, absl::CancelledError("the client went away"));
       }
     }
-  }
-
-  // A reply the model generated that its chat format cannot read (a tool
-  // call cut short or malformed): the server's failure, not the client's.
-  static absl::Status UnparsedReply(const absl::Status& why) {
-    return absl::InternalError(
-        absl::StrCat("the model's reply does not parse as its chat format: ", why.message()));
   }
 
   absl::Status WriteFailure(const Connection& c) const {

@@ -430,11 +430,8 @@ std::vector<std::string> ChatStream::Update(const std::string& text,
 
 absl::StatusOr<std::vector<std::string>> ChatStream::Finish(const std::string& text,
                                                             const RequestOutcome& outcome) {
-  absl::StatusOr<ChatReply> reply = format_.Parse(text, req_.input.prompt.chat.thinking);
-  if (!reply.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model's reply does not parse as its chat format: ", reply.status().message()));
-  }
+  absl::StatusOr<ChatReply> reply = ParseReply(format_, text, req_.input.prompt.chat.thinking);
+  if (!reply.ok()) return reply.status();
   std::vector<std::string> chunks = Deltas(*reply, {});
   json delta = json::object();
   if (first_) delta["role"] = "assistant";

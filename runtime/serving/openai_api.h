@@ -104,7 +104,8 @@ class ChatStream {
   // `tokens`, those made since the last call (for their log-probs).
   std::vector<std::string> Update(const std::string& text, std::vector<TokenEvent> tokens);
   // The last chunks: what is left, the tool calls and the finish.
-  // InvalidArgument when the reply does not parse (a malformed tool call).
+  // ParseReply's INTERNAL when the reply does not parse (a malformed tool
+  // call).
   absl::StatusOr<std::vector<std::string>> Finish(const std::string& text,
                                                   const RequestOutcome& outcome);
 

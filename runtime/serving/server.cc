@@ -147,16 +147,14 @@ class GenerationService final : public v1::Generation::Service {
         c->mutable_usage()->set_completion_tokens(outcome->completion_tokens);
         SetTimings(*outcome, c->mutable_timings());
         if (chat) {
-          absl::StatusOr<ChatReply> reply = chat_format_->Parse(text, thinking);
+          absl::StatusOr<ChatReply> reply = ParseReply(*chat_format_, text, thinking);
           if (!reply.ok()) {
             // The tokens went out; what the model said cannot be read.
             response.clear_completion();
             if (absl::Status ok = Write(*context, *writer, response, *handle, *id); !ok.ok()) {
               return ToGrpc(ok);
             }
-            return ToGrpc(absl::InternalError(
-                absl::StrCat("the model's reply does not parse as its chat format: ",
-                             reply.status().message())));
+            return ToGrpc(reply.status());
           }
           ToProto(*reply, c->mutable_reply());
         }

@@ -369,6 +369,16 @@ absl::StatusOr<std::string> TypedJsonValue(std::string_view text, std::string_vi
 
 }  // namespace chat_internal
 
+absl::StatusOr<ChatReply> ParseReply(const ChatFormat& format, std::string_view generated,
+                                     bool thinking) {
+  absl::StatusOr<ChatReply> reply = format.Parse(generated, thinking);
+  if (!reply.ok()) {
+    return absl::InternalError(absl::StrCat("the model's reply does not parse as its chat format: ",
+                                            reply.status().message()));
+  }
+  return reply;
+}
+
 std::string RenderText(const std::vector<ChatSegment>& segments) {
   std::string text;
   for (const ChatSegment& segment : segments) text += segment.text;

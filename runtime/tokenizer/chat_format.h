@@ -83,6 +83,13 @@ class ChatFormat {
   virtual std::vector<std::string> end_tokens() const = 0;
 };
 
+// `format`'s Parse of a reply the model generated, where a text the format
+// cannot read is the server's failure, not the client's: INTERNAL, "the
+// model's reply does not parse as its chat format: ...", the same from every
+// front end (gRPC, HTTP, batch).
+absl::StatusOr<ChatReply> ParseReply(const ChatFormat& format, std::string_view generated,
+                                     bool thinking);
+
 // The segments' text, concatenated: what the Jinja template renders.
 std::string RenderText(const std::vector<ChatSegment>& segments);
 
