@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "tests/test_util.h"
 
@@ -74,7 +75,20 @@ class TestHosts {
   // line; mpirun there reaches the other hosts through netns_agent.sh.
   std::string On(int i, const std::string& command) const {
     return absl::StrCat("env DELTASERVE_TEST_HOSTS=", hosts_file(), " ip netns exec ", ns(i),
-                        " unshare --uts sh -c 'hostname ", hostname(i), " && ", command, "'");
+                        " unshare --uts sh -c 'hostname ", hostname(i), " && ",
+                        absl::StrReplaceAll(command, {{"'", "'\\''"}}), "'");
+  }
+  // The file of these hosts, a line each: `ADDRESS NAMESPACE HOSTNAME`.
+  std::string hosts_file() const { return absl::StrCat("/tmp/deltaserve-test-hosts-", tag_); }
+  // The index of the host process `pid` runs on, -1 for none of them.
+  int HostOf(pid_t pid) const {
+    std::string name;
+    RunCommand(absl::StrCat("ip netns identify ", pid, " 2>/dev/null"), &name);
+    while (!name.empty() && isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    for (int i = 0; i < size(); ++i) {
+      if (name == namespaces_[i]) return i;
+    }
+    return -1;
   }
   // mpirun's flags for these hosts: `slots` processes on each of `hosts`
   // (in order: ranks fill the first, then the next), started through the
@@ -107,7 +121,6 @@ class TestHosts {
   std::string Bridge() const { return absl::StrCat("dsb", tag_); }
   std::string Veth(int i) const { return absl::StrCat("dsv", tag_, "x", i); }
   std::string Namespace(int i) const { return absl::StrCat(kPrefix, tag_, "-", i); }
-  std::string hosts_file() const { return absl::StrCat("/tmp/deltaserve-test-hosts-", tag_); }
 
   static int Run(const std::string& command) {
     std::string output;

@@ -1,7 +1,8 @@
-// For the slurm tests: a fixture that starts a one-node Slurm cluster on this
-// machine (tests/slurm/one_node_cluster.sh: munged, slurmctld and slurmd from
-// Debian's packages, every file in a temp directory, on free ports) and stops
-// it after each test, failed or not, leaving no process behind.
+// For the slurm and multihost tests: a fixture that starts a Slurm cluster
+// (tests/slurm/test_cluster.sh: munged, slurmctld and slurmd from Debian's
+// packages, every file in a temp directory, on free ports), one node on this
+// machine unless a fixture made from it says which test hosts to use, and
+// stops it after each test, failed or not, leaving no process behind.
 //
 // The processes of the cluster's jobs are recognised by their environment:
 // SLURM_CONF names this cluster's slurm.conf (sbatch passes the test's
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -66,16 +68,15 @@ class SlurmTest : public ::testing::Test {
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     dir_ = TempDir("slurm");
     conf_ = dir_ + "/slurm.conf";
-    cluster_ = ChildProcess::Start(
-        "bash " + std::string(DELTASERVE_SOURCE_DIR) + "/tests/slurm/one_node_cluster.sh " + dir_,
-        dir_ + "/cluster.log");
+    cluster_ = ChildProcess::Start("bash " + std::string(DELTASERVE_SOURCE_DIR) +
+                                       "/tests/slurm/test_cluster.sh " + dir_ + " " + test_hosts_,
+                                   dir_ + "/cluster.log");
     ASSERT_NE(cluster_, nullptr);
     const bool ready = WaitUntil(
         [&] { return std::filesystem::exists(dir_ + "/ready") || cluster_->Wait({}).has_value(); },
         std::chrono::seconds(60));
-    ASSERT_TRUE(ready && std::filesystem::exists(dir_ + "/ready"))
-        << "the one-node cluster did not start:\n"
-        << cluster_->Log();
+    ASSERT_TRUE(ready && std::filesystem::exists(dir_ + "/ready")) << "the cluster did not start:\n"
+                                                                   << cluster_->Log();
     // For sbatch, squeue, scancel and, through sbatch, the jobs. Open MPI
     // ranks yield while they wait, so ranks sharing a core do not starve each
     // other.
@@ -130,7 +131,7 @@ class SlurmTest : public ::testing::Test {
   std::string Submit(const std::string& args) {
     std::string output;
     const int rc =
-        RunCommand("sbatch --parsable --output=" + dir_ + "/job-%j.log " + args, &output);
+        RunCommand(Slurm("sbatch --parsable --output=" + dir_ + "/job-%j.log " + args), &output);
     EXPECT_EQ(rc, 0) << output;
     if (rc != 0) return "";
     while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
@@ -143,18 +144,18 @@ class SlurmTest : public ::testing::Test {
   }
 
   // The job's state while squeue lists it (RUNNING, COMPLETING...), "" after.
-  static std::string QueueState(const std::string& job) {
+  std::string QueueState(const std::string& job) const {
     std::string output;
-    RunCommand("squeue -h -j " + job + " -o %T 2>/dev/null", &output);
+    RunCommand(Slurm("squeue -h -j " + job + " -o %T 2>/dev/null"), &output);
     while (!output.empty() && output.back() == '\n') output.pop_back();
     return output;
   }
 
   // The job's final state as slurmctld keeps it (COMPLETED, CANCELLED,
   // FAILED...).
-  static std::string FinalState(const std::string& job) {
+  std::string FinalState(const std::string& job) const {
     std::string output;
-    RunCommand("scontrol show job -o " + job, &output);
+    RunCommand(Slurm("scontrol show job -o " + job), &output);
     const size_t at = output.find("JobState=");
     if (at == std::string::npos) return "unknown: " + output;
     return output.substr(at + 9, output.find(' ', at) - at - 9);
@@ -162,9 +163,9 @@ class SlurmTest : public ::testing::Test {
 
   // The names of the job's running steps, sorted, e.g.
   // "batch deltaserve-coordinator deltaserve-replica-0".
-  static std::string StepNames(const std::string& job) {
+  std::string StepNames(const std::string& job) const {
     std::string output;
-    RunCommand("squeue -h -s -j " + job + " -o %j | sort | tr '\\n' ' '", &output);
+    RunCommand(Slurm("squeue -h -s -j " + job + " -o %j") + " | sort | tr '\\n' ' '", &output);
     while (!output.empty() && output.back() == ' ') output.pop_back();
     return output;
   }
@@ -214,6 +215,15 @@ class SlurmTest : public ::testing::Test {
     return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
   }
 
+  // A Slurm command line, run where slurmctld can be reached.
+  std::string Slurm(const std::string& command) const { return on_controller_(command); }
+
+  // Set before SetUp for a cluster of test hosts: test_cluster.sh's
+  // "HOSTS CONTROLLER NODE...", and what runs a command on CONTROLLER.
+  std::string test_hosts_;
+  std::function<std::string(const std::string&)> on_controller_ = [](const std::string& command) {
+    return command;
+  };
   std::string dir_;   // the cluster's files; the tests' files too
   std::string conf_;  // dir_/slurm.conf
   std::unique_ptr<ChildProcess> cluster_;

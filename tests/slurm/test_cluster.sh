@@ -1,35 +1,54 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this machine, for the slurm tests and for trying
+# A Slurm cluster for the slurm and multihost tests, and for trying
 # deploy/slurm/ by hand: munged, slurmctld and slurmd from Debian's packages,
 # every file under DIR, on free ports.
 #
-#   bash tests/slurm/one_node_cluster.sh DIR &
+#   bash tests/slurm/test_cluster.sh DIR &     # one node: this machine
 #   until [[ -e DIR/ready ]]; do sleep 0.2; done
 #   export SLURM_CONF=DIR/slurm.conf   # then sbatch, srun, squeue, scancel as usual
 #
+#   bash tests/slurm/test_cluster.sh DIR HOSTS CONTROLLER NODE... &
+#
+# The second form runs on test hosts (tests/multihost/test_hosts.h: network
+# namespaces; HOSTS is their file, a line each `ADDRESS NAMESPACE HOSTNAME`):
+# slurmctld on test host CONTROLLER and a slurmd on each test host NODE, each
+# under its host's hostname and with a /tmp of its own (DIR/hosts/NAME/tmp on
+# DIR/tmp, as Slurm's TmpFS), nodes addressed by their host's address. The
+# Slurm commands then reach slurmctld only from a test host; this script runs
+# its own (squeue, scancel, sinfo) on CONTROLLER. munged runs here, outside
+# the hosts: its socket is a file, which every host sees, as every node of a
+# real cluster has its own munged with the same key.
+#
 # DIR gets slurm.conf, munge/ (key, seed, log), run/ (munge socket, pid files),
-# state/, spool/, log/ (the daemons' logs), pids (the daemons' pids) and, once
-# the node is idle, ready. The cluster runs until this script gets SIGTERM or
-# SIGINT, or until the process that started it ends (a test killed by its
-# timeout). Then it cancels every job, stops the daemons by pid, and kills by
-# pid whatever is left that carries SLURM_CONF=DIR/slurm.conf in its
+# state/, spool/NODE/, log/ (the daemons' logs), pids (the daemons' pids) and,
+# once every node is idle, ready. The cluster runs until this script gets
+# SIGTERM or SIGINT, or until the process that started it ends (a test killed
+# by its timeout). Then it cancels every job, stops the daemons by pid, and
+# kills by pid whatever is left that carries SLURM_CONF=DIR/slurm.conf in its
 # environment: slurmstepd and the jobs' processes (Slurm passes SLURM_CONF to
 # every step, and sbatch passes on the submitter's environment).
 set -uo pipefail
 
-dir=${1:?usage: one_node_cluster.sh DIR}
+usage="usage: test_cluster.sh DIR [HOSTS CONTROLLER NODE...]"
+dir=${1:?$usage}
+hosts_file=${2:-}
+controller=${3:-}
+nodes=("${@:4}")
+[[ -z $hosts_file || ${#nodes[@]} -gt 0 ]] || { echo "$usage" >&2; exit 1; }
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
 parent=$PPID
 
-log() { echo "one_node_cluster: $(date '+%T') $*" >&2; }
+log() { echo "test_cluster: $(date '+%T') $*" >&2; }
 die() {
   log "$*"
   exit 1
 }
 
-for tool in munged mungekey slurmctld slurmd sinfo squeue scancel python3; do
+tools=(munged mungekey slurmctld slurmd sinfo squeue scancel python3)
+[[ -n $hosts_file ]] && tools+=(nsenter unshare mount)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null ||
     die "$tool is not installed: run deploy/setup.sh (Debian's munge, slurmctld, slurmd, slurm-client)"
 done
@@ -50,15 +69,41 @@ for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
 
-# The node as slurmd sees this machine: its real CPUs, sockets and memory.
+# A node as slurmd sees this machine: its real CPUs, sockets and memory (on
+# test hosts every node has all of them).
 node_line=$(slurmd -C | head -n 1)
-node=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$node_line")
-[[ -n $node ]] || die "slurmd -C printed no node: $node_line"
+hardware=$(sed -n 's/^NodeName=[^ ]* //p' <<<"$node_line")
+[[ -n $hardware ]] || die "slurmd -C printed no node: $node_line"
+
+# host_of NAME: "ADDRESS NAMESPACE" of test host NAME.
+host_of() {
+  local address namespace hostname
+  while read -r address namespace hostname; do
+    [[ $hostname == "$1" ]] && { echo "$address $namespace"; return 0; }
+  done <"$hosts_file"
+  die "$1 is not a test host in $hosts_file"
+}
+node_lines=()
+if [[ -z $hosts_file ]]; then
+  controller=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$node_line")
+  controller_address=127.0.0.1
+  nodes=("$controller")
+  mkdir -p "$dir/spool/$controller"
+  node_lines=("NodeName=$controller $hardware NodeAddr=127.0.0.1 State=UNKNOWN")
+else
+  read -r controller_address _ < <(host_of "$controller") || exit 1
+  for node in "${nodes[@]}"; do
+    read -r address _ < <(host_of "$node") || exit 1
+    node_lines+=("NodeName=$node $hardware NodeAddr=$address State=UNKNOWN")
+    mkdir -p "$dir/hosts/$node/tmp" "$dir/spool/$node"
+  done
+fi
+node_list=$(IFS=,; echo "${nodes[*]}")
 
 cat >"$conf" <<EOF
-# One-node test cluster written by tests/slurm/one_node_cluster.sh.
+# Test cluster written by tests/slurm/test_cluster.sh.
 ClusterName=deltaserve-test
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$controller($controller_address)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=root
@@ -67,11 +112,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$dir/run/munge.socket
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/run/slurmctld.pid
-SlurmdPidFile=$dir/run/slurmd.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 # The mpi/pmix plugin's per-step directories (spmix_appdir_UID_JOB.STEP):
 # another test cluster has the same job and step ids.
 TmpFS=$dir/tmp
@@ -96,9 +141,30 @@ ReturnToService=2
 MailProg=/bin/true
 # scancel: SIGTERM, then SIGKILL after KillWait seconds (30 by default).
 KillWait=10
-$node_line NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+$(printf '%s\n' "${node_lines[@]}")
+PartitionName=debug Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
 EOF
+
+# on HOST: sets `prefix` to the words that run a command on test host HOST:
+# in its network namespace, under its hostname, with its own /tmp for a node.
+# Nothing on one node.
+on() {
+  local namespace tmp
+  prefix=()
+  [[ -n $hosts_file ]] || return 0
+  read -r _ namespace < <(host_of "$1") || return 1
+  tmp=$dir/hosts/$1/tmp
+  [[ -d $tmp ]] || tmp=$dir/tmp
+  # nsenter, not `ip netns exec`: that mounts a /sys of the namespace's own,
+  # without the cgroup file system slurmd needs.
+  # shellcheck disable=SC2016  # the inner shell expands them
+  prefix=(nsenter --net="/run/netns/$namespace" unshare --uts --mount /bin/sh -c
+    'hostname "$1" && mount --bind "$2" "$3" && shift 3 && exec "$@"' sh "$1" "$tmp" "$dir/tmp")
+}
+slurm() {
+  local prefix
+  on "$controller" && "${prefix[@]}" "$@"
+}
 
 export SLURM_CONF=$conf
 daemons=()
@@ -145,13 +211,13 @@ stop_cluster() {
   rm -f "$dir/ready"
   local jobs i pid
   if running "${daemons[1]:-0}"; then
-    jobs=$(squeue -h -o %A 2>/dev/null | tr '\n' ' ')
+    jobs=$(slurm squeue -h -o %A 2>/dev/null | tr '\n' ' ')
     if [[ -n ${jobs// /} ]]; then
       log "cancelling jobs $jobs"
       # shellcheck disable=SC2086
-      scancel $jobs 2>/dev/null
+      slurm scancel $jobs 2>/dev/null
       for ((i = 0; i < 150; i++)); do
-        [[ -z $(squeue -h 2>/dev/null) && -z $(marked) ]] && break
+        [[ -z $(slurm squeue -h 2>/dev/null) && -z $(marked) ]] && break
         sleep 0.2
       done
     fi
@@ -180,14 +246,14 @@ trap stop_cluster EXIT
 # crashes in PMIx_server_finalize as an mpi/pmix step ends, after its tasks
 # have exited; the stop below names any core file.
 cd "$dir" || die "cannot enter $dir"
-start() {
-  local name=$1
-  shift
-  setsid "$@" >"$dir/log/$name.out" 2>&1 &
+start() {  # NAME LOG COMMAND...
+  local name=$1 out=$2
+  shift 2
+  setsid "$@" >"$dir/log/$out.out" 2>&1 &
   daemons+=($!)
   echo "$name $!" >>"$dir/pids"
 }
-start munged munged --foreground --socket="$dir/run/munge.socket" \
+start munged munged munged --foreground --socket="$dir/run/munge.socket" \
   --key-file="$dir/munge/munge.key" --seed-file="$dir/munge/munged.seed" \
   --log-file="$dir/munge/munged.log" --pid-file="$dir/run/munged.pid"
 for ((i = 0; i < 50; i++)); do
@@ -195,20 +261,27 @@ for ((i = 0; i < 50; i++)); do
   sleep 0.1
 done
 [[ -S $dir/run/munge.socket ]] || die "munged did not start: $(cat "$dir/log/munged.out")"
-start slurmctld slurmctld -D -f "$conf"
-start slurmd slurmd -D -f "$conf" -N "$node"
+on "$controller" || exit 1
+start slurmctld slurmctld "${prefix[@]}" slurmctld -D -f "$conf"
+for node in "${nodes[@]}"; do
+  on "$node" || exit 1
+  start slurmd "slurmd-$node" "${prefix[@]}" slurmd -D -f "$conf" -N "$node"
+done
 
+# idle_nodes: how many of the nodes sinfo reports idle.
+idle_nodes() { slurm sinfo -h -N -n "$node_list" -o '%N %T' 2>/dev/null | grep -c ' idle$'; }
 for ((i = 0; i < 300; i++)); do
   for d in "${daemons[@]}"; do
     running "$d" || die "a daemon ended: $(tail -n 5 "$dir"/log/*.out)"
   done
-  [[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == idle ]] && break
+  (($(idle_nodes) == ${#nodes[@]})) && break
   sleep 0.1
 done
-[[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == idle ]] ||
-  die "node $node is not idle after 30 s: $(sinfo -N 2>&1; tail -n 5 "$dir"/log/*.log)"
+(($(idle_nodes) == ${#nodes[@]})) ||
+  die "nodes $node_list are not idle after 30 s: $(slurm sinfo -N 2>&1; tail -n 5 "$dir"/log/*.log)"
 echo "SLURM_CONF=$conf" >"$dir/ready"
-log "up: node $node ($node_line), slurmctld on port $ctld_port, slurmd on $slurmd_port"
+log "up: nodes $node_list ($hardware), slurmctld on $controller port $ctld_port, slurmd on" \
+  "port $slurmd_port"
 
 while kill -0 "$parent" 2>/dev/null; do
   sleep 0.5 &
