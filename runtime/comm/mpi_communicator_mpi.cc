@@ -373,6 +373,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> InitMpiWorld(int* argc, char*** ar
     return absl::FailedPreconditionError("InitMpiWorld: MPI was already finalized");
   }
   if (!initialized) {
+    // Open MPI's TCP transport moves a large message on only inside the
+    // sender's MPI calls, and a pipeline stage computing its next chunk makes
+    // none: the boundary it sent waited for that chunk, and pipelined prefill
+    // across hosts ran slower than one process (docs/performance.md). The
+    // transport's progress thread moves it meanwhile. The environment's
+    // OMPI_MCA_btl_tcp_progress_thread=0 keeps it off; other MPI libraries
+    // ignore the variable.
+    setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
     int provided = MPI_THREAD_SINGLE;
     const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS) {

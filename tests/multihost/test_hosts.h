@@ -92,7 +92,9 @@ class TestHosts {
   }
   // mpirun's flags for these hosts: `slots` processes on each of `hosts`
   // (in order: ranks fill the first, then the next), started through the
-  // agent, their messages over TCP on the links only.
+  // agent, their messages over TCP on the links only, bound to no core (each
+  // host's daemon sees the machine's cores as its own and would bind the
+  // ranks of every host to the same ones).
   std::string MpirunFlags(const std::vector<int>& hosts, int slots) const {
     std::string list;
     for (int i : hosts) absl::StrAppend(&list, list.empty() ? "" : ",", address(i), ":", slots);
@@ -100,7 +102,7 @@ class TestHosts {
                         DELTASERVE_SOURCE_DIR,
                         "/tests/multihost/netns_agent.sh --mca btl tcp,self "
                         "--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "
-                        "-np ",
+                        "--bind-to none -np ",
                         hosts.size() * slots, " --host ", list);
   }
   // `command` started on host i in the background, its output to `log`.
