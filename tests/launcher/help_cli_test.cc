@@ -102,13 +102,14 @@ TEST(HelpTest, BenchmarkProgramsPrintUsageInsteadOfRunning) {
   }
   for (const std::string& program :
        {testing::BinPath("model_bench") + " --help", testing::BinPath("kda_bench") + " --help",
-        testing::BinPath("skinny_bench") + " --help",
+        testing::BinPath("skinny_bench") + " --help", testing::BinPath("link_emulator") + " --help",
         std::string("bash bench/pipeline_bench.sh --help"),
         std::string("bash bench/serve_bench.sh --help"),
         std::string("bash bench/coordinator_pipeline_bench.sh -h"),
         std::string("bash bench/million_prefill.sh --help"),
         std::string("bash bench/pipeline_decode_bench.sh --help"),
-        std::string("bash bench/llamacpp_compare.sh --help")}) {
+        std::string("bash bench/llamacpp_compare.sh --help"),
+        std::string("bash bench/network_bench.sh --help")}) {
     SCOPED_TRACE(program);
     const auto start = std::chrono::steady_clock::now();
     int rc = 0;
