@@ -9,6 +9,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace deltaserve {
+namespace {
+
+// The prefix cache's key: FNV-1a over the tokens, continued page by page.
+constexpr uint64_t kHashSeed = 0xcbf29ce484222325ull;
+uint64_t HashTokens(uint64_t h, std::span<const int32_t> tokens) {
+  for (int32_t t : tokens) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
 
 Scheduler::Scheduler(const ModelConfig& config, SchedulerOptions options)
     : context_length_(config.max_position_embeddings),
@@ -24,7 +37,165 @@ void Scheduler::Add(SequenceRequest request) {
   std::sort(stop_ids.begin(), stop_ids.end());
   stop_ids.erase(std::unique(stop_ids.begin(), stop_ids.end()), stop_ids.end());
   if (s->request.kind == SequenceKind::kPrefix) s->forks_left = s->request.forks;
+  if (options_.prefix_cache_bytes > 0 && s->request.kind == SequenceKind::kGenerate &&
+      !s->request.fork_from) {
+    UseCache(s);
+  }
   waiting_.push_back(std::move(s));
+}
+
+void Scheduler::UseCache(const SequencePtr& s) {
+  SequenceRequest& r = s->request;
+  // Pages an entry may cover: a token must be left to sample from.
+  const int64_t pages = (static_cast<int64_t>(r.prompt.size()) - 1) / kCachePageTokens;
+  if (pages <= 0) return;
+  ++cache_stats_.lookups;
+  std::vector<uint64_t> hashes(pages);
+  uint64_t h = kHashSeed;
+  for (int64_t k = 0; k < pages; ++k) {
+    h = HashTokens(h, std::span(r.prompt).subspan(k * kCachePageTokens, kCachePageTokens));
+    hashes[k] = h;
+  }
+  SequencePtr hit;
+  int64_t hit_pages = 0;
+  for (int64_t k = pages; k >= 1 && hit == nullptr; --k) {
+    const size_t tokens = static_cast<size_t>(k * kCachePageTokens);
+    auto [begin, end] = cache_index_.equal_range(hashes[k - 1]);
+    for (auto it = begin; it != end; ++it) {
+      const std::vector<int32_t>& t = it->second->cache_tokens;
+      if (t.size() == tokens && std::equal(t.begin(), t.end(), r.prompt.begin())) {
+        hit = it->second;
+        hit_pages = k;
+        break;
+      }
+    }
+  }
+  // Entries to make, each extending the one before: at the last page this
+  // prompt shares with an entry it does not fully contain (where requests
+  // that share a document part, each with its own question, so the next one
+  // hits), and at the prompt's last full page.
+  int64_t shared_pages = hit_pages;
+  for (const auto& [hash, e] : cache_index_) {
+    const int64_t limit = std::min<int64_t>(pages, e->page_hashes.size());
+    int64_t k = 0;
+    while (k < limit && e->page_hashes[k] == hashes[k]) ++k;
+    if (k > shared_pages && std::equal(r.prompt.begin(), r.prompt.begin() + k * kCachePageTokens,
+                                       e->cache_tokens.begin())) {
+      shared_pages = k;
+    }
+  }
+  SequencePtr from = hit;
+  int64_t from_pages = hit_pages;
+  for (const int64_t end : {shared_pages, pages}) {
+    if (end <= from_pages) continue;
+    const int64_t cost = options_.slot_bytes + (end - from_pages) * options_.page_bytes;
+    if (from != nullptr) ++from->forks_left;  // not evicted for its own extension
+    while (cache_stats_.bytes + cost > options_.prefix_cache_bytes && EvictOne()) {
+    }
+    if (from != nullptr) --from->forks_left;
+    if (cache_stats_.bytes + cost > options_.prefix_cache_bytes) break;
+    auto c = std::make_shared<Sequence>();
+    c->request.id = next_cache_id_++;
+    c->request.kind = SequenceKind::kPrefix;
+    c->request.prompt.assign(r.prompt.begin() + from_pages * kCachePageTokens,
+                             r.prompt.begin() + end * kCachePageTokens);
+    if (from != nullptr) {
+      c->request.fork_from = from->request.id;
+      ++from->forks_left;
+      ++from->extensions;
+    }
+    c->cached = true;
+    c->cache_tokens.assign(r.prompt.begin(), r.prompt.begin() + end * kCachePageTokens);
+    c->page_hashes.assign(hashes.begin(), hashes.begin() + end);
+    c->owner = r.id;
+    c->cost = cost;
+    cache_index_.emplace(hashes[end - 1], c);
+    ++cache_stats_.entries;
+    cache_stats_.bytes += cost;
+    waiting_.push_back(c);
+    from = c;
+    from_pages = end;
+  }
+  if (from == nullptr) return;
+  if (hit != nullptr) {
+    ++cache_stats_.hits;
+    cache_stats_.cached_tokens += hit_pages * kCachePageTokens;
+  }
+  // Most recently used: the entry and every entry it extends.
+  for (SequencePtr e = from; e != nullptr;
+       e = e->request.fork_from ? Find(*e->request.fork_from) : nullptr) {
+    e->last_used = ++cache_clock_;
+  }
+  s->full_prompt = r.prompt;
+  s->from_cache = hit_pages * kCachePageTokens;
+  r.prompt.erase(r.prompt.begin(),
+                 r.prompt.begin() + static_cast<int64_t>(from->cache_tokens.size()));
+  r.fork_from = from->request.id;
+  ++from->forks_left;
+}
+
+Scheduler::SequencePtr Scheduler::EvictionVictim() const {
+  SequencePtr victim;
+  for (const auto& [hash, e] : cache_index_) {
+    if (e->prompt_left() || e->forks_left > 0 || e->extensions > 0) continue;
+    if (victim == nullptr || e->last_used < victim->last_used) victim = e;
+  }
+  return victim;
+}
+
+bool Scheduler::MayEvictToAdmit() const {
+  return !waiting_.empty() && Occupied() < options_.max_running && EvictionVictim() != nullptr;
+}
+
+bool Scheduler::EvictOne() {
+  const SequencePtr victim = EvictionVictim();
+  if (victim == nullptr) return false;
+  ++cache_stats_.evictions;
+  Drop(*victim);
+  return true;
+}
+
+void Scheduler::MapCacheEvents(std::vector<SchedulerEvent>* events, size_t from) {
+  if (options_.prefix_cache_bytes <= 0) return;
+  size_t kept = from;
+  for (size_t i = from; i < events->size(); ++i) {
+    SchedulerEvent& e = (*events)[i];
+    bool keep = true;
+    if (e.id >= kCacheSequenceIds) {
+      // An entry's first chunk starts the request it is made for, and its
+      // prefill is that request's; nothing else of it goes out.
+      const SequencePtr entry = Find(e.id);
+      const SequencePtr owner = entry != nullptr ? Find(entry->owner) : nullptr;
+      keep = false;
+      if (owner != nullptr && !owner->started) {
+        if (e.kind == SchedulerEvent::Kind::kStarted && !owner->start_reported) {
+          e.id = owner->request.id;
+          e.cached_tokens = owner->from_cache;
+          owner->start_reported = true;
+          keep = true;
+        } else if (e.kind == SchedulerEvent::Kind::kProgress) {
+          e.id = owner->request.id;
+          e.prefilled += entry->base;
+          e.prompt_tokens = static_cast<int64_t>(owner->full_prompt.size());
+          keep = true;
+        }
+      }
+    } else if (const SequencePtr s = Find(e.id); s != nullptr && !s->full_prompt.empty()) {
+      // A request the cache serves: its prompt counts from its start.
+      if (e.kind == SchedulerEvent::Kind::kStarted) {
+        keep = !s->start_reported;
+        s->start_reported = true;
+        e.cached_tokens = s->from_cache;
+      } else if (e.kind == SchedulerEvent::Kind::kProgress) {
+        e.prefilled += s->base;
+        e.prompt_tokens = static_cast<int64_t>(s->full_prompt.size());
+      }
+    }
+    if (!keep) continue;
+    if (kept != i) (*events)[kept] = std::move(e);
+    ++kept;
+  }
+  events->resize(kept);
 }
 
 void Scheduler::Drop(const Sequence& s) {
@@ -35,8 +206,22 @@ void Scheduler::Drop(const Sequence& s) {
   };
   if (s.started) pending_release_.push_back(s.request.id);
   reserved_pages_ -= s.pages;
-  if (s.shared != nullptr && --s.shared->holders == 0) reserved_pages_ -= s.shared->pages;
+  for (const std::shared_ptr<SharedPages>& shared : s.shared) {
+    if (--shared->holders == 0) reserved_pages_ -= shared->pages;
+  }
   const std::optional<uint64_t> prefix = s.started ? std::nullopt : s.request.fork_from;
+  if (s.cached) {
+    for (auto it = cache_index_.begin(); it != cache_index_.end(); ++it) {
+      if (it->second.get() != &s) continue;
+      cache_index_.erase(it);
+      --cache_stats_.entries;
+      cache_stats_.bytes -= s.cost;
+      break;
+    }
+    if (s.request.fork_from) {
+      if (const SequencePtr extended = Find(*s.request.fork_from)) --extended->extensions;
+    }
+  }
   erase(waiting_);
   erase(running_);
   if (prefix) ForkDone(*prefix);  // a fork that leaves before it starts
@@ -52,14 +237,18 @@ Scheduler::SequencePtr Scheduler::Find(uint64_t id) const {
   return nullptr;
 }
 
+int64_t Scheduler::PromptFromStart(const Sequence& s) const {
+  if (s.cached) return static_cast<int64_t>(s.cache_tokens.size());
+  int64_t tokens = static_cast<int64_t>(s.request.prompt.size());
+  if (s.request.fork_from) {
+    if (const SequencePtr prefix = Find(*s.request.fork_from)) tokens += PromptFromStart(*prefix);
+  }
+  return tokens;
+}
+
 int64_t Scheduler::WholeLength(const Sequence& s) const {
   const SequenceRequest& r = s.request;
-  int64_t tokens = static_cast<int64_t>(r.prompt.size());
-  if (r.fork_from) {
-    if (const SequencePtr prefix = Find(*r.fork_from)) {
-      tokens += static_cast<int64_t>(prefix->request.prompt.size());
-    }
-  }
+  int64_t tokens = PromptFromStart(s);
   // The last sampled token is never fed, so a generation holds at most
   // prompt + max_tokens - 1 tokens; one more covers a step sent ahead.
   if (r.kind == SequenceKind::kGenerate) tokens += std::clamp<int64_t>(r.max_tokens, 0, INT32_MAX);
@@ -72,7 +261,10 @@ int64_t Scheduler::PagesToAdmit(const Sequence& s) const {
   const int64_t pages = CachePagesFor(WholeLength(s));
   if (!s.request.fork_from) return pages;
   const SequencePtr prefix = Find(*s.request.fork_from);
-  const int64_t shared = prefix != nullptr && prefix->shared != nullptr ? prefix->shared->pages : 0;
+  int64_t shared = 0;
+  if (prefix != nullptr) {
+    for (const std::shared_ptr<SharedPages>& p : prefix->shared) shared += p->pages;
+  }
   return pages - shared;
 }
 
@@ -127,18 +319,20 @@ void Scheduler::Admit(const SequencePtr& s) {
     s->pages = PagesToAdmit(*s);
     reserved_pages_ += s->pages;
     const SequenceRequest& r = s->request;
-    if (r.kind == SequenceKind::kPrefix) {
-      // Its full pages are shared with its forks: reserved once for all.
-      s->shared = std::make_shared<SharedPages>();
-      s->shared->pages = static_cast<int64_t>(r.prompt.size()) / kCachePageTokens;
-      s->shared->holders = 1;
-      s->pages -= s->shared->pages;
-    } else if (r.fork_from) {
-      const SequencePtr prefix = Find(*r.fork_from);
-      if (prefix != nullptr && prefix->shared != nullptr) {
+    if (r.fork_from) {
+      if (const SequencePtr prefix = Find(*r.fork_from)) {
         s->shared = prefix->shared;
-        ++s->shared->holders;
+        for (const std::shared_ptr<SharedPages>& shared : s->shared) ++shared->holders;
       }
+    }
+    if (r.kind == SequenceKind::kPrefix) {
+      // Its own full pages are shared with its forks: reserved once for all.
+      // (A prefix that extends another starts at a page boundary.)
+      auto own = std::make_shared<SharedPages>();
+      own->pages = static_cast<int64_t>(r.prompt.size()) / kCachePageTokens;
+      own->holders = 1;
+      s->pages -= own->pages;
+      s->shared.push_back(std::move(own));
     }
   }
   running_.push_back(s);
@@ -152,7 +346,10 @@ int64_t Scheduler::Occupied() const {
 void Scheduler::ForkDone(uint64_t prefix) {
   const SequencePtr p = Find(prefix);
   if (p == nullptr || p->request.kind != SequenceKind::kPrefix) return;
-  if (--p->forks_left <= 0 && !p->prompt_left()) Drop(*p);
+  if (--p->forks_left > 0) return;
+  // A cache entry stays once made; one left unmade by every request that
+  // waited for it goes.
+  if (p->cached ? p->prompt_left() : !p->prompt_left()) Drop(*p);
 }
 
 bool Scheduler::ForkReady(const SequencePtr& s, uint64_t step_id,
@@ -179,14 +376,27 @@ bool Scheduler::Finish(uint64_t id) {
   return true;
 }
 
+int64_t Scheduler::running() const {
+  return std::count_if(running_.begin(), running_.end(),
+                       [](const SequencePtr& s) { return !s->cached; });
+}
+
+int64_t Scheduler::waiting() const {
+  return std::count_if(waiting_.begin(), waiting_.end(),
+                       [](const SequencePtr& s) { return !s->cached; });
+}
+
 bool Scheduler::HasWork() const {
-  return !pending_release_.empty() || !running_.empty() || CanAdmit() ||
+  const bool live = std::any_of(running_.begin(), running_.end(), [](const SequencePtr& s) {
+    return !s->cached || s->prompt_left();
+  });
+  return !pending_release_.empty() || live || CanAdmit() || MayEvictToAdmit() ||
          std::any_of(waiting_.begin(), waiting_.end(),
                      [&](const SequencePtr& s) { return NeverFits(*s); });
 }
 
 bool Scheduler::Idle() const {
-  return waiting_.empty() && running_.empty() && in_flight_.empty() && pending_release_.empty();
+  return waiting() == 0 && running() == 0 && in_flight_.empty() && pending_release_.empty();
 }
 
 bool Scheduler::CanSchedule() const {
@@ -242,6 +452,14 @@ int64_t Scheduler::held_tokens() const {
 
 std::optional<Step> Scheduler::Schedule(Clock::time_point now,
                                         std::vector<SchedulerEvent>* events) {
+  const size_t first_event = events->size();
+  std::optional<Step> step = MakeStep(now, events);
+  MapCacheEvents(events, first_event);
+  return step;
+}
+
+std::optional<Step> Scheduler::MakeStep(Clock::time_point now,
+                                        std::vector<SchedulerEvent>* events) {
   // Deadlines first: a request past its deadline ends before it costs more.
   std::vector<SequencePtr> live(waiting_.begin(), waiting_.end());
   live.insert(live.end(), running_.begin(), running_.end());
@@ -273,10 +491,14 @@ std::optional<Step> Scheduler::Schedule(Clock::time_point now,
       Drop(*s);
     }
   }
-  while (const SequencePtr s = NextToAdmit()) {
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
-    Admit(s);
-  }
+  // The next in line may wait for the pages or slots of cache entries, which
+  // then go, least recently used first.
+  do {
+    while (const SequencePtr s = NextToAdmit()) {
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), s));
+      Admit(s);
+    }
+  } while (MayEvictToAdmit() && EvictOne());
 
   Step step;
   step.id = next_step_++;
@@ -458,6 +680,7 @@ Scheduler::Update Scheduler::TakeResult(StepResult result) {
     in_flight_.pop_front();
     Process(node.mapped(), flight.items, &update);
   }
+  MapCacheEvents(&update.events, 0);
   return update;
 }
 
@@ -594,7 +817,7 @@ void Scheduler::Process(const StepResult& result, const std::vector<Item>& items
       SchedulerEvent e;
       e.id = s->request.id;
       e.kind = SchedulerEvent::Kind::kPrefilled;
-      e.finished = s->forks_left <= 0;
+      e.finished = !s->cached && s->forks_left <= 0;
       if (e.finished) Drop(*s);
       update->events.push_back(std::move(e));
     }
@@ -634,7 +857,13 @@ Scheduler::Abandoned Scheduler::Abandon() {
   Abandoned out;
   auto leave = [&](const SequencePtr& s) {
     SequenceRequest& r = s->request;
+    if (s->cached) return;  // the cache's own: gone with the replica's state
     const bool started = s->started || s->fed > 0;
+    if (!s->full_prompt.empty()) {
+      // Served from the cache: the request as given, without the prefix.
+      r.prompt = s->full_prompt;
+      r.fork_from.reset();
+    }
     if (r.kind == SequenceKind::kPrefix || r.fork_from) {
       if (started) {
         out.lost.push_back(r.id);
@@ -651,6 +880,9 @@ Scheduler::Abandoned Scheduler::Abandon() {
   for (const SequencePtr& s : waiting_) leave(s);
   running_.clear();
   waiting_.clear();
+  cache_index_.clear();
+  cache_stats_.entries = 0;
+  cache_stats_.bytes = 0;
   reserved_pages_ = 0;
   pending_release_.clear();
   in_flight_.clear();

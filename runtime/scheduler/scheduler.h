@@ -23,6 +23,33 @@
 // (two steps per stage in flight then). A step sent ahead of a stop token's
 // result samples one token too many, which is dropped.
 //
+// Prefix cache (prefix_cache_bytes > 0). A generation whose prompt begins
+// with a prefix the replica already holds starts from that state instead of
+// prefilling it again. The cache's entries are held prefixes (kPrefix
+// sequences of the scheduler's own, ids from kCacheSequenceIds on), each the
+// state after a whole number of kCachePageTokens-token pages from the
+// sequence's start: at a page boundary every layer can be resumed, the MLA
+// cache (its full pages, shared by reference) and each KDA layer's state and
+// convolution tail (the slot, copied by the fork). One is made per request,
+// for its prompt's last full page that leaves at least one token after it
+// (the sparse set "the end of each prompt": a multi-turn chat's next turn
+// finds the last one), computed as a fork of the longest entry it extends,
+// and the request forks from it; so a miss costs the request one fork and
+// one more step, a hit the prefix's prefill. A request that shares part of
+// an entry's pages but not all (the same document, another question) also
+// makes one at the last page they share, extended by its own: the next
+// request sharing that part hits it. Entries are found by a hash of
+// the tokens of their pages and checked token by token. An entry costs a
+// KDA slot and its own pages (those past the entry it extends); the cache
+// holds at most prefix_cache_bytes of them, counted with page_bytes and
+// slot_bytes, and evicts the least recently used entry that no request
+// waits to fork from and no entry extends, for a new entry and whenever a
+// waiting sequence does not fit for the entries' pages or slots. Eviction
+// releases the entry's state; pages a running fork shares stay with it.
+// Scoring and logits requests need every position's output and do not use
+// the cache. The decisions are the scheduler's, so every rank of the
+// replica follows them alike.
+//
 // Token-level endings happen here (stop token ids, max_tokens, the context);
 // text-level ones (stop strings), cancellation and lost workers are the
 // caller's, through Finish and Abandon (which hands back what to re-run). A finished sequence's
@@ -73,6 +100,26 @@ struct SchedulerOptions {
   // prefix too; prefixes may hold all but one, so their forks always find
   // one.
   int64_t state_slots = 0;
+  // The prefix cache (above): the bytes of state its entries may hold on a
+  // rank, counted as page_bytes per MLA page and slot_bytes per KDA slot (a
+  // rank's pool: StatePool::page_bytes, slot_bytes); 0: no cache.
+  int64_t prefix_cache_bytes = 0;
+  int64_t page_bytes = 0;
+  int64_t slot_bytes = 0;
+};
+
+// The ids of the prefix cache's own sequences start here; the caller's must
+// be below.
+inline constexpr uint64_t kCacheSequenceIds = uint64_t{1} << 62;
+
+// What the prefix cache holds and has done.
+struct PrefixCacheStats {
+  int64_t entries = 0;        // held now (made or being made)
+  int64_t bytes = 0;          // their cost, as the budget counts it
+  int64_t lookups = 0;        // generations that looked
+  int64_t hits = 0;           // of them, those that started from an entry
+  int64_t cached_tokens = 0;  // prompt tokens the hits did not prefill
+  int64_t evictions = 0;
 };
 
 enum class SequenceKind {
@@ -83,7 +130,7 @@ enum class SequenceKind {
 };
 
 struct SequenceRequest {
-  uint64_t id = 0;  // unique among the scheduler's sequences
+  uint64_t id = 0;  // unique among the scheduler's sequences, below kCacheSequenceIds
   SequenceKind kind = SequenceKind::kGenerate;
   std::vector<int32_t> prompt;  // non-empty
   kernels::SamplingParams sampling;
@@ -128,6 +175,8 @@ struct SchedulerEvent {
   // kProgress: prompt tokens whose step has run, of the prompt's. Comes
   // before the same step's output event of the sequence.
   int64_t prefilled = 0, prompt_tokens = 0;
+  // kStarted: prompt tokens the prefix cache supplied.
+  int64_t cached_tokens = 0;
 };
 
 class Scheduler {
@@ -197,8 +246,12 @@ class Scheduler {
   Abandoned Abandon();
 
   // Load and state.
-  int64_t running() const { return static_cast<int64_t>(running_.size()); }
-  int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  // Requests running and waiting (not the prefix cache's own sequences).
+  int64_t running() const;
+  int64_t waiting() const;
+  // Sequences holding (or about to hold) state on the replica: the running
+  // requests and the prefix cache's entries.
+  int64_t held_sequences() const { return static_cast<int64_t>(running_.size()); }
   int64_t load() const { return running() + waiting(); }
   bool HasRoom() const { return load() < options_.max_running; }
   bool Idle() const;  // nothing waiting, running, in flight or to release
@@ -213,8 +266,12 @@ class Scheduler {
   // replica's slowest stage (seconds); 0 when it is not in flight.
   double ExpectedSeconds(uint64_t step_id) const;
   const SchedulerOptions& options() const { return options_; }
+  const PrefixCacheStats& prefix_cache() const { return cache_stats_; }
 
  private:
+  // Full pages of a held prefix, reserved once for it and every sequence
+  // that shares them (its forks, and the cache entries that extend it),
+  // released with the last of them.
   struct SharedPages {
     int64_t pages = 0;
     int64_t holders = 0;
@@ -232,9 +289,24 @@ class Scheduler {
     uint64_t prefilled_step = 0;  // kPrefix: the step that carried its last chunk
     int64_t forks_left = 0;       // kPrefix: forks yet to start (or leave)
     int64_t pages = 0;            // MLA cache pages reserved for it alone while running
-    // A prefix's full pages, reserved once for it and the forks that share
-    // them, released with the last of them.
-    std::shared_ptr<SharedPages> shared;
+    // The full pages it shares: its own, for a prefix, and those of the
+    // prefixes it continues, nearest last.
+    std::vector<std::shared_ptr<SharedPages>> shared;
+    // The prefix cache. An entry: every token from the sequence's start, the
+    // request it was made for while it is made (its progress is that
+    // request's), its cost, when it was last used, and the entries that
+    // extend it. A request the cache serves: its prompt as given and the
+    // tokens the cache supplied.
+    bool cached = false;
+    std::vector<int32_t> cache_tokens;
+    std::vector<uint64_t> page_hashes;  // of its tokens' first 1, 2, ... pages
+    uint64_t owner = 0;
+    int64_t cost = 0;
+    uint64_t last_used = 0;
+    int64_t extensions = 0;
+    std::vector<int32_t> full_prompt;
+    int64_t from_cache = 0;
+    bool start_reported = false;  // its kStarted went out (with its entry's first chunk)
     int64_t length() const { return base + static_cast<int64_t>(fed + generated.size()); }
     bool held_prefix() const { return request.kind == SequenceKind::kPrefix && !prompt_left(); }
     bool prompt_left() const { return fed < request.prompt.size(); }
@@ -253,6 +325,7 @@ class Scheduler {
     std::vector<Item> items;
   };
 
+  std::optional<Step> MakeStep(Clock::time_point now, std::vector<SchedulerEvent>* events);
   bool HasWork() const;
   bool PromptLeft() const;
   // Whether `s` may take a decode step now: its last token known, or with
@@ -289,6 +362,19 @@ class Scheduler {
   // when its prefix is gone.
   bool ForkReady(const SequencePtr& s, uint64_t step_id, std::vector<SchedulerEvent>* events);
   void Process(const StepResult& result, const std::vector<Item>& items, Update* update);
+  // Tokens of `s`'s prompt counted from its sequence's start: its prefix's
+  // and its own.
+  int64_t PromptFromStart(const Sequence& s) const;
+  // The prefix cache: serves `s` (a generation being added) from it, making
+  // its entry; evicts the least recently used entry that may go (false:
+  // none); rewrites the events of the cache's own sequences as those of the
+  // requests they are made for.
+  void UseCache(const SequencePtr& s);
+  SequencePtr EvictionVictim() const;  // null: none may go
+  // Whether the next in line waits while an entry could go for it.
+  bool MayEvictToAdmit() const;
+  bool EvictOne();
+  void MapCacheEvents(std::vector<SchedulerEvent>* events, size_t from);
   std::optional<FinishReason> Ends(const Sequence& s, int32_t token, std::string* stop) const;
 
   const int64_t context_length_;
@@ -304,6 +390,11 @@ class Scheduler {
   bool promised_ = false;
   HeldState held_;
   int64_t reserved_pages_ = 0;  // by the running sequences
+  // The prefix cache's entries by the hash of their tokens.
+  std::multimap<uint64_t, SequencePtr> cache_index_;
+  PrefixCacheStats cache_stats_;
+  uint64_t next_cache_id_ = kCacheSequenceIds;
+  uint64_t cache_clock_ = 0;
 };
 
 }  // namespace deltaserve

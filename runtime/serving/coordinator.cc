@@ -433,7 +433,7 @@ ServerStatusData Coordinator::Status() const {
     e.cache_pages = w->scheduler.options().cache_pages;
     e.reserved_pages = w->scheduler.reserved_pages();
     e.state_slots = w->scheduler.options().state_slots;
-    e.held_slots = w->scheduler.running();
+    e.held_slots = w->scheduler.held_sequences();
     e.steps = w->steps;
     e.cost_per_token_s = w->scheduler.cost().a();
     e.cost_per_pair_s = w->scheduler.cost().b();

@@ -990,5 +990,239 @@ TEST(SchedulerTest, ForksOfAGonePrefixFailAndAPrefixNoForkNeedsIsReleased) {
   EXPECT_EQ(h.replica.held(), 0);
 }
 
+// The prefix cache (Scheduler's "Prefix cache").
+
+SchedulerOptions CacheOptions(int64_t budget = int64_t{1} << 40) {
+  SchedulerOptions options = Options(512);
+  options.prefix_cache_bytes = budget;
+  options.page_bytes = 10;
+  options.slot_bytes = 100;
+  return options;
+}
+
+// `n` tokens: those of `base` first, then distinct ones from `seed`.
+std::vector<int32_t> Tokens(size_t n, const std::vector<int32_t>& base = {}, int32_t seed = 1) {
+  std::vector<int32_t> tokens(base.begin(), base.begin() + std::min(n, base.size()));
+  while (tokens.size() < n) tokens.push_back(static_cast<int32_t>(seed * 1000 + tokens.size()));
+  return tokens;
+}
+
+SequenceRequest GenerateTokens(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens = 3) {
+  SequenceRequest r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// The work of sequence `id` in the first step that has any.
+const SequenceWork* FirstWorkOf(const Harness& h, uint64_t id) {
+  for (const Step& step : h.steps) {
+    for (const SequenceWork& w : step.work) {
+      if (w.sequence_id == id) return &w;
+    }
+  }
+  return nullptr;
+}
+
+// The cache's own sequence ids in the steps, in order of first appearance.
+std::vector<uint64_t> CacheIds(const Harness& h) {
+  std::vector<uint64_t> ids;
+  for (const Step& step : h.steps) {
+    for (const SequenceWork& w : step.work) {
+      if (w.sequence_id >= kCacheSequenceIds &&
+          std::find(ids.begin(), ids.end(), w.sequence_id) == ids.end()) {
+        ids.push_back(w.sequence_id);
+      }
+    }
+  }
+  return ids;
+}
+
+int64_t CachedTokensOf(const Harness& h, uint64_t id) {
+  for (const auto& e : h.events) {
+    if (e.id == id && e.kind == SchedulerEvent::Kind::kStarted) return e.cached_tokens;
+  }
+  return -1;
+}
+
+// A miss prefills the prompt's last full page into an entry and forks the
+// request from it; a request sharing those pages then prefills only its own
+// tokens. No event names the cache's sequences, and the requests' progress
+// counts their whole prompts.
+TEST(SchedulerTest, AMissMakesAnEntryAtTheLastFullPageAndAHitForksFromIt) {
+  Harness h(CacheOptions());
+  const std::vector<int32_t> first = Tokens(200);
+  h.scheduler.Add(GenerateTokens(1, first));
+  h.RunToEnd();
+  ASSERT_EQ(CacheIds(h).size(), 1u);
+  const uint64_t entry = CacheIds(h)[0];
+  EXPECT_EQ(NonZero(h.Chunks(entry)), (std::vector<int64_t>{192}));
+  const SequenceWork* own = FirstWorkOf(h, 1);
+  ASSERT_NE(own, nullptr);
+  ASSERT_TRUE(own->fork_from.has_value());
+  EXPECT_EQ(*own->fork_from, entry);
+  EXPECT_EQ(own->tokens, std::vector<int32_t>(first.begin() + 192, first.end()));
+  EXPECT_EQ(h.TokensFor(1).size(), 3u);
+  EXPECT_EQ(CachedTokensOf(h, 1), 0);
+
+  const size_t before = h.steps.size();
+  const std::vector<int32_t> second = Tokens(230, Tokens(192, first), 2);
+  h.scheduler.Add(GenerateTokens(2, second));
+  h.RunToEnd();
+  const SequenceWork* hit = FirstWorkOf(h, 2);
+  ASSERT_NE(hit, nullptr);
+  ASSERT_TRUE(hit->fork_from.has_value());
+  EXPECT_EQ(*hit->fork_from, entry);
+  EXPECT_EQ(hit->tokens, std::vector<int32_t>(second.begin() + 192, second.end()));
+  EXPECT_EQ(CacheIds(h).size(), 1u) << "230 tokens leave no page past the entry's three";
+  EXPECT_EQ(CachedTokensOf(h, 2), 192);
+  int64_t prompt_tokens = 0, prefilled = 0;
+  for (const auto& e : h.events) {
+    EXPECT_LT(e.id, kCacheSequenceIds) << "an event of the cache's own sequence";
+    if (e.id == 2 && e.kind == SchedulerEvent::Kind::kProgress) {
+      prompt_tokens = e.prompt_tokens;
+      prefilled = e.prefilled;
+    }
+  }
+  EXPECT_EQ(prompt_tokens, 230);
+  EXPECT_EQ(prefilled, 230);
+  EXPECT_EQ(NonZero(h.Chunks(2, before)).size(), 3u);  // 38 tokens, then two decode steps
+  const PrefixCacheStats& stats = h.scheduler.prefix_cache();
+  EXPECT_EQ(stats.entries, 1);
+  EXPECT_EQ(stats.bytes, 100 + 3 * 10);
+  EXPECT_EQ(stats.lookups, 2);
+  EXPECT_EQ(stats.hits, 1);
+  EXPECT_EQ(stats.cached_tokens, 192);
+  EXPECT_TRUE(h.scheduler.Idle());
+  EXPECT_EQ(h.replica.held(), 1);  // the entry
+}
+
+// A chat's next turn starts from the last turn's entry and makes one of its
+// own that extends it: it prefills only the pages past it.
+TEST(SchedulerTest, ANextTurnExtendsTheLastTurnsEntry) {
+  Harness h(CacheOptions());
+  const std::vector<int32_t> turn1 = Tokens(150);
+  h.scheduler.Add(GenerateTokens(1, turn1));
+  h.RunToEnd();
+  const std::vector<int32_t> turn2 = Tokens(300, turn1, 2);
+  h.scheduler.Add(GenerateTokens(2, turn2));
+  h.RunToEnd();
+  const std::vector<uint64_t> entries = CacheIds(h);
+  ASSERT_EQ(entries.size(), 2u);
+  const SequenceWork* extension = FirstWorkOf(h, entries[1]);
+  ASSERT_NE(extension, nullptr);
+  ASSERT_TRUE(extension->fork_from.has_value());
+  EXPECT_EQ(*extension->fork_from, entries[0]);
+  EXPECT_EQ(extension->tokens, std::vector<int32_t>(turn2.begin() + 128, turn2.begin() + 256));
+  const SequenceWork* own = FirstWorkOf(h, 2);
+  ASSERT_NE(own, nullptr);
+  EXPECT_EQ(*own->fork_from, entries[1]);
+  EXPECT_EQ(own->tokens, std::vector<int32_t>(turn2.begin() + 256, turn2.end()));
+  EXPECT_EQ(CachedTokensOf(h, 2), 128);
+  EXPECT_EQ(h.scheduler.prefix_cache().bytes, (100 + 2 * 10) + (100 + 2 * 10));
+  EXPECT_EQ(h.TokensFor(2).size(), 3u);
+}
+
+// Entries past the budget go least recently used first, never one a request
+// waits to fork from or another entry extends; an evicted entry's state is
+// released with the next step.
+TEST(SchedulerTest, TheCacheEvictsTheLeastRecentlyUsedEntryWithinItsBudget) {
+  Harness h(CacheOptions(/*budget=*/2 * (100 + 2 * 10)));
+  const std::vector<int32_t> a = Tokens(140, {}, 1), b = Tokens(140, {}, 2), c = Tokens(140, {}, 3);
+  h.scheduler.Add(GenerateTokens(1, a));
+  h.RunToEnd();
+  h.scheduler.Add(GenerateTokens(2, b));
+  h.RunToEnd();
+  h.scheduler.Add(GenerateTokens(3, Tokens(150, a, 4)));  // uses a's entry: b's is older now
+  h.RunToEnd();
+  EXPECT_EQ(CachedTokensOf(h, 3), 128);
+  h.scheduler.Add(GenerateTokens(4, c));
+  h.RunToEnd();
+  const std::vector<uint64_t> entries = CacheIds(h);
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_LT(ReleaseOf(h, entries[1]), h.steps.size()) << "b's entry was not released";
+  EXPECT_EQ(ReleaseOf(h, entries[0]), h.steps.size()) << "a's entry was released";
+  EXPECT_EQ(h.scheduler.prefix_cache().evictions, 1);
+  EXPECT_EQ(h.scheduler.prefix_cache().entries, 2);
+  EXPECT_LE(h.scheduler.prefix_cache().bytes, 2 * (100 + 2 * 10));
+  // b again: a miss.
+  h.scheduler.Add(GenerateTokens(5, Tokens(150, b, 5)));
+  h.RunToEnd();
+  EXPECT_EQ(CachedTokensOf(h, 5), 0);
+  EXPECT_EQ(h.scheduler.prefix_cache().hits, 1);
+}
+
+// When the replica's pages or slots are held by entries, the requests that
+// need them evict entries instead of waiting; a soak of shared and distinct
+// prefixes ends with the cache within its budget, every page it reserved
+// being its entries' own, and the replica holding only the entries.
+TEST(SchedulerTest, ASoakStaysWithinTheCachesBudgetAndAccountsForEveryPage) {
+  SchedulerOptions options = CacheOptions(/*budget=*/1000);
+  options.cache_pages = 40;
+  options.state_slots = 6;
+  options.max_running = 3;
+  Harness h(options);
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> documents;
+  for (int d = 0; d < 4; ++d) documents.push_back(Tokens(400, {}, 10 + d));
+  for (uint64_t id = 1; id <= 60; ++id) {
+    const auto& doc = documents[rng() % documents.size()];
+    const size_t shared = 64 * (rng() % 6);
+    h.scheduler.Add(GenerateTokens(
+        id, Tokens(shared + 1 + rng() % 120, Tokens(shared, doc), static_cast<int32_t>(100 + id)),
+        1 + rng() % 4));
+    if (rng() % 3 == 0) h.RunToEnd();
+  }
+  h.RunToEnd();
+  for (uint64_t id = 1; id <= 60; ++id) {
+    const SchedulerEvent* last = h.LastOf(id);
+    ASSERT_NE(last, nullptr) << id;
+    EXPECT_EQ(last->kind, SchedulerEvent::Kind::kToken) << id << ": " << last->status;
+    EXPECT_TRUE(last->finished) << id;
+  }
+  const PrefixCacheStats& stats = h.scheduler.prefix_cache();
+  EXPECT_GT(stats.hits, 0);
+  EXPECT_GT(stats.evictions, 0);
+  EXPECT_LE(stats.bytes, 1000);
+  EXPECT_EQ(h.replica.held(), stats.entries);
+  EXPECT_EQ(h.scheduler.held_sequences(), stats.entries);
+  EXPECT_EQ(h.scheduler.reserved_pages(), (stats.bytes - 100 * stats.entries) / 10);
+  EXPECT_LE(h.replica.peak_held(), 6);
+}
+
+// A replica lost: the requests the cache served run again as they were
+// given; the entries go with the replica.
+TEST(SchedulerTest, AbandonHandsBackCacheServedRequestsAsGiven) {
+  Harness h(CacheOptions());
+  const std::vector<int32_t> prompt = Tokens(150);
+  h.scheduler.Add(GenerateTokens(1, prompt));
+  h.RunToEnd();
+  h.scheduler.Add(GenerateTokens(2, Tokens(170, prompt, 2), 5));
+  h.Answer(h.Next());
+  h.Answer(h.Next());  // it has started
+  const Scheduler::Abandoned out = h.scheduler.Abandon();
+  ASSERT_EQ(out.rerun.size(), 1u);
+  EXPECT_TRUE(out.lost.empty());
+  const SequenceRequest& again = out.rerun[0];
+  EXPECT_EQ(again.id, 2u);
+  EXPECT_FALSE(again.fork_from.has_value());
+  const std::vector<int32_t> given = Tokens(170, prompt, 2);
+  ASSERT_GE(again.prompt.size(), given.size());
+  EXPECT_TRUE(std::equal(given.begin(), given.end(), again.prompt.begin()));
+  EXPECT_EQ(h.scheduler.prefix_cache().entries, 0);
+}
+
+// Scoring needs every position's output: it neither reads nor fills the cache.
+TEST(SchedulerTest, ScoresDoNotUseTheCache) {
+  Harness h(CacheOptions());
+  SequenceRequest score = GenerateTokens(1, Tokens(300));
+  score.kind = SequenceKind::kScore;
+  h.scheduler.Add(score);
+  h.RunToEnd();
+  EXPECT_TRUE(CacheIds(h).empty());
+  EXPECT_EQ(h.scheduler.prefix_cache().lookups, 0);
+}
+
 }  // namespace
 }  // namespace deltaserve
