@@ -249,8 +249,10 @@ std::vector<BatchUnit> UnitsOf(const BatchRequest& r, const BatchModel* model) {
       prompt.insert(prompt.end(), question->begin(), question->end());
     }
     u.document_tokens = static_cast<int64_t>(document.size());
-    // Sent as token ids; a server checks them.
+    // Sent as token ids; a server checks them, and its prefix cache keeps
+    // the document for the other questions.
     u.request.prompt = PromptInput::Ids(std::move(prompt));
+    u.request.cache_prefix_tokens = u.document_tokens;
     if (model != nullptr) resolve(u, field);
     units.push_back(std::move(u));
   }

@@ -273,14 +273,15 @@ absl::Status ClientGenerate(const Args& args) {
   const auto& t = completion.timings();
   const double decode = t.total_s() - t.time_to_first_token_s();
   const int64_t n = completion.usage().completion_tokens();
-  std::fprintf(stderr,
-               "finish: %s%s%s, prompt tokens: %lld, generated: %lld, queue: %.1f ms, "
-               "time to first token: %.1f ms, total: %.1f ms, decode: %.1f tokens/s\n",
-               FinishName(completion.finish_reason()), completion.stop().empty() ? "" : " at ",
-               completion.stop().c_str(),
-               static_cast<long long>(completion.usage().prompt_tokens()),
-               static_cast<long long>(n), t.queue_s() * 1e3, t.time_to_first_token_s() * 1e3,
-               t.total_s() * 1e3, n > 1 && decode > 0 ? (n - 1) / decode : 0.0);
+  std::fprintf(
+      stderr,
+      "finish: %s%s%s, prompt tokens: %lld (%lld cached), generated: %lld, queue: %.1f ms, "
+      "time to first token: %.1f ms, total: %.1f ms, decode: %.1f tokens/s\n",
+      FinishName(completion.finish_reason()), completion.stop().empty() ? "" : " at ",
+      completion.stop().c_str(), static_cast<long long>(completion.usage().prompt_tokens()),
+      static_cast<long long>(completion.usage().cached_tokens()), static_cast<long long>(n),
+      t.queue_s() * 1e3, t.time_to_first_token_s() * 1e3, t.total_s() * 1e3,
+      n > 1 && decode > 0 ? (n - 1) / decode : 0.0);
   return absl::OkStatus();
 }
 

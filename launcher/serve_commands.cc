@@ -180,6 +180,10 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            absl::StrCat(c.max_waiting)},
           {"max-waiting-tokens", "N", "prompt tokens queued", absl::StrCat(c.max_waiting_tokens)},
           {"step-tokens", "N", "token budget of one step", absl::StrCat(c.step_tokens)},
+          {"prefix-cache-bytes", "N",
+           "state each worker's prefix cache may hold on a rank, for prompts that begin alike "
+           "(0: no cache)",
+           absl::StrCat(c.prefix_cache_bytes)},
           {"progress-interval", "S",
            "seconds between the prefill progress messages of a request's stream (0: none)",
            absl::StrCat(c.progress_interval_s)},
@@ -320,6 +324,11 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   DELTASERVE_ASSIGN_OR_RETURN(c.max_waiting_tokens,
                               flags.GetInt("max-waiting-tokens", c.max_waiting_tokens));
   DELTASERVE_ASSIGN_OR_RETURN(c.step_tokens, flags.GetInt("step-tokens", c.step_tokens));
+  DELTASERVE_ASSIGN_OR_RETURN(c.prefix_cache_bytes,
+                              flags.GetInt("prefix-cache-bytes", c.prefix_cache_bytes));
+  if (c.prefix_cache_bytes < 0) {
+    return absl::InvalidArgumentError("--prefix-cache-bytes must be >= 0");
+  }
   DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_s, flags.GetDouble("step-timeout", c.step_timeout_s));
   if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
     return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");

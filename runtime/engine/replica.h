@@ -43,6 +43,11 @@ class Replica {
   int64_t cache_pages() const { return executor_.stage().model().state_pool().capacity_pages(); }
   int64_t state_slots() const { return executor_.stage().model().state_pool().capacity_slots(); }
   StatePoolSize state_size() const { return {cache_pages(), state_slots()}; }
+  // This rank's page and slot bytes (the leader's: stage 0's).
+  StateUnitBytes state_unit_bytes() const {
+    const StatePool& pool = executor_.stage().model().state_pool();
+    return {pool.page_bytes(), pool.slot_bytes()};
+  }
   StepExecutor& executor() { return executor_; }
 
   // Leader: sends `step` to the other ranks and runs this rank's part. A

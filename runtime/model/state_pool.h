@@ -80,6 +80,13 @@ absl::StatusOr<int64_t> DeviceCacheTokens(const ModelConfig& local, const ModelS
                                           kernels::Device device, kernels::DType cache_dtype,
                                           int64_t slots);
 
+// Bytes of one MLA page (over every MLA layer of a rank) and of one KDA
+// slot in a rank's pool: what the prefix cache's budget counts.
+struct StateUnitBytes {
+  int64_t page = 0;
+  int64_t slot = 0;
+};
+
 struct StatePoolSize {
   int64_t pages = 1;  // MLA cache pages of kCachePageTokens tokens
   int64_t slots = 2;  // sequences holding state at once (>= 2: a prefix and its fork)

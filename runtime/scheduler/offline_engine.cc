@@ -48,4 +48,9 @@ absl::Status OfflineEngine::Run(const std::function<void(const SchedulerEvent&)>
   return absl::OkStatus();
 }
 
+absl::Status OfflineEngine::ClearPrefixCache() {
+  scheduler_.ClearPrefixCache();
+  return Run([](const SchedulerEvent&) {});
+}
+
 }  // namespace deltaserve

@@ -33,6 +33,10 @@ class OfflineEngine {
   // ranks keep following until the replica is stopped.
   absl::Status Run(const std::function<void(const SchedulerEvent&)>& on_event,
                    const std::function<void(const Step&)>& on_step = nullptr);
+  // Releases the replica's state of the prefix cache's entries (with
+  // options.prefix_cache_bytes > 0 they outlive Run, for the sequences of
+  // the next one): before another engine drives the same replica.
+  absl::Status ClearPrefixCache();
 
  private:
   Replica& replica_;

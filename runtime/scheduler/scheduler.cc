@@ -84,9 +84,12 @@ void Scheduler::UseCache(const SequencePtr& s) {
       shared_pages = k;
     }
   }
+  // And at the last page of the prefix the request names as shared.
+  const int64_t named_pages = std::min(r.cache_prefix / kCachePageTokens, pages);
   SequencePtr from = hit;
   int64_t from_pages = hit_pages;
-  for (const int64_t end : {shared_pages, pages}) {
+  for (const int64_t end :
+       {std::min(shared_pages, named_pages), std::max(shared_pages, named_pages), pages}) {
     if (end <= from_pages) continue;
     const int64_t cost = options_.slot_bytes + (end - from_pages) * options_.page_bytes;
     if (from != nullptr) ++from->forks_left;  // not evicted for its own extension
@@ -153,6 +156,10 @@ bool Scheduler::EvictOne() {
   ++cache_stats_.evictions;
   Drop(*victim);
   return true;
+}
+
+void Scheduler::ClearPrefixCache() {
+  while (const SequencePtr entry = EvictionVictim()) Drop(*entry);
 }
 
 void Scheduler::MapCacheEvents(std::vector<SchedulerEvent>* events, size_t from) {

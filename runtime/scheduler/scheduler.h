@@ -38,8 +38,11 @@
 // one more step, a hit the prefix's prefill. A request that shares part of
 // an entry's pages but not all (the same document, another question) also
 // makes one at the last page they share, extended by its own: the next
-// request sharing that part hits it. Entries are found by a hash of
-// the tokens of their pages and checked token by token. An entry costs a
+// request sharing that part hits it. A request may also name its prompt's
+// first tokens as a prefix others will share (cache_prefix): an entry is
+// made at the last page within them as well, so the first question about a
+// document leaves it for the rest. Entries are found by a hash of the
+// tokens of their pages and checked token by token. An entry costs a
 // KDA slot and its own pages (those past the entry it extends); the cache
 // holds at most prefix_cache_bytes of them, counted with page_bytes and
 // slot_bytes, and evicts the least recently used entry that no request
@@ -151,6 +154,10 @@ struct SequenceRequest {
   // prefilled prefix does not count towards max_running.
   int64_t forks = 0;
   std::optional<uint64_t> fork_from;
+  // The prefix cache: the prompt's first tokens that later requests will
+  // share (a document its questions follow); an entry is made at the last
+  // page boundary within them too. 0: none named.
+  int64_t cache_prefix = 0;
 };
 
 enum class FinishReason { kLength, kStop, kContext };
@@ -267,6 +274,10 @@ class Scheduler {
   double ExpectedSeconds(uint64_t step_id) const;
   const SchedulerOptions& options() const { return options_; }
   const PrefixCacheStats& prefix_cache() const { return cache_stats_; }
+  // Drops every prefix cache entry that no request needs; their state is
+  // released with the next step (so a replica left to another scheduler
+  // holds none of this one's).
+  void ClearPrefixCache();
 
  private:
   // Full pages of a held prefix, reserved once for it and every sequence

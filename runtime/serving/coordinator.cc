@@ -79,6 +79,7 @@ struct Request {
   // handed back (Scheduler::Abandon).
   SequenceRequest sequence;
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;         // of the current run, from its worker's prefix cache
   std::unique_ptr<TextStream> text;  // generate, with a tokenizer
 
   // Progress.
@@ -159,10 +160,12 @@ void LogEnd(const Request& r, const RequestOutcome& outcome) {
 }  // namespace
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
-                          const std::string& description, StatePoolSize state) {
+                          const std::string& description, StatePoolSize state,
+                          StateUnitBytes unit) {
   WorkerInfo info;
   info.cache_pages = state.pages;
   info.state_slots = state.slots;
+  info.unit_bytes = unit;
   info.replicas = layout.replicas;
   info.pipeline_stages = layout.pp;
   info.tensor_parallel = layout.tp;
@@ -206,6 +209,17 @@ Coordinator::Coordinator(ModelConfig config, std::unique_ptr<Tokenizer> tokenize
                        "Requests handed back by a lost worker to run on another."),
           m.AddCounter("deltaserve_workers_lost_total",
                        "Workers dropped or detached while attached."),
+          m.AddGauge("deltaserve_prefix_cache_entries",
+                     "Prefixes the workers' prefix caches hold (made or being made)."),
+          m.AddGauge("deltaserve_prefix_cache_bytes",
+                     "State the prefix caches' entries hold on a rank, summed over workers."),
+          m.AddCounter("deltaserve_prefix_cache_lookups_total",
+                       "Generations that looked in a prefix cache."),
+          m.AddCounter("deltaserve_prefix_cache_hits_total",
+                       "Generations that started from a cached prefix."),
+          m.AddCounter("deltaserve_prefix_cache_tokens_total",
+                       "Prompt tokens served from prefix caches instead of prefilled."),
+          m.AddCounter("deltaserve_prefix_cache_evictions_total", "Cached prefixes evicted."),
       } {}
 
 Coordinator::~Coordinator() { Shutdown(); }
@@ -295,6 +309,7 @@ absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
   s.top_logprobs = params.top_logprobs;
   s.max_tokens = params.max_tokens;
   s.stop_ids = std::move(params.stop_ids);
+  s.cache_prefix = params.cache_prefix_tokens;
   s.deadline = deadline;
   if (tokenizer_ != nullptr) {
     r->text = std::make_unique<TextStream>(*tokenizer_, std::move(params.stop));
@@ -411,6 +426,13 @@ ServerStatusData Coordinator::Status() const {
     s.kda_state_bytes += w->scheduler.held().kda_bytes;
     s.mla_cache_bytes += w->scheduler.held().mla_bytes;
     s.mla_cache_tokens += w->scheduler.held_tokens();
+    const PrefixCacheStats& c = w->scheduler.prefix_cache();
+    s.prefix_cache.entries += c.entries;
+    s.prefix_cache.bytes += c.bytes;
+    s.prefix_cache.lookups += c.lookups;
+    s.prefix_cache.hits += c.hits;
+    s.prefix_cache.cached_tokens += c.cached_tokens;
+    s.prefix_cache.evictions += c.evictions;
   }
   s.steps = steps_;
   s.requests_finished = finished_;
@@ -437,6 +459,7 @@ ServerStatusData Coordinator::Status() const {
     e.steps = w->steps;
     e.cost_per_token_s = w->scheduler.cost().a();
     e.cost_per_pair_s = w->scheduler.cost().b();
+    e.prefix_cache = w->scheduler.prefix_cache();
   }
   if (!workers_.empty()) {
     const WorkerInfo& info = workers_.begin()->second->info;
@@ -452,6 +475,7 @@ void Coordinator::FinishLocked(Request& r, RequestOutcome outcome) {
   if (r.ended) return;
   const auto now = Clock::now();
   outcome.prompt_tokens = r.prompt_tokens;
+  outcome.cached_tokens = r.cached_tokens;
   outcome.completion_tokens = r.generated;
   outcome.queue_s = r.was_scheduled ? Seconds(r.accepted, r.scheduled) : Seconds(r.accepted, now);
   outcome.time_to_first_token_s = r.generated == 0 ? 0 : Seconds(r.accepted, r.first_token);
@@ -492,12 +516,24 @@ void Coordinator::FailLocked(Request& r, const absl::Status& status) {
 }
 
 void Coordinator::UpdateGaugesLocked() {
-  int64_t running = 0, kda = 0, mla = 0;
+  int64_t running = 0, kda = 0, mla = 0, entries = 0, cache_bytes = 0;
   for (const auto& [id, w] : workers_) {
     running += w->scheduler.load();
     kda += w->scheduler.held().kda_bytes;
     mla += w->scheduler.held().mla_bytes;
+    // The counters take what each cache did since they last looked.
+    const PrefixCacheStats& c = w->scheduler.prefix_cache();
+    PrefixCacheStats& seen = w->cache_counted;
+    metrics_.cache_lookups.Add(static_cast<double>(c.lookups - seen.lookups));
+    metrics_.cache_hits.Add(static_cast<double>(c.hits - seen.hits));
+    metrics_.cache_tokens.Add(static_cast<double>(c.cached_tokens - seen.cached_tokens));
+    metrics_.cache_evictions.Add(static_cast<double>(c.evictions - seen.evictions));
+    seen = c;
+    entries += c.entries;
+    cache_bytes += c.bytes;
   }
+  metrics_.cache_entries.Set(static_cast<double>(entries));
+  metrics_.cache_bytes.Set(static_cast<double>(cache_bytes));
   metrics_.running.Set(static_cast<double>(running));
   metrics_.waiting.Set(static_cast<double>(waiting_.size()));
   metrics_.kda_bytes.Set(static_cast<double>(kda));
@@ -538,6 +574,15 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
     return absl::InvalidArgumentError(absl::StrCat("the worker's MLA cache of ", info.cache_pages,
                                                    " pages is not valid (0 to 2^31 - 1)"));
   }
+  // 4 GiB a page or slot is far past any model's, and keeps an entry's cost
+  // (pages of a prompt of up to 2^31 tokens) within int64.
+  constexpr int64_t kMaxUnitBytes = int64_t{1} << 32;
+  if (info.unit_bytes.page < 0 || info.unit_bytes.page > kMaxUnitBytes ||
+      info.unit_bytes.slot < 0 || info.unit_bytes.slot > kMaxUnitBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the worker's state of ", info.unit_bytes.page,
+                                                   " bytes a page and ", info.unit_bytes.slot,
+                                                   " bytes a slot is not valid (0 to 2^32 each)"));
+  }
   if (info.state_slots != 0 && (info.state_slots < 2 || info.state_slots > INT32_MAX)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the worker's ", info.state_slots, " state slots are not valid (0, or 2 to 2^31 - 1)"));
@@ -546,6 +591,13 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
   options.max_running = options_.max_running;
   options.cache_pages = info.cache_pages;
   options.state_slots = info.state_slots;
+  // The prefix cache counts its budget in the worker's page and slot bytes;
+  // a worker that gives none has no cache.
+  options.page_bytes = info.unit_bytes.page;
+  options.slot_bytes = info.unit_bytes.slot;
+  if (info.unit_bytes.page + info.unit_bytes.slot > 0) {
+    options.prefix_cache_bytes = options_.prefix_cache_bytes;
+  }
   options.step_tokens = options_.step_tokens;
   options.pipeline_stages = info.pipeline_stages;
   // A worker behind a link keeps its decoding sequences stepping while their
@@ -760,6 +812,7 @@ void Coordinator::HandleEventsLocked(const std::vector<SchedulerEvent>& events) 
     const std::shared_ptr<Request> r = it->second;
     switch (e.kind) {
       case SchedulerEvent::Kind::kStarted:
+        r->cached_tokens = e.cached_tokens;
         if (!r->was_scheduled) {
           r->was_scheduled = true;
           r->scheduled = now;

@@ -65,6 +65,9 @@ struct CoordinatorOptions {
   // A request's prefill progress goes to its client at most this often
   // (seconds; 0: never). See Poll.
   double progress_interval_s = 1;
+  // Each worker's prefix cache (Scheduler, "Prefix cache"): the bytes of
+  // state its entries may hold on a rank; 0: none. `--prefix-cache-bytes`.
+  int64_t prefix_cache_bytes = int64_t{1} << 30;
 };
 
 struct GenerateParams {
@@ -76,6 +79,8 @@ struct GenerateParams {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool ignore_eos = false;
+  // SequenceRequest::cache_prefix: prompt tokens later requests will share.
+  int64_t cache_prefix_tokens = 0;
 };
 
 struct TokenEvent {
@@ -98,6 +103,7 @@ struct RequestOutcome {
   FinishReason reason = FinishReason::kLength;
   std::string stop;  // the stop string or token that ended it
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt, from the prefix cache (not prefilled)
   int64_t completion_tokens = 0;
   double queue_s = 0, time_to_first_token_s = 0, total_s = 0;
   std::vector<float> score_logprobs;  // Score: one per token after the first
@@ -137,6 +143,7 @@ struct WorkerStatusData {
   int64_t held_slots = 0;         // of those, held by its sequences now
   int64_t steps = 0;
   double cost_per_token_s = 0, cost_per_pair_s = 0;  // ChunkCostModel::a() and b()
+  PrefixCacheStats prefix_cache;
 };
 
 struct ServerStatusData {
@@ -148,6 +155,7 @@ struct ServerStatusData {
   // deltaserve_requests_finished_total and deltaserve_requests_failed_total.
   int64_t steps = 0, requests_finished = 0, requests_failed = 0;
   int32_t pp = 0, tp = 0;                   // of the first worker
+  PrefixCacheStats prefix_cache;            // summed over the attached workers
   std::vector<RequestStatusData> requests;  // in the order admitted
   std::vector<WorkerStatusData> worker_status;
 };
@@ -163,10 +171,14 @@ struct WorkerInfo {
   // Sequences each rank holds state for at once (Scheduler admission); 0: not
   // bounded by the coordinator.
   int64_t state_slots = 0;
+  // Its first rank's page and slot bytes (the prefix cache's budget); 0: no
+  // prefix cache for it.
+  StateUnitBytes unit_bytes;
 };
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
-                          const std::string& description, StatePoolSize state = {0, 0});
+                          const std::string& description, StatePoolSize state = {0, 0},
+                          StateUnitBytes unit = {});
 
 // A step result from a worker process is untrusted input: OK only if every
 // field the coordinator reads makes sense for a model of `vocab_size` tokens:
@@ -279,6 +291,8 @@ class Coordinator {
     const WorkerInfo info;
     const std::shared_ptr<WorkerConnection> connection;
     Scheduler scheduler;
+    // Its prefix cache's counts as the metrics last took them in.
+    PrefixCacheStats cache_counted;
     std::thread thread;  // its scheduler loop; joined by whoever moves it out
     bool gone = false;   // dropped: the loop ends
     bool done = false;   // the loop has ended
@@ -364,6 +378,12 @@ class Coordinator {
     Counter& steps;
     Counter& rerun;
     Counter& workers_lost;
+    Gauge& cache_entries;
+    Gauge& cache_bytes;
+    Counter& cache_lookups;
+    Counter& cache_hits;
+    Counter& cache_tokens;
+    Counter& cache_evictions;
   } metrics_;
 };
 

@@ -116,6 +116,7 @@ GenerateInput FromProto(const v1::GenerateRequest& req) {
   in.logprobs = req.logprobs();
   in.top_logprobs = req.top_logprobs();
   in.ignore_eos = req.ignore_eos();
+  in.cache_prefix_tokens = req.cache_prefix_tokens();
   return in;
 }
 
@@ -147,6 +148,7 @@ v1::GenerateRequest ToProto(const GenerateInput& in) {
   req.set_logprobs(in.logprobs);
   req.set_top_logprobs(Int32(in.top_logprobs));
   req.set_ignore_eos(in.ignore_eos);
+  req.set_cache_prefix_tokens(Int32(in.cache_prefix_tokens));
   return req;
 }
 

@@ -11,7 +11,8 @@ absl::Status LocalWorker::Attach(const ModelConfig& config, const std::string& d
   // The coordinator holds the connection; this object stays owned by the caller.
   std::shared_ptr<WorkerConnection> self(this, [](WorkerConnection*) {});
   return coordinator_
-      .AttachWorker(MakeWorkerInfo(config, replica_.layout(), description, replica_.state_size()),
+      .AttachWorker(MakeWorkerInfo(config, replica_.layout(), description, replica_.state_size(),
+                                   replica_.state_unit_bytes()),
                     self)
       .status();
 }

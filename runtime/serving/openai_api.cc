@@ -294,7 +294,8 @@ json ChatLogprobs(const OpenAiRequest& req, const OpenAiTokens& out, const Token
 json Usage(const RequestOutcome& outcome) {
   return json{{"prompt_tokens", outcome.prompt_tokens},
               {"completion_tokens", outcome.completion_tokens},
-              {"total_tokens", outcome.prompt_tokens + outcome.completion_tokens}};
+              {"total_tokens", outcome.prompt_tokens + outcome.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", outcome.cached_tokens}}}};
 }
 
 json Head(const OpenAiResponseId& id, const char* object) {

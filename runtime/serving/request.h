@@ -63,6 +63,9 @@ struct GenerateInput {
   bool logprobs = false;                // the sampled token's log-prob
   int64_t top_logprobs = 0;             // alternatives per token (implies logprobs)
   bool ignore_eos = false;
+  // The prompt's first tokens that later requests will share: the prefix
+  // cache keeps the state at the last page boundary within them too.
+  int64_t cache_prefix_tokens = 0;
 };
 
 struct ScoreInput {

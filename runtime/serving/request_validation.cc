@@ -251,6 +251,11 @@ absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& re
                    absl::StrCat(prompt_tokens, " prompt tokens + ", params->max_tokens,
                                 " exceed the context of ", context));
   }
+  if (req.cache_prefix_tokens < 0 || req.cache_prefix_tokens > prompt_tokens) {
+    return Invalid("cache_prefix_tokens", absl::StrCat(req.cache_prefix_tokens, ": must be in [0, ",
+                                                       prompt_tokens, "] (the prompt's tokens)"));
+  }
+  params->cache_prefix_tokens = req.cache_prefix_tokens;
   return ValidGenerate{std::move(*prompt), std::move(*params)};
 }
 

@@ -70,6 +70,15 @@ std::optional<Clock::time_point> Deadline(const grpc::ServerContext& context) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
+void SetPrefixCache(const PrefixCacheStats& c, v1::PrefixCacheStatus* out) {
+  out->set_entries(c.entries);
+  out->set_bytes(c.bytes);
+  out->set_lookups(c.lookups);
+  out->set_hits(c.hits);
+  out->set_cached_tokens(c.cached_tokens);
+  out->set_evictions(c.evictions);
+}
+
 void SetProgress(const PrefillProgress& p, v1::PrefillProgress* out) {
   out->set_tokens_done(p.tokens_done);
   out->set_tokens_total(p.tokens_total);
@@ -145,6 +154,7 @@ class GenerationService final : public v1::Generation::Service {
         c->set_stop(outcome->stop);
         c->mutable_usage()->set_prompt_tokens(outcome->prompt_tokens);
         c->mutable_usage()->set_completion_tokens(outcome->completion_tokens);
+        c->mutable_usage()->set_cached_tokens(outcome->cached_tokens);
         SetTimings(*outcome, c->mutable_timings());
         if (chat) {
           absl::StatusOr<ChatReply> reply = ParseReply(*chat_format_, text, thinking);
@@ -278,6 +288,7 @@ class GenerationService final : public v1::Generation::Service {
     status->set_requests_finished(s.requests_finished);
     status->set_requests_failed(s.requests_failed);
     status->set_workers(s.workers);
+    SetPrefixCache(s.prefix_cache, status->mutable_prefix_cache());
     // Only the caller's own requests, by the ids it knows them by.
     for (const RequestStatusData& r : s.requests) {
       std::optional<std::string> id = OwnRequestId(*principal, r.request_id);
@@ -303,6 +314,7 @@ class GenerationService final : public v1::Generation::Service {
       e->set_steps(w.steps);
       e->set_cost_per_token_s(w.cost_per_token_s);
       e->set_cost_per_pair_s(w.cost_per_pair_s);
+      SetPrefixCache(w.prefix_cache, e->mutable_prefix_cache());
     }
     return grpc::Status::OK;
   }

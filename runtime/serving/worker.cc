@@ -193,8 +193,8 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   }
   auto stream = stub->Attach(&context);
   v1::WorkerMessage hello;
-  *hello.mutable_hello() =
-      MakeWorkerHello(config, replica.layout(), options.description, replica.state_size());
+  *hello.mutable_hello() = MakeWorkerHello(config, replica.layout(), options.description,
+                                           replica.state_size(), replica.state_unit_bytes());
   absl::Status status = absl::OkStatus();
   if (!stream->Write(hello)) {
     status = absl::UnavailableError("the coordinator closed the link before the hello");

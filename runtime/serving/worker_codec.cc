@@ -122,7 +122,8 @@ StepResult ResultFromProto(const v1::StepResult& proto) {
 }
 
 v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& layout,
-                                const std::string& description, StatePoolSize state) {
+                                const std::string& description, StatePoolSize state,
+                                StateUnitBytes unit) {
   v1::WorkerHello h;
   h.set_model_type(config.model_type);
   h.set_num_layers(static_cast<int32_t>(config.num_layers));
@@ -136,6 +137,8 @@ v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& la
   h.set_config_json(ModelConfigToJson(config));
   h.set_cache_pages(state.pages);
   h.set_state_slots(state.slots);
+  h.set_page_bytes(unit.page);
+  h.set_slot_bytes(unit.slot);
   return h;
 }
 
@@ -148,6 +151,7 @@ WorkerInfo InfoFromHello(const v1::WorkerHello& hello) {
   info.config_json = hello.config_json();
   info.cache_pages = hello.cache_pages();
   info.state_slots = hello.state_slots();
+  info.unit_bytes = {hello.page_bytes(), hello.slot_bytes()};
   return info;
 }
 

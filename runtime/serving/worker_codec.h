@@ -20,7 +20,8 @@ void ResultToProto(const StepResult& result, v1::StepResult* proto);
 StepResult ResultFromProto(const v1::StepResult& proto);
 
 v1::WorkerHello MakeWorkerHello(const ModelConfig& config, const WorldLayout& layout,
-                                const std::string& description, StatePoolSize state = {0, 0});
+                                const std::string& description, StatePoolSize state = {0, 0},
+                                StateUnitBytes unit = {});
 WorkerInfo InfoFromHello(const v1::WorkerHello& hello);
 
 }  // namespace deltaserve

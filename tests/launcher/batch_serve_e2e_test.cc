@@ -83,6 +83,50 @@ TEST(BatchServeTest, ThroughAServerTheRecordsAreTheEmbeddedRunsOnes) {
   EXPECT_NE(log.find("batch: wrote 0 records"), std::string::npos) << log;
 }
 
+// The long-document form through a server: each question is sent with the
+// document's length as the prefix others share, so the server's prefix
+// cache keeps the document's state at its last page (192 of its 200
+// tokens) for the questions after the first, questions longer than a page
+// included; the answers are the embedded run's.
+TEST(BatchServeTest, QuestionsAfterTheFirstStartFromTheServersCachedDocument) {
+  const std::string dir = testing::TempDir("batch_server_cache");
+  const std::string input =
+      Json{{"id", "doc"},
+           {"document", testing::Tokens(200, 1)},
+           {"questions", {testing::Tokens(80, 2), testing::Tokens(80, 3), testing::Tokens(10, 4)}},
+           {"max_tokens", 4}}
+          .dump() +
+      "\n";
+  testing::WriteFile(dir + "/in.jsonl", input);
+  std::string log;
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
+                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
+                   &log),
+      0)
+      << log;
+  const Server server = StartServe("");
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                " --input ", dir, "/in.jsonl --output ", dir, "/served.jsonl"),
+                   &log),
+      0)
+      << log;
+  testing::ExpectSameRecords(testing::ReadRecords(dir + "/served.jsonl"),
+                             testing::ReadRecords(dir + "/embedded.jsonl"));
+  std::string status;
+  ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " client status --json --server ",
+                                      server.address, " 2>/dev/null"),
+                         &status),
+            0)
+      << status;
+  const Json cache = Json::parse(status, nullptr, false)["prefix_cache"];
+  ASSERT_TRUE(cache.is_object()) << status;
+  EXPECT_EQ(cache["lookups"], "3") << status;
+  EXPECT_EQ(cache["hits"], "2") << status;
+  EXPECT_EQ(cache["cached_tokens"], "384") << status;
+}
+
 // Error records are kept by a plain rerun, and run again with
 // --retry-errors: a text document sent without --model (which lends the
 // tokenizer that cuts it into pieces) fails, and the rerun with --model and

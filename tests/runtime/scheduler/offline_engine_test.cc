@@ -170,36 +170,6 @@ TEST_P(OfflineEngineTest, CallbacksAddAndFinishSequencesAndSeeTheSteps) {
   EXPECT_FALSE(engine.Finish(1));
 }
 
-// What a generation gives: its greedy tokens and the log-probs of each
-// token's top alternatives.
-struct Answer {
-  std::vector<int32_t> tokens;
-  std::vector<double> top_logprobs;
-};
-std::map<uint64_t, Answer> Answers(const std::vector<SchedulerEvent>& events) {
-  std::map<uint64_t, Answer> answers;
-  for (const SchedulerEvent& e : events) {
-    if (e.kind != SchedulerEvent::Kind::kToken) continue;
-    answers[e.id].tokens.push_back(e.output.token);
-    for (float p : e.output.top_logprobs) answers[e.id].top_logprobs.push_back(p);
-  }
-  return answers;
-}
-
-SequenceRequest Question(uint64_t id, std::vector<int32_t> prompt) {
-  SequenceRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = 6;
-  r.top_logprobs = 5;
-  return r;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // Requests served from the prefix cache give what they give cold: turns of a
 // chat, each extending the last, and questions sharing a document up to a
 // page boundary and past one, under several prefill chunkings, and with a
@@ -209,24 +179,10 @@ std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 // token off would give another model state: the test shows that such a fork
 // is far outside that bound.
 TEST_P(OfflineEngineTest, RequestsServedFromThePrefixCacheEqualColdRuns) {
-  const std::vector<int32_t> document = testing::RandomTokens(200, 31);
-  const std::vector<int32_t> turn1 = Concat(document, testing::RandomTokens(7, 32));
-  const std::vector<int32_t> turn2 = Concat(turn1, testing::RandomTokens(90, 33));
-  const auto part = [&](size_t n, size_t more, uint64_t seed) {
-    return Concat(std::vector<int32_t>(document.begin(), document.begin() + n),
-                  testing::RandomTokens(more, seed));
-  };
-  const std::vector<SequenceRequest> requests = {
-      Question(1, turn1),                          // a miss: an entry at 192
-      Question(2, turn2),                          // its next turn: 192 from it
-      Question(3, part(200, 30, 34)),              // the document again: 192
-      Question(4, part(150, 10, 35)),              // shares 128 of it: an entry there
-      Question(5, part(150, 20, 36)),              // which this one hits
-      Question(6, testing::RandomTokens(70, 37)),  // nothing shared
-  };
-  std::map<uint64_t, Answer> cold;
-  for (const SequenceRequest& r : requests) {
-    cold[r.id] = Answers(testing::RunEngine(*model_, {r}, /*chunk=*/0))[r.id];
+  const testing::PrefixCacheCase c = testing::MakePrefixCacheCase();
+  std::map<uint64_t, testing::Answer> cold;
+  for (const SequenceRequest& r : c.requests) {
+    cold[r.id] = testing::Answers(testing::RunEngine(*model_, {r}, /*chunk=*/0))[r.id];
   }
   const StatePool& pool = model_->state_pool();
   for (const int64_t chunk : {0, 16, 64, 100}) {
@@ -235,43 +191,25 @@ TEST_P(OfflineEngineTest, RequestsServedFromThePrefixCacheEqualColdRuns) {
       testing::LocalReplica local(*model_);
       SchedulerOptions options;
       options.fixed_chunk = chunk;
-      options.page_bytes = pool.page_bytes();
-      options.slot_bytes = pool.slot_bytes();
-      options.prefix_cache_bytes = entries * (pool.slot_bytes() + 4 * pool.page_bytes());
-      OfflineEngine engine(local.replica(), model_->config(), options);
-      std::vector<SchedulerEvent> events;
-      for (const SequenceRequest& r : requests) {  // one after another: each finds the last
-        engine.Add(r);
-        ASSERT_TRUE(engine.Run([&](const SchedulerEvent& e) { events.push_back(e); }).ok());
-      }
-      std::map<uint64_t, int64_t> cached;
-      for (const SchedulerEvent& e : events) {
-        if (e.kind == SchedulerEvent::Kind::kStarted) cached[e.id] = e.cached_tokens;
-      }
+      const std::vector<SchedulerEvent> events = testing::RunOneAfterAnother(
+          local.replica(), model_->config(),
+          testing::WithPrefixCache(options, {pool.page_bytes(), pool.slot_bytes()}, entries),
+          c.requests);
       // With room for one entry, each new one evicts the last, and the hits
       // are the same.
-      EXPECT_EQ(cached, (std::map<uint64_t, int64_t>{
-                            {1, 0}, {2, 192}, {3, 192}, {4, 0}, {5, 128}, {6, 0}}));
-      const std::map<uint64_t, Answer> got = Answers(events);
-      for (const SequenceRequest& r : requests) {
-        ASSERT_TRUE(got.count(r.id)) << "request " << r.id;
-        EXPECT_EQ(got.at(r.id).tokens, cold[r.id].tokens) << "request " << r.id;
-        EXPECT_LE(testing::RelL2(std::vector<float>(got.at(r.id).top_logprobs.begin(),
-                                                    got.at(r.id).top_logprobs.end()),
-                                 cold[r.id].top_logprobs),
-                  5e-5)
-            << "request " << r.id;
-      }
+      EXPECT_EQ(testing::CachedTokens(events), c.cached);
+      testing::ExpectAnswersEqual(testing::Answers(events), cold);
     }
   }
   // A fork from the state a token short of the page, or a token past it,
   // fed the rest from the page boundary on: far from the cold run.
+  const std::vector<int32_t>& turn1 = c.requests[0].prompt;
   for (const int64_t off : {-1, 1}) {
     std::vector<SequenceRequest> forked = testing::PrefixAndForks(
         std::vector<int32_t>(turn1.begin(), turn1.begin() + 192 + off),
         {std::vector<int32_t>(turn1.begin() + 192, turn1.end())}, SequenceKind::kGenerate, 6);
     forked[1].top_logprobs = 5;
-    const Answer wrong = Answers(testing::RunEngine(*model_, forked, 0))[10];
+    const testing::Answer wrong = testing::Answers(testing::RunEngine(*model_, forked, 0))[10];
     EXPECT_GT(
         testing::RelL2(std::vector<float>(wrong.top_logprobs.begin(), wrong.top_logprobs.end()),
                        cold[1].top_logprobs),

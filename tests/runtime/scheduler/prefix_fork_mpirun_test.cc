@@ -1,9 +1,13 @@
 // Prefix reuse across ranks: under `mpirun -np 4` as two pipeline stages of
 // two tensor-parallel ranks each, a document prefilled once and forked for
 // each question gives what document + question gives run fresh on the same
-// ranks: the same greedy tokens, the same logits to rounding.
+// ranks: the same greedy tokens, the same logits to rounding; and so do
+// requests served from the prefix cache, whose hits and evictions the
+// leader decides for every rank.
+#include <map>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/threads.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/rank_communicators.h"
@@ -30,13 +34,18 @@ RankCommunicators* Comms(const WorldLayout& layout) {
   return comms;
 }
 
-// Runs `requests` on the replica's leader; every event, in order.
-std::vector<SchedulerEvent> RunAll(Replica& replica, const ModelConfig& config,
-                                   std::vector<SequenceRequest> requests) {
+SchedulerOptions Options(const Replica& replica) {
   SchedulerOptions options;
   options.step_tokens = 64;
   options.fixed_chunk = 64;
   options.pipeline_stages = replica.layout().pp;
+  return options;
+}
+
+// Runs `requests` on the replica's leader; every event, in order.
+std::vector<SchedulerEvent> RunAll(Replica& replica, const ModelConfig& config,
+                                   std::vector<SequenceRequest> requests) {
+  const SchedulerOptions options = Options(replica);
   OfflineEngine engine(replica, config, options);
   for (auto& r : requests) engine.Add(std::move(r));
   std::vector<SchedulerEvent> events;
@@ -63,7 +72,7 @@ Outputs Collect(const std::vector<SchedulerEvent>& events) {
 
 class PrefixForkMpirunTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(PrefixForkMpirunTest, ForksEqualFreshRunsUnderPipelineAndTensorParallelism) {
+TEST_P(PrefixForkMpirunTest, ForksAndCacheHitsEqualFreshRunsUnderPipelineAndTensorParallelism) {
   kernels::SetNumThreads(1);  // four ranks share the machine's cores
   const WorldLayout layout = *WorldLayout::Make(1, 2, 2);
   RankCommunicators* comms = Comms(layout);
@@ -122,6 +131,23 @@ TEST_P(PrefixForkMpirunTest, ForksEqualFreshRunsUnderPipelineAndTensorParallelis
     }
   }
   EXPECT_GT(executor.stage().stats().fork_bytes, 0);
+
+  // The prefix cache, with room for every entry and for one (each new entry
+  // evicts the last), against each request run cold.
+  const testing::PrefixCacheCase c = testing::MakePrefixCacheCase();
+  std::map<uint64_t, testing::Answer> cold;
+  for (const SequenceRequest& r : c.requests) {
+    cold[r.id] = testing::Answers(RunAll(replica, *config, {r}))[r.id];
+  }
+  for (const int64_t entries : {100, 1}) {
+    SCOPED_TRACE(absl::StrCat("room for ", entries, " entries"));
+    const std::vector<SchedulerEvent> events = testing::RunOneAfterAnother(
+        replica, *config,
+        testing::WithPrefixCache(Options(replica), replica.state_unit_bytes(), entries),
+        c.requests);
+    EXPECT_EQ(testing::CachedTokens(events), c.cached);
+    testing::ExpectAnswersEqual(testing::Answers(events), cold);
+  }
   EXPECT_TRUE(replica.Stop().ok());
 }
 

@@ -1124,6 +1124,55 @@ TEST(SchedulerTest, ANextTurnExtendsTheLastTurnsEntry) {
   EXPECT_EQ(h.TokensFor(2).size(), 3u);
 }
 
+// Questions about one document, each longer than a page: the first names the
+// document as a prefix others will share and leaves an entry at its last
+// page, which the questions after it hit; added together, before any has
+// run, they still prefill the document once. Without the name, the second
+// question shares only part of the first's entry and prefills the document
+// again.
+TEST(SchedulerTest, ANamedPrefixLeavesAnEntryAtItsLastPageForTheRequestsThatShareIt) {
+  const std::vector<int32_t> document = Tokens(300);
+  const auto question = [&](uint64_t id, int32_t seed, int64_t named) {
+    SequenceRequest r = GenerateTokens(id, Tokens(300 + 100, document, seed));
+    r.cache_prefix = named;
+    return r;
+  };
+  for (const bool together : {false, true}) {
+    SCOPED_TRACE(together ? "added together" : "one after another");
+    Harness h(CacheOptions());
+    for (uint64_t id = 1; id <= 3; ++id) {
+      h.scheduler.Add(question(id, static_cast<int32_t>(id + 1), 300));
+      if (!together) h.RunToEnd();
+    }
+    h.RunToEnd();
+    // The document's entry (256 tokens), then one at each prompt's last
+    // page (384) extending it.
+    const std::vector<uint64_t> entries = CacheIds(h);
+    ASSERT_EQ(entries.size(), 4u);
+    EXPECT_EQ(NonZero(h.Chunks(entries[0])), (std::vector<int64_t>{256}));
+    for (size_t k = 1; k < entries.size(); ++k) {
+      const SequenceWork* w = FirstWorkOf(h, entries[k]);
+      ASSERT_NE(w, nullptr);
+      ASSERT_TRUE(w->fork_from.has_value());
+      EXPECT_EQ(*w->fork_from, entries[0]);
+      EXPECT_EQ(w->tokens.size(), 128u);
+    }
+    EXPECT_EQ(CachedTokensOf(h, 1), 0);
+    EXPECT_EQ(CachedTokensOf(h, 2), 256);
+    EXPECT_EQ(CachedTokensOf(h, 3), 256);
+    for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(h.TokensFor(id).size(), 3u);
+  }
+  // Unnamed: the second question makes the document's entry from scratch.
+  Harness h(CacheOptions());
+  for (uint64_t id = 1; id <= 3; ++id) {
+    h.scheduler.Add(question(id, static_cast<int32_t>(id + 1), 0));
+    h.RunToEnd();
+  }
+  EXPECT_EQ(CachedTokensOf(h, 2), 0);
+  EXPECT_EQ(CachedTokensOf(h, 3), 256);
+  EXPECT_EQ(NonZero(h.Chunks(CacheIds(h)[1])), (std::vector<int64_t>{256}));
+}
+
 // Entries past the budget go least recently used first, never one a request
 // waits to fork from or another entry extends; an evicted entry's state is
 // released with the next step.

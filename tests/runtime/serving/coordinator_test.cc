@@ -308,6 +308,9 @@ TEST_F(CoordinatorTest, AHelloTheModelCannotHaveIsRefused) {
   refused([](WorkerInfo& i) { i.replicas = 2; }, "a worker is one replica");
   refused([](WorkerInfo& i) { i.cache_pages = -1; }, "MLA cache of -1 pages is not valid");
   refused([](WorkerInfo& i) { i.state_slots = 1; }, "1 state slots are not valid");
+  refused([](WorkerInfo& i) { i.unit_bytes.page = INT64_MAX; },
+          "the worker's state of 9223372036854775807 bytes a page and 0 bytes a slot is not valid");
+  refused([](WorkerInfo& i) { i.unit_bytes.slot = -1; }, "-1 bytes a slot is not valid");
   EXPECT_EQ(coordinator.Status().workers, 0);
 }
 

@@ -129,6 +129,8 @@ TEST(HttpApiTest, OpenAiClientGetsTheTokensOfGenerate) {
     EXPECT_EQ(r["concurrent"][i].get<std::vector<int32_t>>(), alone) << i;
   }
   EXPECT_EQ(r["greedy"]["top"], json(std::vector<int>(kMaxTokens, 2)));
+  // A prompt of 145 tokens, twice: the second finds its first 128 cached.
+  EXPECT_EQ(r["cached_tokens"], json::array({0, 128})) << output;
 
   // The errors, with OpenAI's statuses and the validator's wording, which
   // the gRPC API gives for the same input.

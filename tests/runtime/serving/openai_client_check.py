@@ -130,6 +130,19 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         result["concurrent"] = list(pool.map(stream_ids, range(4)))
 
+    # The prefix cache: a prompt of 5 copies (a page of 64 tokens and more),
+    # then that prompt again, streamed: the cached tokens of each.
+    long_prompt = prompt_ids * 5
+    cached = []
+    c = client.completions.create(model=model, prompt=long_prompt, max_tokens=2, temperature=0)
+    cached.append(c.usage.prompt_tokens_details.cached_tokens)
+    for chunk in client.completions.create(model=model, prompt=long_prompt, max_tokens=2,
+                                           temperature=0, stream=True,
+                                           stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            cached.append(chunk.usage.prompt_tokens_details.cached_tokens)
+    result["cached_tokens"] = cached
+
     # Errors: OpenAI's exceptions, carrying the server's status and message.
     errors = {}
     for name, call in {

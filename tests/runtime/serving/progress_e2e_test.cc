@@ -256,7 +256,9 @@ TEST(ProgressTest, WithTokensACallerSeesOnlyItsOwnRequests) {
 }
 
 TEST(ProgressTest, TheClientDrawsABarOnStderrAndLeavesStdoutAsItIs) {
-  Served s = Start("");
+  // Each client sends the same prompt: without the prefix cache, each one's
+  // is prefilled whole, with progress to draw.
+  Served s = Start("--prefix-cache-bytes 0");
   ASSERT_NE(s.coordinator.stub, nullptr);
   const std::string dir = testing::TempDir("progress_client");
   const std::string tokens = absl::StrJoin(Prompt(4096), ",");

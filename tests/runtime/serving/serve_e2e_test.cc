@@ -149,8 +149,10 @@ std::string K3Tiny() { return testing::GoldenPath("model/k3-tiny"); }
 // 4,883 prompt tokens and their decoding still take most of its prefill.
 TEST(ServeLoadTest, ConcurrentMixedRequestsEachGetTheirOwnTokens) {
   // One compute thread: the 32 client threads share the two cores with it.
-  auto server =
-      testing::StartServer("serve --model " + K3Tiny() + " --step-tokens 256 --threads 1");
+  // No prefix cache: each prompt runs twice, and the second run must prefill
+  // the long prompt again as the first did.
+  auto server = testing::StartServer("serve --model " + K3Tiny() +
+                                     " --step-tokens 256 --threads 1 --prefix-cache-bytes 0");
   struct Job {
     std::vector<int32_t> prompt;
     int max_tokens;
@@ -680,6 +682,75 @@ TEST(ServeClientTest, JsonRepliesLabelledLogprobsUsageErrorsAndOneCountOfEndedRe
                 "metrics on http://127.0.0.1:" + std::to_string(server.metrics_port) + "/metrics"),
             std::string::npos)
       << server.process->Log();
+}
+
+// A conversation's turns through `deltaserve serve`: each turn's prompt is
+// the last one, its reply and new tokens, and starts from the prefix the
+// server's cache kept at the end of the last prompt's last full page (64
+// tokens a page) with the tokens `deltaserve generate` gives it cold. The
+// usage, `client generate`, the server status and /metrics count the same
+// hits; --prefix-cache-bytes 0 turns the cache off.
+TEST(ServePrefixCacheTest, TurnsOfAConversationStartFromTheCacheWithTheColdTokens) {
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --metrics-port 0");
+  auto uncached = testing::StartServer("serve --model " + K3Tiny() + " --prefix-cache-bytes 0");
+  ASSERT_NE(server.stub, nullptr);
+  ASSERT_NE(uncached.stub, nullptr);
+  std::vector<int32_t> prompt = testing::RandomTokens(150, 7);
+  // Prompts of 150, 198 and 256 tokens: entries at 128, 192, 192.
+  const std::vector<int64_t> more = {40, 50};
+  const std::vector<int64_t> expected_cached = {0, 128, 192};
+  for (size_t turn = 0; turn < expected_cached.size(); ++turn) {
+    SCOPED_TRACE(absl::StrCat("turn ", turn));
+    const std::string tokens = absl::StrJoin(prompt, ",");
+    const std::string cold = FirstLine(Deltaserve("generate --model " + K3Tiny() + " --tokens " +
+                                                  tokens + " --max-tokens 8 --ids 2>/dev/null"));
+    ASSERT_FALSE(cold.empty());
+    const Streamed got = GenerateAll(*server.stub, TokensRequest(prompt, 8));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(absl::StrJoin(got.ids, " "), cold);
+    EXPECT_EQ(got.completion.usage().prompt_tokens(), static_cast<int64_t>(prompt.size()));
+    EXPECT_EQ(got.completion.usage().cached_tokens(), expected_cached[turn]);
+    const Streamed off = GenerateAll(*uncached.stub, TokensRequest(prompt, 8));
+    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
+    EXPECT_EQ(off.ids, got.ids);
+    EXPECT_EQ(off.completion.usage().cached_tokens(), 0);
+    if (turn + 1 == expected_cached.size()) break;
+    prompt.insert(prompt.end(), got.ids.begin(), got.ids.end());
+    const std::vector<int32_t> next = testing::RandomTokens(more[turn], 8 + turn);
+    prompt.insert(prompt.end(), next.begin(), next.end());
+  }
+  // The last prompt again, from `deltaserve client`: 192 cached.
+  int code = 0;
+  const std::string out =
+      Deltaserve("client generate --server " + server.address + " --tokens " +
+                     absl::StrJoin(prompt, ",") + " --max-tokens 2 --ids 2>&1 >/dev/null",
+                 &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("prompt tokens: 256 (192 cached)"), std::string::npos) << out;
+
+  // Four lookups, three hits, 128 + 192 + 192 tokens; entries at 128 and 192.
+  const v1::ServerStatus status = testing::Status(*server.stub);
+  const v1::PrefixCacheStatus& cache = status.prefix_cache();
+  EXPECT_EQ(cache.lookups(), 4);
+  EXPECT_EQ(cache.hits(), 3);
+  EXPECT_EQ(cache.cached_tokens(), 512);
+  EXPECT_EQ(cache.entries(), 2);
+  EXPECT_GT(cache.bytes(), 0);
+  EXPECT_EQ(cache.evictions(), 0);
+  ASSERT_EQ(status.worker_status_size(), 1);
+  EXPECT_EQ(status.worker_status(0).prefix_cache().DebugString(), cache.DebugString());
+  const std::string metrics = testing::HttpGet(server.metrics_port, "/metrics");
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_prefix_cache_lookups_total"), 4) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_prefix_cache_hits_total"), 3) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_prefix_cache_tokens_total"), 512) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_prefix_cache_entries"), 2) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_prefix_cache_bytes"),
+            static_cast<double>(cache.bytes()))
+      << metrics;
+  EXPECT_EQ(MetricValue(metrics, "deltaserve_prefix_cache_evictions_total"), 0) << metrics;
+  const v1::PrefixCacheStatus off = testing::Status(*uncached.stub).prefix_cache();
+  EXPECT_EQ(off.hits(), 0);
+  EXPECT_EQ(off.entries(), 0);
 }
 
 // bench-serve's warm-up requests reach the server before the table and are

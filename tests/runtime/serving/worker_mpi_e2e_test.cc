@@ -274,13 +274,17 @@ TEST(WorkerJobTest, ConcurrentClientsDecodingAheadOnTwoStagesGetTheirOwnTokens) 
         << i << ": " << jobs[i].together.status.error_message();
     EXPECT_EQ(jobs[i].together.ids, jobs[i].alone.ids) << "request " << i;
   }
-  // Every sequence's state is released, the dropped tokens' too.
+  // Every sequence's state is released, the dropped tokens' too: the
+  // replica holds only the prefix cache's entries.
   EXPECT_TRUE(testing::WaitForStatus(
       *coordinator.stub,
       [](const v1::ServerStatus& s) {
-        return s.running_sequences() == 0 && s.kda_state_bytes() == 0;
+        return s.running_sequences() == 0 && s.worker_status_size() == 1 &&
+               s.worker_status(0).held_slots() == s.prefix_cache().entries() &&
+               (s.kda_state_bytes() > 0) == (s.prefix_cache().entries() > 0);
       },
-      std::chrono::seconds(10)));
+      std::chrono::seconds(10)))
+      << testing::Status(*coordinator.stub).DebugString();
   worker->Signal(SIGTERM);
   worker->Wait(std::chrono::seconds(20));
 }
