@@ -753,6 +753,100 @@ TEST(ServePrefixCacheTest, TurnsOfAConversationStartFromTheCacheWithTheColdToken
   EXPECT_EQ(off.entries(), 0);
 }
 
+// A soak through `deltaserve serve` with a cache of room for about three
+// entries: 40 generations from four clients at once, over three documents
+// cut at many lengths with suffixes of their own, and prompts that share
+// nothing. Each gets the tokens a server without the cache gives it; the
+// cache evicts, stays within its budget, and once they have ended every
+// byte of state the replica holds is an entry's: its KDA slots and the MLA
+// pages that the entries' costs count, no more.
+TEST(ServePrefixCacheTest, ASoakEndsWithinTheBudgetWithEveryPageAccountedFor) {
+  // One entry of two pages gives the sizes of a slot and a page.
+  int64_t slot = 0, page = 0;
+  {
+    auto probe = testing::StartServer("serve --model " + K3Tiny());
+    ASSERT_NE(probe.stub, nullptr);
+    ASSERT_TRUE(
+        GenerateAll(*probe.stub, TokensRequest(testing::RandomTokens(130, 1), 1)).status.ok());
+    // The request's own state goes with the step after its last.
+    ASSERT_TRUE(testing::WaitForStatus(
+        *probe.stub,
+        [](const v1::ServerStatus& s) {
+          return s.worker_status_size() == 1 && s.worker_status(0).held_slots() == 1;
+        },
+        std::chrono::seconds(10)));
+    ASSERT_TRUE(testing::WaitForStatus(
+        *probe.stub,
+        [&](const v1::ServerStatus& s) {
+          slot = s.kda_state_bytes();
+          page = s.mla_cache_bytes() / 2;
+          return s.prefix_cache().entries() == 1 && s.prefix_cache().bytes() == slot + 2 * page;
+        },
+        std::chrono::seconds(10)))
+        << testing::Status(*probe.stub).DebugString();
+  }
+  const int64_t budget = 3 * (slot + 3 * page);
+  auto server = testing::StartServer("serve --model " + K3Tiny() + " --prefix-cache-bytes " +
+                                     std::to_string(budget));
+  auto cold = testing::StartServer("serve --model " + K3Tiny() + " --prefix-cache-bytes 0");
+  ASSERT_NE(server.stub, nullptr);
+  ASSERT_NE(cold.stub, nullptr);
+  const std::vector<std::vector<int32_t>> documents = {testing::RandomTokens(256, 10),
+                                                       testing::RandomTokens(256, 11),
+                                                       testing::RandomTokens(256, 12)};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<int32_t> prompt;
+    if (i % 5 != 4) {
+      const auto& d = documents[i % 3];
+      prompt.assign(d.begin(), d.begin() + 60 + (i * 37) % 197);
+    }
+    const std::vector<int32_t> own = testing::RandomTokens(1 + (i * 13) % 90, 100 + i);
+    prompt.insert(prompt.end(), own.begin(), own.end());
+    prompts.push_back(std::move(prompt));
+  }
+  std::vector<std::vector<int32_t>> expected(prompts.size()), got(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Streamed alone = GenerateAll(*cold.stub, TokensRequest(prompts[i], 3));
+    ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+    expected[i] = alone.ids;
+  }
+  std::vector<std::thread> clients;
+  for (size_t c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (size_t i = c; i < prompts.size(); i += 4) {
+        const Streamed r = GenerateAll(*server.stub, TokensRequest(prompts[i], 3));
+        EXPECT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+        got[i] = r.ids;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "request " << i;
+  // Once the ended requests' state has gone (with the step after their
+  // last), the replica holds the entries' and nothing else.
+  EXPECT_TRUE(testing::WaitForStatus(
+      *server.stub,
+      [](const v1::ServerStatus& s) {
+        return s.running_sequences() == 0 &&
+               s.kda_state_bytes() + s.mla_cache_bytes() == s.prefix_cache().bytes();
+      },
+      std::chrono::seconds(10)));
+  const v1::ServerStatus status = testing::Status(*server.stub);
+  const v1::PrefixCacheStatus& cache = status.prefix_cache();
+  // A prompt of a page or less has nothing to look for.
+  EXPECT_EQ(cache.lookups(), std::count_if(prompts.begin(), prompts.end(),
+                                           [](const auto& p) { return p.size() > 64; }));
+  EXPECT_GT(cache.hits(), 0);
+  EXPECT_GT(cache.evictions(), 0);
+  EXPECT_GT(cache.entries(), 0);
+  EXPECT_LE(cache.bytes(), budget);
+  ASSERT_EQ(status.worker_status_size(), 1);
+  EXPECT_EQ(status.worker_status(0).held_slots(), cache.entries());
+  EXPECT_EQ(status.kda_state_bytes(), cache.entries() * slot) << status.DebugString();
+  EXPECT_EQ(status.kda_state_bytes() + status.mla_cache_bytes(), cache.bytes());
+}
+
 // bench-serve's warm-up requests reach the server before the table and are
 // not in it, so the one-client row (what the speedups divide by) does not
 // carry the server's first-use costs. With --http each row runs over both
