@@ -106,7 +106,7 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
        absl::StrCat(c.step_timeout_s)},
       {"step-timeout-floor", "S",
        "once a worker's cost model has learned its steps, a step may take 10 times what the model "
-       "expects, but at least S seconds (and at most --step-timeout)",
+       "expects or its recent steps took, but at least S seconds (and at most --step-timeout)",
        absl::StrCat(c.step_timeout_floor_s)},
       {"step-log", "F",
        "write a JSON line per step to F (worker, prefill chunks and their prefixes, decode rows, "

@@ -28,6 +28,9 @@ constexpr auto kGoodbyeTimeout = std::chrono::seconds(2);
 // also page the weights in), with this much slack over what it expects.
 constexpr int64_t kStepsBeforeExpecting = 8;
 constexpr double kStepSlack = 10;
+// How fast a slow step stops counting in Worker::recent_slowest_s: by this
+// factor per result (a tenth of it after 22).
+constexpr double kSlowestDecay = 0.9;
 
 // Workers a request may lose before it fails: a request that takes down
 // every worker it runs on (a poison request) must not take the fleet too.
@@ -158,6 +161,11 @@ void LogEnd(const Request& r, const RequestOutcome& outcome) {
 }
 
 }  // namespace
+
+double StepAllowance(double expected_s, double recent_slowest_s, double floor_s, double timeout_s) {
+  return std::clamp(kStepSlack * std::max(expected_s, recent_slowest_s),
+                    std::min(floor_s, timeout_s), timeout_s);
+}
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
                           const std::string& description, StatePoolSize state,
@@ -903,8 +911,13 @@ void Coordinator::OnTokenLocked(Request& r, const SchedulerEvent& event) {
 void Coordinator::TakeResultLocked(Worker& w, StepResult result) {
   Scheduler::Update update = w.scheduler.TakeResult(std::move(result));
   if (options_.step_log != nullptr) WriteStepRecords(*options_.step_log, w.id, update.records);
-  for (int64_t i = 0; i < update.steps && !w.sent.empty(); ++i) w.sent.pop_front();
-  if (update.steps > 0) w.answered = Clock::now();
+  const auto now = Clock::now();
+  for (int64_t i = 0; i < update.steps && !w.sent.empty(); ++i) {
+    const double took = Seconds(std::max(w.sent.front().at, w.answered), now);
+    w.recent_slowest_s = std::max(took, kSlowestDecay * w.recent_slowest_s);
+    w.sent.pop_front();
+  }
+  if (update.steps > 0) w.answered = now;
   steps_ += update.steps;
   w.steps += update.steps;
   metrics_.steps.Add(static_cast<double>(update.steps));
@@ -967,9 +980,8 @@ double Coordinator::AllowedLocked(const Worker& w, uint64_t step_id) const {
   // The cost model fits the slowest stage; a step passes through them all.
   const double expected = w.scheduler.ExpectedSeconds(step_id) *
                           static_cast<double>(std::max(1, w.info.pipeline_stages));
-  return std::clamp(kStepSlack * expected,
-                    std::min(options_.step_timeout_floor_s, options_.step_timeout_s),
-                    options_.step_timeout_s);
+  return StepAllowance(expected, w.recent_slowest_s, options_.step_timeout_floor_s,
+                       options_.step_timeout_s);
 }
 
 std::optional<Clock::time_point> Coordinator::DueLocked(const Worker& w, std::string* why) const {
@@ -985,7 +997,8 @@ std::optional<Clock::time_point> Coordinator::DueLocked(const Worker& w, std::st
                                                std::chrono::duration<double>(front.allowed_s));
     *why = front.allowed_s < options_.step_timeout_s
                ? absl::StrCat("no answer to a step within ", front.allowed_s, " s (", kStepSlack,
-                              " times what its cost model expects, at least ",
+                              " times what its cost model expects or its recent steps took, at "
+                              "least ",
                               options_.step_timeout_floor_s, " s, --step-timeout-floor)")
                : absl::StrCat("no answer to a step within ", options_.step_timeout_s,
                               " s (--step-timeout)");

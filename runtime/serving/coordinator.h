@@ -53,12 +53,11 @@ struct CoordinatorOptions {
   // A remote worker's step result, or a write to its stream, overdue by this
   // much drops the worker (its requests re-run elsewhere). Once its cost
   // model has learned from kStepsBeforeExpecting steps, a step's result is
-  // due within kStepSlack times what the model expects it to take through
-  // every stage, but never less than step_timeout_floor_s nor more than
-  // step_timeout_s, counted from when it was sent or the previous result
-  // came, whichever is later.
+  // due sooner (StepAllowance), counted from when it was sent or the
+  // previous result came, whichever is later: a worker cut off the network,
+  // whose link stays up, is noticed seconds after its step was expected.
   double step_timeout_s = 300;
-  double step_timeout_floor_s = 30;
+  double step_timeout_floor_s = 5;
   // When set, a JSON line per step taken in (worker, step, prefill pieces,
   // decode rows, wall and stage compute times): `--step-log`.
   std::shared_ptr<std::ostream> step_log;
@@ -175,6 +174,13 @@ struct WorkerInfo {
   // prefix cache for it.
   StateUnitBytes unit_bytes;
 };
+
+// How long a step's result may take once a worker's cost model has learned
+// its steps: 10 times what the model expects of it through every stage, or
+// 10 times the slowest of the worker's recent steps (so a model that guesses
+// low on a worker whose steps vary does not drop it), whichever is more; at
+// least floor_s, at most timeout_s.
+double StepAllowance(double expected_s, double recent_slowest_s, double floor_s, double timeout_s);
 
 WorkerInfo MakeWorkerInfo(const ModelConfig& config, const WorldLayout& layout,
                           const std::string& description, StatePoolSize state = {0, 0},
@@ -304,6 +310,9 @@ class Coordinator {
     };
     std::deque<Sent> sent;
     Clock::time_point answered;  // when the last result came in
+    // The longest its recent results took (from when each was due to start,
+    // as deadlines count): each result's time, or 0.9 of the one before.
+    double recent_slowest_s = 0;
     std::optional<Clock::time_point> writing;
     int64_t steps = 0;  // results taken in
   };

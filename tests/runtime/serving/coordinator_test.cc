@@ -286,6 +286,17 @@ void LoseABrokenWorker(Coordinator& coordinator) {
   ASSERT_EQ(coordinator.Status().workers, 0);
 }
 
+// A step's allowance once the cost model has learned: 10 times the more of
+// what the model expects and what the worker's recent steps took, within the
+// floor and --step-timeout.
+TEST(StepAllowanceTest, TenTimesTheExpectedOrRecentStepWithinTheFloorAndTimeout) {
+  EXPECT_DOUBLE_EQ(StepAllowance(0.01, 0.02, 5, 300), 5);  // decode: the floor
+  EXPECT_DOUBLE_EQ(StepAllowance(2, 0.5, 5, 300), 20);     // the model's expectation
+  EXPECT_DOUBLE_EQ(StepAllowance(0.1, 3, 5, 300), 30);     // a model that guesses low
+  EXPECT_DOUBLE_EQ(StepAllowance(100, 0, 5, 300), 300);    // never past --step-timeout
+  EXPECT_DOUBLE_EQ(StepAllowance(0.01, 0, 60, 30), 30);    // a floor past the timeout
+}
+
 // A hello is untrusted: a layout the model cannot have, or a state pool
 // that makes no sense, is refused by name and nothing is attached.
 TEST_F(CoordinatorTest, AHelloTheModelCannotHaveIsRefused) {
