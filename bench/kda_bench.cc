@@ -15,10 +15,9 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <vector>
-
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "bench/int_args.h"
 #include "kernels/cuda/ops.h"
@@ -193,7 +192,8 @@ int RunOnDevice(const std::string& device_name, const std::vector<int64_t>& toke
         num += double(o_gpu[i] - o_cpu[i]) * (o_gpu[i] - o_cpu[i]);
         den += double(o_cpu[i]) * o_cpu[i];
       }
-      std::printf("    rel L2 difference of o from the CPU's KdaChunk %.2g\n", std::sqrt(num / den));
+      std::printf("    rel L2 difference of o from the CPU's KdaChunk %.2g\n",
+                  std::sqrt(num / den));
     }
   }
   return 0;

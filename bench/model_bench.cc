@@ -136,12 +136,11 @@ DeviceLimits MeasureDeviceLimits() {
     ws.CopyFromHost(b.view().data, host.data(), host.size() * sizeof(uint16_t));
     // The row-major y[n, n] = x · wᵀ in cuBLAS's column-major terms (blas.h).
     const auto gemm = [&] {
-      return DELTASERVE_CUDA_DISPATCH(Gemm)(true, false, n, n, n, 1.0f,
-                                            kernels::cuda::BlasType::kBF16, a.view().data, n,
-                                            b.view().data, n, 0.0f,
-                                            static_cast<float*>(c.view().data), n, ws.stream());
+      return DELTASERVE_CUDA_DISPATCH(Gemm)(
+          true, false, n, n, n, 1.0f, kernels::cuda::BlasType::kBF16, a.view().data, n,
+          b.view().data, n, 0.0f, static_cast<float*>(c.view().data), n, ws.stream());
     };
-    constexpr int kCalls = 10;  // per timing: a host sync is ~10 us against ~1 ms a call
+    constexpr int kCalls = 10;            // per timing: a host sync is ~10 us against ~1 ms a call
     for (int rep = 0; rep <= 5; ++rep) {  // the first warms up (cuBLASLt's handle, heuristics)
       const auto t0 = Clock::now();
       for (int i = 0; i < kCalls; ++i) {
@@ -177,9 +176,10 @@ DeviceLimits MeasureDeviceLimits() {
         return out;
       }
       const auto t0 = Clock::now();
+      const auto read_sum = DELTASERVE_CUDA_DISPATCH(ReadSum);
       for (int i = 0; i < kReads; ++i) {
-        DELTASERVE_CUDA_DISPATCH(ReadSum)(static_cast<const float*>(x.view().data), floats,
-                                          static_cast<float*>(sum.view().data), ws.stream());
+        read_sum(static_cast<const float*>(x.view().data), floats,
+                 static_cast<float*>(sum.view().data), ws.stream());
       }
       if (std::string e = DeviceError(ws); !e.empty()) {
         out.error = "read: " + e;
@@ -273,8 +273,7 @@ std::string SelectDevice(const std::string& value, kernels::Device* device) {
   const int count = kernels::CudaDeviceCount(&error);
   if (count <= 0) return "--device " + value + ": " + error;
   if (ordinal >= count) {
-    return "--device " + value + ": this machine has " + std::to_string(count) +
-           " CUDA device(s)";
+    return "--device " + value + ": this machine has " + std::to_string(count) + " CUDA device(s)";
   }
   if (error = kernels::SelectCudaDevice(ordinal); !error.empty()) {
     return "--device " + value + ": " + error;
@@ -455,16 +454,18 @@ int main(int argc, char** argv) {
                     ? "bf16 (cuBLASLt bf16 x bf16 -> f32)"
                     : "f32 (bf16 weights widened to f32, cuBLASLt f32)");
     std::printf("- active matmul parameters per token: %.1f M\n", active / 1e6);
-    std::printf("- bf16 GEMM (cuBLASLt, bf16 x bf16 -> f32) [%lld x %lld] x [%lld x %lld]: "
-                "%.1f GFLOP/s\n",
-                static_cast<long long>(limits.gemm_n), static_cast<long long>(limits.gemm_n),
-                static_cast<long long>(limits.gemm_n), static_cast<long long>(limits.gemm_n),
-                gemm_limit / 1e9);
+    std::printf(
+        "- bf16 GEMM (cuBLASLt, bf16 x bf16 -> f32) [%lld x %lld] x [%lld x %lld]: "
+        "%.1f GFLOP/s\n",
+        static_cast<long long>(limits.gemm_n), static_cast<long long>(limits.gemm_n),
+        static_cast<long long>(limits.gemm_n), static_cast<long long>(limits.gemm_n),
+        gemm_limit / 1e9);
     std::printf("- device memory read bandwidth (ReadSum over %lld MiB): %.1f GB/s\n",
                 static_cast<long long>(limits.read_bytes >> 20), bandwidth / 1e9);
     if (backend == kernels::cuda::Backend::kSim) {
-      std::printf("- the SIMT harness (one host thread, small shapes): these figures only "
-                  "show that the path runs\n");
+      std::printf(
+          "- the SIMT harness (one host thread, small shapes): these figures only "
+          "show that the path runs\n");
     }
     std::printf("\n");
   } else {
@@ -560,8 +561,8 @@ int main(int argc, char** argv) {
       if (!logits.ok()) break;
       for (int64_t b = 0; b < batch; ++b) {
         next[b] = kernels::Sample(
-            kernels::Tensor::F32(logits->data() + b * config.vocab_size, 1, config.vocab_size),
-            {}, rng);
+            kernels::Tensor::F32(logits->data() + b * config.vocab_size, 1, config.vocab_size), {},
+            rng);
       }
     }
     const double s = Seconds(t0, Clock::now());
@@ -571,10 +572,10 @@ int main(int argc, char** argv) {
     }
     const double step_bytes = StepWeightBytes(config, batch);
     const double steps_per_s = decode_tokens / s;
-    const std::string what =
-        batch == 1 ? std::to_string(decode_tokens) + " steps after 128 tokens"
-                   : std::to_string(decode_tokens) + " steps of " + std::to_string(batch) +
-                         " sequences after 128 tokens each";
+    const std::string what = batch == 1
+                                 ? std::to_string(decode_tokens) + " steps after 128 tokens"
+                                 : std::to_string(decode_tokens) + " steps of " +
+                                       std::to_string(batch) + " sequences after 128 tokens each";
     std::printf("| %s | %.1f | %.0f MB | %.1f | %.1f%% |\n", what.c_str(), batch * steps_per_s,
                 step_bytes / batch / 1e6, step_bytes * steps_per_s / 1e9,
                 100 * step_bytes * steps_per_s / bandwidth);
