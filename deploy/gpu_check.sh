@@ -123,8 +123,8 @@ with lzma.open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as g:
         return 0
       fi
       echo "gpu_check: $name (at most ${limit} s): $*"
-      timeout "$limit" "$@" 2>&1 | tee "$out/$name.log" || rc=$?
-      if ((rc == 124)); then
+      timeout -k 5 "$limit" "$@" 2>&1 | tee "$out/$name.log" || rc=$?
+      if ((rc == 124 || rc == 137)); then
         result="FAILED: timed out after $limit s"
       elif ((rc != 0)); then
         result="FAILED: exit status $rc"
@@ -145,7 +145,7 @@ with lzma.open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as g:
     bench_flags=(--device cuda --compute-dtype bf16 --prompts "4096,32768" --decode 32
                  --decode-batch "1,32")
     step model_bench_k3_small 60 "$pack_dir/bin/model_bench" "${bench_flags[@]}"
-    # The slice's random checkpoint (about 7 GB) is made on this machine.
+    # The slice's random checkpoint (9.4 GiB) is made on this machine.
     step model_bench_k3_slice 150 "$pack_dir/bin/model_bench" --config bench/k3_slice_config.json \
         --experts mxfp4 "${bench_flags[@]}"
     pydeps="$(mktemp -d)"
@@ -176,7 +176,9 @@ with lzma.open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as g:
         echo "## $test"
         echo
         echo '```'
-        grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]|tests? ran' "$out/$test.log" || true
+        # The totals, and the names of the failed cases.
+        grep -E '^\[==========\] .* ran|^\[  (PASSED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \] .*[^)]$' \
+            "$out/$test.log" || true
         echo '```'
       done
       for bench in model_bench_k3_small model_bench_k3_slice kda_vs_fla; do
