@@ -23,6 +23,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/blas.h"
@@ -111,9 +112,8 @@ std::string DeviceError(kernels::Workspace& ws) {
 }
 
 DeviceLimits MeasureDeviceLimits() {
-  using kernels::Buffer;
   using kernels::Device;
-  using kernels::DType;
+  using kernels::DeviceBlock;
   DeviceLimits out;
   const bool sim = kernels::cuda::ActiveBackend() == kernels::cuda::Backend::kSim;
   out.gemm_n = sim ? 128 : 8192;  // 1.1 TFLOP a call on a GPU: ~1 ms at its bf16 peak
@@ -130,15 +130,24 @@ DeviceLimits MeasureDeviceLimits() {
       std::memcpy(&bits, &f, sizeof(bits));
       v = static_cast<uint16_t>(bits >> 16);
     }
-    const Buffer a(Device::kCuda, DType::kBF16, n, n), b(Device::kCuda, DType::kBF16, n, n);
-    const Buffer c(Device::kCuda, DType::kF32, n, n);
-    ws.CopyFromHost(a.view().data, host.data(), host.size() * sizeof(uint16_t));
-    ws.CopyFromHost(b.view().data, host.data(), host.size() * sizeof(uint16_t));
+    // Blocks of the device's own, not the workspace's cache, which would keep
+    // them from the model's run.
+    DeviceBlock a, b, c;
+    for (auto [block, bytes] : {std::pair{&a, host.size() * sizeof(uint16_t)},
+                                std::pair{&b, host.size() * sizeof(uint16_t)},
+                                std::pair{&c, host.size() * sizeof(float)}}) {
+      if (std::string e = DeviceBlock::Allocate(Device::kCuda, bytes, block); !e.empty()) {
+        out.error = "bf16 GEMM: " + e;
+        return out;
+      }
+    }
+    ws.CopyFromHost(a.data(), host.data(), host.size() * sizeof(uint16_t));
+    ws.CopyFromHost(b.data(), host.data(), host.size() * sizeof(uint16_t));
     // The row-major y[n, n] = x · wᵀ in cuBLAS's column-major terms (blas.h).
     const auto gemm = [&] {
-      return DELTASERVE_CUDA_DISPATCH(Gemm)(
-          true, false, n, n, n, 1.0f, kernels::cuda::BlasType::kBF16, a.view().data, n,
-          b.view().data, n, 0.0f, static_cast<float*>(c.view().data), n, ws.stream());
+      return DELTASERVE_CUDA_DISPATCH(Gemm)(true, false, n, n, n, 1.0f,
+                                            kernels::cuda::BlasType::kBF16, a.data(), n, b.data(),
+                                            n, 0.0f, static_cast<float*>(c.data()), n, ws.stream());
     };
     constexpr int kCalls = 10;            // per timing: a host sync is ~10 us against ~1 ms a call
     for (int rep = 0; rep <= 5; ++rep) {  // the first warms up (cuBLASLt's handle, heuristics)
@@ -159,18 +168,25 @@ DeviceLimits MeasureDeviceLimits() {
   }
   {
     const int64_t floats = out.read_bytes / static_cast<int64_t>(sizeof(float));
-    const Buffer x(Device::kCuda, DType::kF32, 1, floats), sum(Device::kCuda, DType::kF32, 1, 1);
+    DeviceBlock x, sum;
+    for (auto [block, bytes] :
+         {std::pair{&x, static_cast<size_t>(out.read_bytes)}, std::pair{&sum, sizeof(float)}}) {
+      if (std::string e = DeviceBlock::Allocate(Device::kCuda, bytes, block); !e.empty()) {
+        out.error = "read: " + e;
+        return out;
+      }
+    }
     // Ones, so that the sum checks that every float was read.
     const std::vector<float> ones(static_cast<size_t>(std::min<int64_t>(floats, 1 << 24)), 1.0f);
     for (int64_t at = 0; at < floats; at += static_cast<int64_t>(ones.size())) {
       const int64_t count = std::min<int64_t>(floats - at, static_cast<int64_t>(ones.size()));
-      ws.CopyFromHost(static_cast<float*>(x.view().data) + at, ones.data(),
+      ws.CopyFromHost(static_cast<float*>(x.data()) + at, ones.data(),
                       static_cast<size_t>(count) * sizeof(float));
     }
     constexpr int kReads = 3;
     float total = 0;
     for (int rep = 0; rep <= 5; ++rep) {  // the first warms up
-      ws.Zero(sum.view().data, sizeof(float));
+      ws.Zero(sum.data(), sizeof(float));
       if (std::string e = DeviceError(ws); !e.empty()) {
         out.error = "read: " + e;
         return out;
@@ -178,8 +194,8 @@ DeviceLimits MeasureDeviceLimits() {
       const auto t0 = Clock::now();
       const auto read_sum = DELTASERVE_CUDA_DISPATCH(ReadSum);
       for (int i = 0; i < kReads; ++i) {
-        read_sum(static_cast<const float*>(x.view().data), floats,
-                 static_cast<float*>(sum.view().data), ws.stream());
+        read_sum(static_cast<const float*>(x.data()), floats, static_cast<float*>(sum.data()),
+                 ws.stream());
       }
       if (std::string e = DeviceError(ws); !e.empty()) {
         out.error = "read: " + e;
@@ -190,7 +206,7 @@ DeviceLimits MeasureDeviceLimits() {
         out.read_bandwidth = std::max(out.read_bandwidth, 1.0 * out.read_bytes * kReads / s);
       }
     }
-    ws.CopyToHost(&total, sum.view().data, sizeof(float));
+    ws.CopyToHost(&total, sum.data(), sizeof(float));
     const double expected = static_cast<double>(floats) * kReads;
     if (std::abs(total - expected) > 1e-3 * expected) {
       out.error = "read: ReadSum summed " + std::to_string(total) + ", expected " +
