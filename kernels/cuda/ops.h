@@ -308,3 +308,9 @@ DELTASERVE_CUDA_DECLARE(ScatterRows,
                              int64_t src_stride, const int32_t* rows, int64_t n, int64_t cols,
                              void* dst, deltaserve::kernels::DType dst_dtype, int64_t dst_stride,
                              const deltaserve::kernels::Stream& stream))
+
+// kernels/cuda/read_sum_cuda.cu: *sum (a device scalar the caller zeroed) +=
+// the n floats at x, a kernel that does nothing but read them once: the
+// benchmarks' measure of the device's read bandwidth (bench/model_bench.cc).
+DELTASERVE_CUDA_DECLARE(ReadSum, void(const float* x, int64_t n, float* sum,
+                                      const deltaserve::kernels::Stream& stream))

@@ -23,7 +23,8 @@ namespace deltaserve {
 // the same magnitude. The config is validated first (by reading its JSON
 // back; an MXFP4 expert also needs rows of a multiple of 32 values); an
 // invalid one is an error and nothing is written. Holds the model's weights
-// in memory once, in their stored form.
+// in memory once, in their stored form; the tensors are made in parallel
+// (OpenMP), the same bytes whatever the threads.
 absl::Status WriteRandomCheckpoint(const ModelConfig& config, const std::string& dir,
                                    uint64_t seed);
 

@@ -110,7 +110,8 @@ TEST(HelpTest, BenchmarkProgramsPrintUsageInsteadOfRunning) {
         std::string("bash bench/pipeline_decode_bench.sh --help"),
         std::string("bash bench/llamacpp_compare.sh --help"),
         std::string("bash bench/network_bench.sh --help"),
-        std::string("bash bench/prefix_cache_bench.sh --help")}) {
+        std::string("bash bench/prefix_cache_bench.sh --help"),
+        std::string("python3 bench/fla_kda_compare.py --help")}) {
     SCOPED_TRACE(program);
     const auto start = std::chrono::steady_clock::now();
     int rc = 0;
