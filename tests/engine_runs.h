@@ -19,6 +19,13 @@
 
 namespace deltaserve::testing {
 
+// Fails the test for each sequence that failed.
+inline void ExpectNoneFailed(const std::vector<SchedulerEvent>& events) {
+  for (const auto& e : events) {
+    EXPECT_NE(e.kind, SchedulerEvent::Kind::kFailed) << e.status;
+  }
+}
+
 // The whole model as a one-process replica.
 class LocalReplica {
  public:
@@ -51,11 +58,7 @@ inline std::vector<SchedulerEvent> RunEngine(const Model& model,
   std::vector<SchedulerEvent> events;
   const absl::Status status = engine.Run([&](const SchedulerEvent& e) { events.push_back(e); });
   EXPECT_TRUE(status.ok()) << status;
-  for (const auto& e : events) {
-    EXPECT_NE(e.kind, SchedulerEvent::Kind::kFailed) << e.status;
-  }
-  const absl::Status cleared = engine.ClearPrefixCache();
-  EXPECT_TRUE(cleared.ok()) << cleared;
+  ExpectNoneFailed(events);
   return events;
 }
 
@@ -174,9 +177,7 @@ inline std::vector<SchedulerEvent> RunOneAfterAnother(
     const absl::Status status = engine.Run([&](const SchedulerEvent& e) { events.push_back(e); });
     EXPECT_TRUE(status.ok()) << status;
   }
-  for (const auto& e : events) {
-    EXPECT_NE(e.kind, SchedulerEvent::Kind::kFailed) << e.status;
-  }
+  ExpectNoneFailed(events);
   const absl::Status cleared = engine.ClearPrefixCache();
   EXPECT_TRUE(cleared.ok()) << cleared;
   return events;

@@ -34,6 +34,19 @@ Server StartServe(const std::string& flags) {
   return s;
 }
 
+// dir/in.jsonl through `server`: the records of dir/embedded.jsonl.
+void ExpectServedAsEmbedded(const Server& server, const std::string& dir) {
+  std::string log;
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
+                                " --input ", dir, "/in.jsonl --output ", dir, "/served.jsonl"),
+                   &log),
+      0)
+      << log;
+  testing::ExpectSameRecords(testing::ReadRecords(dir + "/served.jsonl"),
+                             testing::ReadRecords(dir + "/embedded.jsonl"));
+}
+
 TEST(BatchServeTest, ThroughAServerTheRecordsAreTheEmbeddedRunsOnes) {
   const std::string dir = testing::TempDir("batch_server");
   const std::string input = testing::MixedInput(/*scale=*/2);
@@ -106,14 +119,7 @@ TEST(BatchServeTest, QuestionsAfterTheFirstStartFromTheServersCachedDocument) {
       0)
       << log;
   const Server server = StartServe("");
-  ASSERT_EQ(
-      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
-                                " --input ", dir, "/in.jsonl --output ", dir, "/served.jsonl"),
-                   &log),
-      0)
-      << log;
-  testing::ExpectSameRecords(testing::ReadRecords(dir + "/served.jsonl"),
-                             testing::ReadRecords(dir + "/embedded.jsonl"));
+  ExpectServedAsEmbedded(server, dir);
   std::string status;
   ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " client status --json --server ",
                                       server.address, " 2>/dev/null"),
@@ -224,14 +230,7 @@ TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
               embedded["logprobs"][0].get<double>(), 1e-6);
 
   const Server server = StartServe("");
-  ASSERT_EQ(
-      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --server ", server.address,
-                                " --input ", dir, "/in.jsonl --output ", dir, "/served.jsonl"),
-                   &log),
-      0)
-      << log;
-  testing::ExpectSameRecords(testing::ReadRecords(dir + "/served.jsonl"),
-                             testing::ReadRecords(dir + "/embedded.jsonl"));
+  ExpectServedAsEmbedded(server, dir);
 }
 
 // The server's progress messages reach the progress line: the long prompt

@@ -205,7 +205,10 @@ TEST_F(SlurmMultihostTest, BatchSbatchRunsItsStagesOnTwoNodes) {
     got[record["id"].get<std::string>()] = record["token_ids"].get<std::vector<int64_t>>();
   }
   EXPECT_EQ(got, expected) << testing::ReadWholeFile(output);
-  EXPECT_TRUE(JobProcesses().empty()) << Describe(JobProcesses());
+  // The job's processes are gone, if not at once when the queue lets it go
+  // (its steps' processes may still be exiting then).
+  EXPECT_TRUE(WaitUntil([&] { return JobProcesses().empty(); }, std::chrono::seconds(10)))
+      << Describe(JobProcesses());
 }
 
 }  // namespace
