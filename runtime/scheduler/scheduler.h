@@ -123,6 +123,17 @@ struct PrefixCacheStats {
   int64_t hits = 0;           // of them, those that started from an entry
   int64_t cached_tokens = 0;  // prompt tokens the hits did not prefill
   int64_t evictions = 0;
+
+  // Summed over caches (a coordinator's workers).
+  PrefixCacheStats& operator+=(const PrefixCacheStats& o) {
+    entries += o.entries;
+    bytes += o.bytes;
+    lookups += o.lookups;
+    hits += o.hits;
+    cached_tokens += o.cached_tokens;
+    evictions += o.evictions;
+    return *this;
+  }
 };
 
 enum class SequenceKind {

@@ -434,13 +434,7 @@ ServerStatusData Coordinator::Status() const {
     s.kda_state_bytes += w->scheduler.held().kda_bytes;
     s.mla_cache_bytes += w->scheduler.held().mla_bytes;
     s.mla_cache_tokens += w->scheduler.held_tokens();
-    const PrefixCacheStats& c = w->scheduler.prefix_cache();
-    s.prefix_cache.entries += c.entries;
-    s.prefix_cache.bytes += c.bytes;
-    s.prefix_cache.lookups += c.lookups;
-    s.prefix_cache.hits += c.hits;
-    s.prefix_cache.cached_tokens += c.cached_tokens;
-    s.prefix_cache.evictions += c.evictions;
+    s.prefix_cache += w->scheduler.prefix_cache();
   }
   s.steps = steps_;
   s.requests_finished = finished_;
@@ -524,7 +518,8 @@ void Coordinator::FailLocked(Request& r, const absl::Status& status) {
 }
 
 void Coordinator::UpdateGaugesLocked() {
-  int64_t running = 0, kda = 0, mla = 0, entries = 0, cache_bytes = 0;
+  int64_t running = 0, kda = 0, mla = 0;
+  PrefixCacheStats held;  // the caches' entries and bytes now
   for (const auto& [id, w] : workers_) {
     running += w->scheduler.load();
     kda += w->scheduler.held().kda_bytes;
@@ -537,11 +532,10 @@ void Coordinator::UpdateGaugesLocked() {
     metrics_.cache_tokens.Add(static_cast<double>(c.cached_tokens - seen.cached_tokens));
     metrics_.cache_evictions.Add(static_cast<double>(c.evictions - seen.evictions));
     seen = c;
-    entries += c.entries;
-    cache_bytes += c.bytes;
+    held += c;
   }
-  metrics_.cache_entries.Set(static_cast<double>(entries));
-  metrics_.cache_bytes.Set(static_cast<double>(cache_bytes));
+  metrics_.cache_entries.Set(static_cast<double>(held.entries));
+  metrics_.cache_bytes.Set(static_cast<double>(held.bytes));
   metrics_.running.Set(static_cast<double>(running));
   metrics_.waiting.Set(static_cast<double>(waiting_.size()));
   metrics_.kda_bytes.Set(static_cast<double>(kda));

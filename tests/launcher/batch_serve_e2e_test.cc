@@ -34,6 +34,17 @@ Server StartServe(const std::string& flags) {
   return s;
 }
 
+// dir/in.jsonl through `deltaserve batch --model` into dir/embedded.jsonl.
+void RunEmbedded(const std::string& dir) {
+  std::string log;
+  ASSERT_EQ(
+      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
+                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
+                   &log),
+      0)
+      << log;
+}
+
 // dir/in.jsonl through `server`: the records of dir/embedded.jsonl.
 void ExpectServedAsEmbedded(const Server& server, const std::string& dir) {
   std::string log;
@@ -51,13 +62,8 @@ TEST(BatchServeTest, ThroughAServerTheRecordsAreTheEmbeddedRunsOnes) {
   const std::string dir = testing::TempDir("batch_server");
   const std::string input = testing::MixedInput(/*scale=*/2);
   testing::WriteFile(dir + "/in.jsonl", input);
+  ASSERT_NO_FATAL_FAILURE(RunEmbedded(dir));
   std::string log;
-  ASSERT_EQ(
-      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
-                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
-                   &log),
-      0)
-      << log;
   const auto embedded = testing::ReadRecords(dir + "/embedded.jsonl");
 
   const Server server = StartServe("--max-running 8");
@@ -111,15 +117,9 @@ TEST(BatchServeTest, QuestionsAfterTheFirstStartFromTheServersCachedDocument) {
           .dump() +
       "\n";
   testing::WriteFile(dir + "/in.jsonl", input);
-  std::string log;
-  ASSERT_EQ(
-      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
-                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
-                   &log),
-      0)
-      << log;
+  ASSERT_NO_FATAL_FAILURE(RunEmbedded(dir));
   const Server server = StartServe("");
-  ExpectServedAsEmbedded(server, dir);
+  ASSERT_NO_FATAL_FAILURE(ExpectServedAsEmbedded(server, dir));
   std::string status;
   ASSERT_EQ(testing::Run(absl::StrCat(testing::Deltaserve(), " client status --json --server ",
                                       server.address, " 2>/dev/null"),
@@ -206,13 +206,7 @@ TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
                                              {"top_logprobs", 3}}
                                                 .dump() +
                                             "\n");
-  std::string log;
-  ASSERT_EQ(
-      testing::Run(absl::StrCat(testing::Deltaserve(), " batch --model ", testing::K3Tiny(),
-                                " --input ", dir, "/in.jsonl --output ", dir, "/embedded.jsonl"),
-                   &log),
-      0)
-      << log;
+  ASSERT_NO_FATAL_FAILURE(RunEmbedded(dir));
   const Json embedded = testing::ReadRecords(dir + "/embedded.jsonl").at("\"stop\"");
   // The token that completes the stop string is the last; the text ends
   // before the stop string.
@@ -230,7 +224,7 @@ TEST(BatchServeTest, StopStringsAndLogprobsAreTheApis) {
               embedded["logprobs"][0].get<double>(), 1e-6);
 
   const Server server = StartServe("");
-  ExpectServedAsEmbedded(server, dir);
+  ASSERT_NO_FATAL_FAILURE(ExpectServedAsEmbedded(server, dir));
 }
 
 // The server's progress messages reach the progress line: the long prompt
