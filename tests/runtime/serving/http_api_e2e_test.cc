@@ -198,9 +198,10 @@ TEST(HttpApiTest, CurlStreamsServerSentEventsAndADisconnectCancels) {
   EXPECT_EQ(finish["choices"][0]["finish_reason"], "length") << out;
 
   // A stream whose client goes away is cancelled: its sequence is freed
-  // long before its 4000 tokens would have been made.
+  // long before its million tokens would have been made (a few thousand
+  // take under a second on a fast machine).
   testing::RunCommand("curl -sN --max-time 1 " + url + " -d '{\"model\": \"" + kModel +
-                          "\", \"prompt\": [1, 2, 3], \"max_tokens\": 4000, \"stream\": true}'"
+                          "\", \"prompt\": [1, 2, 3], \"max_tokens\": 1000000, \"stream\": true}'"
                           " >/dev/null",
                       &out);
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
