@@ -240,8 +240,9 @@ TEST(ServeLogTest, JsonLinesWithTimeLevelAndOneLinePerRequest) {
   req.set_request_id("log\n\"me\"");
   const Streamed out = GenerateAll(*server.stub, req);
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();
-  // Thousands of tokens and a deadline of half a second: it fails mid-way.
-  v1::GenerateRequest late_request = TokensRequest({1, 2, 3}, 4000);
+  // A million tokens and a deadline of half a second: it fails mid-way (a
+  // few thousand take under a second on a fast machine).
+  v1::GenerateRequest late_request = TokensRequest({1, 2, 3}, 1000000);
   late_request.set_request_id("too-late");
   late_request.set_ignore_eos(true);
   EXPECT_FALSE(GenerateAll(*server.stub, late_request, 0.5).status.ok());
@@ -282,7 +283,7 @@ TEST(ServeLogTest, JsonLinesWithTimeLevelAndOneLinePerRequest) {
   EXPECT_EQ(late["request"], "too-late");
   EXPECT_EQ(late["finish_reason"], "error");
   EXPECT_TRUE(late["status"] == "DEADLINE_EXCEEDED" || late["status"] == "CANCELLED");
-  EXPECT_LT(late["generated_tokens"].get<int64_t>(), 4000);
+  EXPECT_LT(late["generated_tokens"].get<int64_t>(), 1000000);
 
   auto text = testing::StartServer("serve --model " + K3Tiny());
   const std::regex any_line(
