@@ -329,11 +329,19 @@ const CommandSpec& ScoreSpec() {
                       "--logprobs-out pieces whose logits fit in 4 MiB, at least 64 tokens)",
                       "0"},
                      {"decode-from", "K", "prefill the first K tokens, then one per step", "0"},
+                     {"window", "N",
+                      "with --logprobs-out: score the document as independent windows of N "
+                      "tokens (the last may be shorter), each from an empty state, as a "
+                      "perplexity evaluation at context N does; `logprobs` then holds each "
+                      "window's log-probs in turn, one fewer than its tokens (0: one window)",
+                      "0"},
                      {"stats", "",
                       "print each rank's traffic, the tokens/s and the largest logits buffer"},
                  }),
       .examples =
           {"deltaserve score --model /tmp/k3-tiny --tokens-file doc.txt --top-k 5 "
+           "--logprobs-out lp.safetensors",
+           "deltaserve score --model /tmp/k3-tiny --prompt-file doc.txt --window 256 "
            "--logprobs-out lp.safetensors",
            "deltaserve score --model /tmp/k3-tiny --tokens 1,2,3 --logits-out out.safetensors"},
       .details = absl::StrCat(
@@ -378,7 +386,16 @@ absl::Status RunScore(const Args& args) {
     return absl::InvalidArgumentError("--top-k goes with --logprobs-out, not --logits-out");
   }
   request.top_logprobs = static_cast<int32_t>(top_k);
+  DELTASERVE_ASSIGN_OR_RETURN(int64_t window, flags.GetInt("window", 0));
+  if (window < 0) return absl::InvalidArgumentError("--window must be >= 0");
+  if (window > 0 && want_logits) {
+    return absl::InvalidArgumentError("--window goes with --logprobs-out, not --logits-out");
+  }
+  if (window > 0 && request.decode_from > 0) {
+    return absl::InvalidArgumentError("--window and --decode-from do not go together");
+  }
   const int64_t T = static_cast<int64_t>(request.prompt.size());
+  if (window == 0) window = std::max<int64_t>(T, 1);
   const int64_t vocab = config.vocab_size;
   if (want_logits) {
     const std::optional<int64_t> bytes = LogitsBytes(T, vocab);
@@ -396,7 +413,7 @@ absl::Status RunScore(const Args& args) {
     chunk = want_logits ? std::max<int64_t>(T, 1)
                         : std::max(kMinScorePiece, kScorePieceLogitsBytes / (4 * vocab));
   }
-  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, T));
+  DELTASERVE_ASSIGN_OR_RETURN(Deployment deployment, Deploy(flags, config, std::min(T, window)));
   Replica& replica = *deployment.replica;
   if (!replica.is_leader()) {
     DELTASERVE_RETURN_IF_ERROR(replica.Follow());
@@ -411,20 +428,32 @@ absl::Status RunScore(const Args& args) {
   options.state_slots = replica.state_slots();
   OfflineEngine engine(replica, config, options);
   const std::vector<int32_t> tokens = request.prompt;
-  engine.Add(std::move(request));
+  // One sequence per window, id = its index; each collects its own pieces.
+  struct Scored {
+    std::vector<float> logits, logprobs, top_logprobs;
+    std::vector<int32_t> top_ids;
+  };
+  const int64_t windows = T == 0 ? 1 : 1 + (T - 1) / window;  // no overflow for any window
+  std::vector<Scored> scored_windows(static_cast<size_t>(windows));
+  for (int64_t w = 0; w < windows; ++w) {
+    SequenceRequest piece = request;
+    piece.id = static_cast<uint64_t>(w);
+    piece.prompt.assign(tokens.begin() + std::min(T, w * window),
+                        tokens.begin() + std::min(T, (w + 1) * window));
+    engine.Add(std::move(piece));
+  }
   const auto start = std::chrono::steady_clock::now();
-  std::vector<float> logits, logprobs, top_logprobs;
-  std::vector<int32_t> top_ids;
-  if (want_logits) logits.reserve(static_cast<size_t>(T * vocab));
+  if (want_logits) scored_windows[0].logits.reserve(static_cast<size_t>(T * vocab));
   absl::Status failed = absl::OkStatus();
   DELTASERVE_RETURN_IF_ERROR(engine.Run([&](const SchedulerEvent& e) {
     if (e.kind == SchedulerEvent::Kind::kFailed) failed = e.status;
-    if (e.kind != SchedulerEvent::Kind::kPiece) return;
+    if (e.kind != SchedulerEvent::Kind::kPiece || e.id >= scored_windows.size()) return;
     const SequenceResult& r = e.output;
-    logits.insert(logits.end(), r.logits.begin(), r.logits.end());
-    logprobs.insert(logprobs.end(), r.target_logprobs.begin(), r.target_logprobs.end());
-    top_ids.insert(top_ids.end(), r.top_ids.begin(), r.top_ids.end());
-    top_logprobs.insert(top_logprobs.end(), r.top_logprobs.begin(), r.top_logprobs.end());
+    Scored& s = scored_windows[e.id];
+    s.logits.insert(s.logits.end(), r.logits.begin(), r.logits.end());
+    s.logprobs.insert(s.logprobs.end(), r.target_logprobs.begin(), r.target_logprobs.end());
+    s.top_ids.insert(s.top_ids.end(), r.top_ids.begin(), r.top_ids.end());
+    s.top_logprobs.insert(s.top_logprobs.end(), r.top_logprobs.begin(), r.top_logprobs.end());
   }));
   DELTASERVE_RETURN_IF_ERROR(replica.Stop());
   DELTASERVE_RETURN_IF_ERROR(failed);
@@ -448,19 +477,28 @@ absl::Status RunScore(const Args& args) {
   const std::vector<uint8_t> token_bytes =
       LittleEndianBytes(std::vector<int64_t>(tokens.begin(), tokens.end()));
   if (want_logits) {
-    return WriteSafetensors(out, {MakeF32Tensor("logits", {T, vocab}, logits),
+    return WriteSafetensors(out, {MakeF32Tensor("logits", {T, vocab}, scored_windows[0].logits),
                                   TensorData{"tokens", DType::kI64, {T}, token_bytes}});
   }
-  // A row per prompt token; the last has no next token to score.
-  const int64_t scored = std::max<int64_t>(T - 1, 0);
-  if (static_cast<int64_t>(logprobs.size()) != T ||
-      static_cast<int64_t>(top_ids.size()) != T * top_k) {
-    return absl::InternalError(absl::StrCat("score: ", logprobs.size(), " log-probs and ",
-                                            top_ids.size(), " top ids for ", T, " tokens"));
+  // A row per prompt token of each window; its last has no next token to score.
+  std::vector<float> logprobs, top_logprobs;
+  std::vector<int32_t> top_ids;
+  for (int64_t w = 0; w < windows; ++w) {
+    Scored& s = scored_windows[static_cast<size_t>(w)];
+    const int64_t length = std::min(T, (w + 1) * window) - std::min(T, w * window);
+    if (static_cast<int64_t>(s.logprobs.size()) != length ||
+        static_cast<int64_t>(s.top_ids.size()) != length * top_k) {
+      return absl::InternalError(absl::StrCat("score: ", s.logprobs.size(), " log-probs and ",
+                                              s.top_ids.size(), " top ids for ", length,
+                                              " tokens"));
+    }
+    const int64_t kept = std::max<int64_t>(length - 1, 0);
+    logprobs.insert(logprobs.end(), s.logprobs.begin(), s.logprobs.begin() + kept);
+    top_ids.insert(top_ids.end(), s.top_ids.begin(), s.top_ids.begin() + kept * top_k);
+    top_logprobs.insert(top_logprobs.end(), s.top_logprobs.begin(),
+                        s.top_logprobs.begin() + kept * top_k);
   }
-  logprobs.resize(scored);
-  top_ids.resize(scored * top_k);
-  top_logprobs.resize(scored * top_k);
+  const int64_t scored = static_cast<int64_t>(logprobs.size());
   std::vector<TensorData> tensors = {MakeF32Tensor("logprobs", {scored}, logprobs),
                                      TensorData{"tokens", DType::kI64, {T}, token_bytes}};
   if (top_k > 0) {

@@ -1,5 +1,6 @@
 // `deltaserve score` on long documents: --logprobs-out gives each token's
 // log-prob (and top-k alternatives) equal to the log-softmax of --logits-out,
+// --window scores independent windows,
 // holds one piece's logits at a time (a 1,048,576-token document, its peak
 // logits buffer and the process's peak memory measured), and --logits-out
 // refuses what would not fit, naming the size.
@@ -113,6 +114,58 @@ TEST(ScoreCliTest, LogprobsAndTopKEqualTheLogSoftmaxOfTheLogits) {
     EXPECT_EQ(shape, (std::vector<int64_t>{149, 5}));
     SCOPED_TRACE(absl::StrCat("--prefill-chunk ", chunk));
     ExpectLogprobsMatchLogits(out, logits, 149, 5, 1e-5);
+  }
+}
+
+// --window N scores the document as independent windows of N tokens: its
+// log-probs are those of each window scored alone, in turn, one fewer than
+// the window's tokens each (the last window is shorter).
+TEST(ScoreCliTest, WindowsAreScoredAsIndependentDocuments) {
+  const std::string model = testing::GoldenPath("model/k3-tiny");
+  const std::string dir = testing::TempDir("score_window");
+  const std::vector<int32_t> tokens = testing::RandomTokens(150, 5);
+  std::string output;
+  const std::string windowed = dir + "/windowed.safetensors";
+  ASSERT_EQ(testing::RunCommand(absl::StrCat(Deltaserve(), " score --model ", model, " --tokens ",
+                                             absl::StrJoin(tokens, ","),
+                                             " --window 64 --top-k 2 --logprobs-out ", windowed),
+                                &output),
+            0)
+      << output;
+  std::vector<int64_t> shape;
+  const std::vector<double> got = Read(windowed, "logprobs", &shape);
+  EXPECT_EQ(shape, std::vector<int64_t>{150 - 3});
+  Read(windowed, "top_ids", &shape);
+  EXPECT_EQ(shape, (std::vector<int64_t>{150 - 3, 2}));
+  std::vector<double> want;
+  for (size_t begin = 0; begin < tokens.size(); begin += 64) {
+    const std::vector<int32_t> window(tokens.begin() + begin,
+                                      tokens.begin() + std::min(tokens.size(), begin + 64));
+    const std::string alone = absl::StrCat(dir, "/alone_", begin, ".safetensors");
+    ASSERT_EQ(
+        testing::RunCommand(absl::StrCat(Deltaserve(), " score --model ", model, " --tokens ",
+                                         absl::StrJoin(window, ","), " --logprobs-out ", alone),
+                            &output),
+        0)
+        << output;
+    const std::vector<double> part = Read(alone, "logprobs");
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  // Scored together, the windows share steps, so the GEMMs block their rows
+  // otherwise than alone: float32 rounding, which k3-tiny's random weights
+  // amplify (docs/numerics.md), measured up to 6.2e-5. A window that read
+  // another's state would be off by far more.
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-4) << "position " << i;
+
+  for (const char* bad : {"--window -1 --logprobs-out", "--window 8 --logits-out",
+                          "--window 8 --decode-from 4 --logprobs-out"}) {
+    EXPECT_NE(testing::RunCommand(absl::StrCat(Deltaserve(), " score --model ", model,
+                                               " --tokens 1,2,3 ", bad, " ", dir, "/bad"),
+                                  &output),
+              0)
+        << bad;
+    EXPECT_NE(output.find("--window"), std::string::npos) << output;
   }
 }
 
