@@ -427,8 +427,10 @@ absl::Status RunScore(const Args& args) {
   options.cache_pages = replica.cache_pages();
   options.state_slots = replica.state_slots();
   OfflineEngine engine(replica, config, options);
-  const std::vector<int32_t> tokens = request.prompt;
   // One sequence per window, id = its index; each collects its own pieces.
+  // The windows copy the request without the whole prompt.
+  const std::vector<int32_t> tokens = std::move(request.prompt);
+  request.prompt.clear();
   struct Scored {
     std::vector<float> logits, logprobs, top_logprobs;
     std::vector<int32_t> top_ids;
