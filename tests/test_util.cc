@@ -123,12 +123,16 @@ std::vector<double> LogSoftmax(const float* logits, int64_t vocab) {
   return out;
 }
 
-std::string GoldenPath(const std::string& relative) {
+std::string SourcePath(const std::string& relative) {
   // DELTASERVE_SOURCE_DIR in the environment: a test binary carried to
   // another machine (deploy/gpu_check.sh) finds the checkout it runs in.
   const char* moved = std::getenv("DELTASERVE_SOURCE_DIR");
   const std::string root = moved != nullptr && moved[0] != '\0' ? moved : DELTASERVE_SOURCE_DIR;
-  return root + "/../shared/golden/" + relative;
+  return root + "/" + relative;
+}
+
+std::string GoldenPath(const std::string& relative) {
+  return SourcePath("../shared/golden/" + relative);
 }
 
 const GoldenTensor& GoldenFile::Get(const std::string& name) const {
@@ -214,9 +218,16 @@ std::optional<GoldenFile> ReadGoldenFile(const std::string& path) {
   return golden;
 }
 
+std::string ModelPath(const std::string& model) {
+  for (const std::string& trained : kTrainedModels) {
+    if (model == trained) return SourcePath("models/" + model);
+  }
+  return GoldenPath("model/" + model);
+}
+
 GoldenLogits LoadGoldenLogits(const std::string& model) {
   GoldenLogits golden;
-  auto file = ReadGoldenFile(GoldenPath("model/" + model + "/expected_logits.safetensors"));
+  auto file = ReadGoldenFile(ModelPath(model) + "/expected_logits.safetensors");
   if (!file) return golden;
   for (double t : file->Get("tokens").values) golden.tokens.push_back(static_cast<int64_t>(t));
   golden.logits = file->Get("logits").values;

@@ -50,8 +50,11 @@ double ReductionTolerance(int64_t n, double factor = 8.0);
 // against): logits - (max + log Σ exp(logits - max)).
 std::vector<double> LogSoftmax(const float* logits, int64_t vocab);
 
-// `../shared/golden/<relative>` beside the checkout: the build's, or the one
-// $DELTASERVE_SOURCE_DIR names.
+// `<relative>` in the checkout: the build's, or the one $DELTASERVE_SOURCE_DIR
+// names.
+std::string SourcePath(const std::string& relative);
+
+// `../shared/golden/<relative>` beside the checkout.
 std::string GoldenPath(const std::string& relative);
 
 // A golden safetensors file read whole, every tensor as float64 (F64, F32,
@@ -72,8 +75,12 @@ struct GoldenFile {
 // Fails the current test and returns nullopt when the file cannot be read.
 std::optional<GoldenFile> ReadGoldenFile(const std::string& path);
 
-// ../shared/golden/model/<model>/expected_logits.safetensors: the prompt and
-// its float64 logits [T, vocab]. Fails the current test when unreadable.
+// The directory of a test model: models/<model> in the checkout for the
+// trained models (kTrainedModels), else ../shared/golden/model/<model>.
+std::string ModelPath(const std::string& model);
+
+// <ModelPath(model)>/expected_logits.safetensors: the prompt and its float64
+// logits [T, vocab]. Fails the current test when unreadable.
 struct GoldenLogits {
   std::vector<int64_t> tokens;
   std::vector<double> logits;
@@ -92,6 +99,10 @@ inline const std::string kEpsGoldenModels[] = {"k3-tiny-eps", "kimi-linear-tiny-
 // K3 with its routed experts in MXFP4, as the published checkpoint stores
 // them; its golden logits come from the dequantised weights in float64.
 inline const std::string kMxfp4GoldenModels[] = {"k3-tiny-mxfp4"};
+// The trained demonstration model committed under models/ and its MXFP4
+// export; their expected logits come from the PyTorch reference
+// (tools/reference) in float64 on a held-out passage.
+inline const std::string kTrainedModels[] = {"k3-mini-kjv", "k3-mini-kjv-mxfp4"};
 std::string GoldenTestName(const ::testing::TestParamInfo<std::string>& info);
 
 // Path of a built executable (build/bin/<name>).

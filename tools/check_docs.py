@@ -30,6 +30,7 @@ DOC_FILES = [
     "README.md",
     "docs/*.md",
     "examples/*/*.md",
+    "models/*/README.md",
     "deploy/slurm/*.sbatch",
 ]
 

@@ -1,4 +1,5 @@
-// The whole model against the float64 golden logits of ../shared/golden/model.
+// The whole model against the float64 golden logits of ../shared/golden/model,
+// and the trained models of models/ against their PyTorch reference logits.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +17,7 @@ class ModelGoldenTest : public ::testing::TestWithParam<std::string> {};
 // Logits of the golden prompt of model `name`, loaded with `options`.
 std::vector<float> LogitsWith(const std::string& name, const testing::GoldenLogits& golden,
                               const ModelOptions& options) {
-  auto model = Model::Load(testing::GoldenPath("model/" + name), {}, nullptr, options);
+  auto model = Model::Load(testing::ModelPath(name), {}, nullptr, options);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
   const std::vector<int32_t> tokens(golden.tokens.begin(), golden.tokens.end());
@@ -33,7 +34,7 @@ constexpr double kBf16ComputeBound = 0.6;
 TEST_P(ModelGoldenTest, LogitsMatchFloat64Reference) {
   const testing::GoldenLogits golden = testing::LoadGoldenLogits(GetParam());
   ASSERT_FALSE(golden.tokens.empty());
-  auto model = Model::Load(testing::GoldenPath("model/" + GetParam()));
+  auto model = Model::Load(testing::ModelPath(GetParam()));
   ASSERT_TRUE(model.ok()) << model.status();
   const std::vector<int32_t> tokens(golden.tokens.begin(), golden.tokens.end());
   const std::vector<float> logits_vec = testing::OneShotLogits(**model, tokens);
@@ -109,6 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Golden, ModelGoldenTest, ::testing::ValuesIn(testing::k
 INSTANTIATE_TEST_SUITE_P(GoldenMxfp4, ModelGoldenTest,
                          ::testing::ValuesIn(testing::kMxfp4GoldenModels), testing::GoldenTestName);
 INSTANTIATE_TEST_SUITE_P(GoldenEps, ModelGoldenTest, ::testing::ValuesIn(testing::kEpsGoldenModels),
+                         testing::GoldenTestName);
+INSTANTIATE_TEST_SUITE_P(Trained, ModelGoldenTest, ::testing::ValuesIn(testing::kTrainedModels),
                          testing::GoldenTestName);
 
 }  // namespace
