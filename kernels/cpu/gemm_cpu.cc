@@ -68,6 +68,20 @@ inline float Scale(uint8_t s) {
   return out;
 }
 
+#if DELTASERVE_CPU_AVX2
+// How far ahead of its reads the MXFP4 skinny kernel prefetches codes, in
+// bytes (eight rows of 512 values). Decoding 16 bytes a group takes ~20
+// instructions, so the reorder window holds only a few cache lines of reads
+// in flight, too few to cover memory latency: without prefetches the kernel
+// read k3-moe-small's experts at 30% of the read bandwidth, stalled on the
+// loads of codes and scales (perf, one core of a Xeon with AVX-512).
+constexpr int64_t kMxfp4PrefetchBytes = 2048;
+
+inline void Prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+#endif
+
 // Value c of a weight row: data row `row`, scale row `scales` (MXFP4).
 template <DType D>
 inline float At(const uint8_t* row, const uint8_t* scales, int64_t c) {
@@ -248,36 +262,50 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, flo
   const uint8_t* scales = w.scales + r * w.ScaleRowBytes();
   const __m512 table = _mm512_loadu_ps(kMxfp4Values);
   constexpr __mmask16 kAll = 0xffff;
-  __m512 acc[2][MR];
-  for (int u = 0; u < 2; ++u)
-    for (int i = 0; i < MR; ++i) acc[u][i] = _mm512_setzero_ps();
-  // Columns [32g, 32g + 32) into accumulator u.
-  const auto group = [&](int64_t g, int u) {
+  // The 32 values of group g, unscaled.
+  const auto decode = [&](int64_t g, __m512* w0, __m512* w1) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
     const __m128i high = _mm_srli_epi16(bytes, 4);  // code 2j + 1 in the low nibble of byte j
     // The zero-masked forms with every lane selected are the same
     // instructions; the plain ones trip GCC 12's -Wmaybe-uninitialized on
     // their internal _mm512_undefined_*().
-    const __m512 w0 = _mm512_maskz_permutexvar_ps(
+    *w0 = _mm512_maskz_permutexvar_ps(
         kAll, _mm512_maskz_cvtepu8_epi32(kAll, _mm_unpacklo_epi8(bytes, high)), table);
-    const __m512 w1 = _mm512_maskz_permutexvar_ps(
+    *w1 = _mm512_maskz_permutexvar_ps(
         kAll, _mm512_maskz_cvtepu8_epi32(kAll, _mm_unpackhi_epi8(bytes, high)), table);
-    const __m512 scale = _mm512_set1_ps(Scale(scales[g]));
-    for (int i = 0; i < MR; ++i) {
-      const float* xi = x + i * ldx + kMxfp4Group * g;
-      const __m512 partial =
-          _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xi)));
-      acc[u][i] = _mm512_fmadd_ps(partial, scale, acc[u][i]);
-    }
   };
+  // Row i's products with group g, summed unscaled.
+  const auto partial = [&](int i, int64_t g, __m512 w0, __m512 w1) {
+    const float* xi = x + i * ldx + kMxfp4Group * g;
+    return _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xi)));
+  };
+  // Two named accumulator sets, not an array indexed by the group's parity:
+  // GCC kept such an array in memory, a store and a load on every update.
+  __m512 even[MR], odd[MR];
+  for (int i = 0; i < MR; ++i) even[i] = odd[i] = _mm512_setzero_ps();
   int64_t g = 0;
+  // The scales of the rows ahead: 16 bytes a row at K3's widths.
+  Prefetch(scales + 16 * w.ScaleRowBytes());
   for (; g + 2 <= groups; g += 2) {
-    group(g, 0);
-    group(g + 1, 1);
+    Prefetch(row + 16 * g + kMxfp4PrefetchBytes);
+    __m512 a0, a1, b0, b1;
+    decode(g, &a0, &a1);
+    decode(g + 1, &b0, &b1);
+    const __m512 sa = _mm512_set1_ps(Scale(scales[g]));
+    const __m512 sb = _mm512_set1_ps(Scale(scales[g + 1]));
+    for (int i = 0; i < MR; ++i) {
+      even[i] = _mm512_fmadd_ps(partial(i, g, a0, a1), sa, even[i]);
+      odd[i] = _mm512_fmadd_ps(partial(i, g + 1, b0, b1), sb, odd[i]);
+    }
   }
-  if (g < groups) group(g, 0);
+  if (g < groups) {
+    __m512 a0, a1;
+    decode(g, &a0, &a1);
+    const __m512 sa = _mm512_set1_ps(Scale(scales[g]));
+    for (int i = 0; i < MR; ++i) even[i] = _mm512_fmadd_ps(partial(i, g, a0, a1), sa, even[i]);
+  }
   for (int i = 0; i < MR; ++i) {
-    const __m512 sum16 = _mm512_add_ps(acc[0][i], acc[1][i]);
+    const __m512 sum16 = _mm512_add_ps(even[i], odd[i]);
     // Halves through memory: the extract intrinsics trip GCC 12's
     // -Wmaybe-uninitialized as above; once a row, the store costs nothing.
     alignas(64) float lanes[16];
@@ -304,7 +332,9 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, flo
   const __m128i low_nibble = _mm_set1_epi8(15);
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  Prefetch(scales + 16 * w.ScaleRowBytes());  // the scales of the rows ahead
   for (int64_t g = 0; g < groups; ++g) {
+    if (g % 4 == 0) Prefetch(row + 16 * g + kMxfp4PrefetchBytes);  // once a cache line
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
     // pshufb indexes by the low four bits and zeroes lanes with bit 7 set:
     // both nibbles are masked.
