@@ -252,8 +252,28 @@ void SkinnyRow4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* 
 // so a row's result is bitwise the same alone or in a batch.
 #if DELTASERVE_GEMM_AVX512
 // Sixteen lanes: the 16 E2M1 values are one register, looked up by
-// vpermps, which reads only the low four bits of each index lane, so the
-// high nibble needs no mask. Groups alternate between two accumulators a row.
+// vpermps, which reads only the low four bits of each index lane. The
+// indices come without byte shuffles, which share one port with vpermps
+// (unpacking and widening the bytes first made that port the limit, at 60%
+// of the read bandwidth): eight bytes of codes are broadcast to every 64-bit
+// lane, and lane L shifted right by 4 * (L / 2), so that its low nibble is
+// the code of column 8 * (L % 2) + L / 2 of the 16 the eight bytes hold. x
+// comes with its columns in that order (PermuteForMxfp4), once per call.
+// Groups alternate between two accumulators a row.
+constexpr __mmask16 kAll = 0xffff;
+
+// out[i, 16j + L] = x[i, 16j + 8 * (L % 2) + L / 2] for i < m, k columns (a
+// multiple of 32); out is [m, k].
+inline void PermuteForMxfp4(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < k; c += 16) {
+      _mm512_storeu_ps(out + i * k + c,
+                       _mm512_maskz_permutexvar_ps(kAll, order, _mm512_loadu_ps(x + i * ldx + c)));
+    }
+  }
+}
+
 template <int MR>
 void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
                     bool accumulate) {
@@ -261,18 +281,20 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, flo
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
   const uint8_t* scales = w.scales + r * w.ScaleRowBytes();
   const __m512 table = _mm512_loadu_ps(kMxfp4Values);
-  constexpr __mmask16 kAll = 0xffff;
-  // The 32 values of group g, unscaled.
+  const __m512i shifts =
+      _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+  // The 32 values of group g, unscaled, in PermuteForMxfp4's column order.
   const auto decode = [&](int64_t g, __m512* w0, __m512* w1) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
-    const __m128i high = _mm_srli_epi16(bytes, 4);  // code 2j + 1 in the low nibble of byte j
+    int64_t lo, hi;
+    std::memcpy(&lo, row + 16 * g, sizeof(lo));
+    std::memcpy(&hi, row + 16 * g + 8, sizeof(hi));
     // The zero-masked forms with every lane selected are the same
     // instructions; the plain ones trip GCC 12's -Wmaybe-uninitialized on
     // their internal _mm512_undefined_*().
     *w0 = _mm512_maskz_permutexvar_ps(
-        kAll, _mm512_maskz_cvtepu8_epi32(kAll, _mm_unpacklo_epi8(bytes, high)), table);
+        kAll, _mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi64(lo), shifts), table);
     *w1 = _mm512_maskz_permutexvar_ps(
-        kAll, _mm512_maskz_cvtepu8_epi32(kAll, _mm_unpackhi_epi8(bytes, high)), table);
+        kAll, _mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi64(hi), shifts), table);
   };
   // Row i's products with group g, summed unscaled.
   const auto partial = [&](int i, int64_t g, __m512 w0, __m512 w1) {
@@ -418,8 +440,8 @@ void SkinnyRows(const float* x, int64_t ldx, const Tensor& w, int64_t j0, int64_
 
 // Rows of x four at a time (then two, then one) against rows [j0, j1) of W.
 template <DType D>
-void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, int64_t j1,
-                 float* y, int64_t ldy, bool accumulate) {
+void SkinnyBlockRows(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0,
+                     int64_t j1, float* y, int64_t ldy, bool accumulate) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) {
     SkinnyRows<D, 4>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
@@ -428,6 +450,21 @@ void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_
     SkinnyRows<D, 2>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
   }
   if (i < m) SkinnyRows<D, 1>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
+}
+
+// SkinnyBlockRows, with x's columns in the order the 16-lane MXFP4 decode
+// produces values.
+template <DType D>
+void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, int64_t j1,
+                 float* y, int64_t ldy, bool accumulate) {
+#if DELTASERVE_GEMM_AVX512
+  if constexpr (D == DType::kMxfp4) {
+    const ScratchFloats xp(m * w.cols);
+    PermuteForMxfp4(x, ldx, m, w.cols, xp.data());
+    return SkinnyBlockRows<D>(xp.data(), w.cols, w, m, j0, j1, y, ldy, accumulate);
+  }
+#endif
+  SkinnyBlockRows<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
 }
 
 // Threads split W's rows; each thread takes x four rows at a time (then two,
