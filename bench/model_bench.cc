@@ -1,5 +1,6 @@
 // Single-process model benchmark: prefill and decode speed of a model (by
-// default a fresh k3-small) next to limits measured in the same run: the
+// default a fresh k3-small, or another preset: k3-moe-small for the expert
+// kernels) next to limits measured in the same run: the
 // GEMM rate (for model-FLOP utilisation) and the memory read bandwidth
 // (for decode, which reads every active weight once per step). On the CPU
 // those are oneDNN's sgemm and a sum over host memory; with --device cuda
@@ -7,7 +8,7 @@
 // cuBLASLt's bf16 GEMM (through kernels/cuda/blas.h) and a read kernel's
 // rate over device memory (kernels/cuda/read_sum_cuda.cu).
 //
-//   build/bin/model_bench [--model DIR | --config FILE] [--experts bf16|mxfp4]
+//   build/bin/model_bench [--model DIR | --config FILE | --preset NAME] [--experts bf16|mxfp4]
 //                         [--prompts 4096,32768] [--decode 32] [--decode-batch 1,32]
 //                         [--threads N] [--device cpu|cuda|cuda:N]
 // Prints a markdown report for docs/performance.md.
@@ -34,6 +35,7 @@
 #include "kernels/threads.h"
 #include "kernels/workspace.h"
 #include "runtime/model/model.h"
+#include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
 #include "runtime/model/weight_spec.h"
 
@@ -328,7 +330,7 @@ absl::StatusOr<std::string> ConfigCheckpoint(const std::string& path, std::strin
 namespace {
 
 constexpr char kUsage[] =
-    "usage: model_bench [--model DIR | --config FILE] [--experts bf16|mxfp4]\n"
+    "usage: model_bench [--model DIR | --config FILE | --preset NAME] [--experts bf16|mxfp4]\n"
     "                   [--compute-dtype f32|bf16] [--prompts 4096,32768] [--decode 32]\n"
     "                   [--decode-batch 1,32] [--threads N] [--device cpu|cuda|cuda:N]\n"
     "\n"
@@ -338,6 +340,8 @@ constexpr char kUsage[] =
     "  --model DIR       the model (default: a k3-small made once in the temp directory)\n"
     "  --config FILE     a model config (as make-model --config takes); its random checkpoint\n"
     "                    is made once in the temp directory, or in --model DIR\n"
+    "  --preset NAME     the preset to make (as make-model --preset takes) when no --config:\n"
+    "                    k3-small (default) or k3-moe-small (K3's 128 experts, 8 active)\n"
     "  --experts FORMAT  the made model's routed experts: bf16 or mxfp4 (default: bf16)\n"
     "  --compute-dtype D GEMM precision on bf16 weights: f32 or bf16 (default: f32)\n"
     "  --prompts LIST    prompt lengths to prefill (default: 4096,32768)\n"
@@ -375,7 +379,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "model_bench: flag %s needs a value\n%s", argv[argc - 1], kUsage);
     return 2;
   }
-  std::string model_dir, config_file, device_name = "cpu";
+  std::string model_dir, config_file, preset = "k3-small", device_name = "cpu";
+  bool preset_given = false;
   std::vector<int64_t> prompts = {4096, 32768};
   std::vector<int64_t> decode_batches = {1};
   int64_t decode_tokens = 32;
@@ -388,6 +393,9 @@ int main(int argc, char** argv) {
       model_dir = value;
     } else if (flag == "--config") {
       config_file = value;
+    } else if (flag == "--preset") {
+      preset = value;
+      preset_given = true;
     } else if (flag == "--compute-dtype" && (value == "f32" || value == "bf16")) {
       options.compute_dtype = value == "bf16" ? kernels::DType::kBF16 : kernels::DType::kF32;
     } else if (flag == "--experts") {
@@ -412,6 +420,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (preset_given && !config_file.empty()) {
+    std::fprintf(stderr, "model_bench: give one of --config, --preset\n");
+    return 2;
+  }
+  if (const std::vector<std::string> names = PresetNames();
+      std::find(names.begin(), names.end(), preset) == names.end()) {
+    std::string known;
+    for (const std::string& name : names) known += (known.empty() ? "" : ", ") + name;
+    std::fprintf(stderr, "model_bench: --preset %s: not a preset a checkpoint is made of (%s)\n",
+                 preset.c_str(), known.c_str());
+    return 2;
+  }
   for (int64_t b : decode_batches) {
     if (b < 1) {
       std::fprintf(stderr, "model_bench: --decode-batch entries must be >= 1\n");
@@ -435,10 +455,11 @@ int main(int argc, char** argv) {
     options.cache_tokens = std::max(max_prompt + 128, max_batch * per_sequence) + 1024;
     options.state_slots = std::max<int64_t>(max_batch, 2) + 2;
   }
-  auto dir = config_file.empty() ? BenchCheckpoint("k3-small", model_dir, experts)
+  auto dir = config_file.empty() ? BenchCheckpoint(preset, model_dir, experts)
                                  : ConfigCheckpoint(config_file, model_dir, experts);
   if (!dir.ok()) {
-    std::fprintf(stderr, "make %s: %s\n", config_file.empty() ? "k3-small" : config_file.c_str(),
+    std::fprintf(stderr, "make %s: %s\n",
+                 config_file.empty() ? preset.c_str() : config_file.c_str(),
                  std::string(dir.status().message()).c_str());
     return 1;
   }

@@ -75,7 +75,9 @@ const CommandSpec& MakeModelSpec() {
       .usage = "(--preset NAME | --config FILE) --out DIR [--seed N] [--experts bf16|mxfp4]",
       .flags =
           {
-              {"preset", "NAME", "k3-tiny, kimi-linear-tiny or k3-small (~100M parameters)"},
+              {"preset", "NAME",
+               "k3-tiny, kimi-linear-tiny, k3-small (~100M parameters) or k3-moe-small "
+               "(~850M, K3's mixture: 128 experts, 8 active)"},
               {"config", "FILE", "any shape: a config.json of either architecture"},
               {"out", "DIR", "where config.json and model.safetensors go"},
               {"seed", "N", "random seed of the weights", "0"},

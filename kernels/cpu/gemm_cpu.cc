@@ -14,7 +14,10 @@
 // arithmetic: sgemm would spend more time packing W than multiplying. The
 // skinny kernel below streams W once, widening each group of eight weights
 // in registers, and multiplies it by up to four rows of x at a time (below
-// AVX2, the same sums in scalar code).
+// AVX2, the same sums in scalar code). MXFP4 weights, a quarter of bf16's
+// bytes, have a skinny kernel of their own: it sums each group of 32 codes
+// against x unscaled and applies the group's scale once to that partial sum,
+// so that decoding the codes stays under the time of reading them.
 #include "kernels/cpu/gemm_cpu.h"
 
 #include <dnnl.h>
@@ -32,6 +35,14 @@
 #include "kernels/mxfp4.h"
 #include "kernels/onednn.h"
 #include "kernels/scratch.h"
+
+// 0 or 1: the avx512 level's flags, for the MXFP4 skinny kernel's 16-lane
+// path (the only one of this file; every other path runs on 8 lanes there).
+#if DELTASERVE_CPU_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__)
+#define DELTASERVE_GEMM_AVX512 1
+#else
+#define DELTASERVE_GEMM_AVX512 0
+#endif
 
 namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA {
 namespace {
@@ -56,6 +67,20 @@ inline float Scale(uint8_t s) {
   std::memcpy(&out, &bits, sizeof(out));
   return out;
 }
+
+#if DELTASERVE_CPU_AVX2
+// How far ahead of its reads the MXFP4 skinny kernel prefetches codes, in
+// bytes (eight rows of 512 values). Decoding 16 bytes a group takes ~20
+// instructions, so the reorder window holds only a few cache lines of reads
+// in flight, too few to cover memory latency: without prefetches the kernel
+// read k3-moe-small's experts at 30% of the read bandwidth, stalled on the
+// loads of codes and scales (perf, one core of a Xeon with AVX-512).
+constexpr int64_t kMxfp4PrefetchBytes = 2048;
+
+inline void Prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+#endif
 
 // Value c of a weight row: data row `row`, scale row `scales` (MXFP4).
 template <DType D>
@@ -123,7 +148,7 @@ void WidenRowsOf(const Tensor& w, int64_t r0, int64_t r1, float* out) {
 // every (row of W, row of x) pair in one order whatever the other rows, so a
 // sequence's result does not depend on its place in a decode batch; sgemm's
 // order depends on the number of rows.
-constexpr int64_t kMaxSkinnyRows = 16;
+constexpr int64_t kMaxSkinnyRows = kSkinnyMaxRows;
 
 #if DELTASERVE_CPU_AVX2
 // One row r of W against MR <= 2 rows of x, 32 columns a step in four
@@ -219,6 +244,150 @@ void SkinnyRow4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* 
   }
 }
 
+// MXFP4 rows against MR <= 4 rows of x. A group of 32 codes (16 bytes, one
+// scale byte) is decoded once for all MR rows; each row sums the 32 products
+// of codes and x unscaled and adds that partial sum times the group's scale
+// to its accumulator: one multiply by the scale a group instead of one a
+// value. Row i's operations are the same whatever MR is (the rows never mix),
+// so a row's result is bitwise the same alone or in a batch.
+#if DELTASERVE_GEMM_AVX512
+// Sixteen lanes: the 16 E2M1 values are one register, looked up by
+// vpermps, which reads only the low four bits of each index lane. The
+// indices come without byte shuffles, which share one port with vpermps
+// (unpacking and widening the bytes first made that port the limit, at 60%
+// of the read bandwidth): eight bytes of codes are broadcast to every 64-bit
+// lane, and lane L shifted right by 4 * (L / 2), so that its low nibble is
+// the code of column 8 * (L % 2) + L / 2 of the 16 the eight bytes hold. x
+// comes with its columns in that order (PermuteForMxfp4), once per call.
+// Groups alternate between two accumulators a row.
+constexpr __mmask16 kAll = 0xffff;
+
+// out[i, 16j + L] = x[i, 16j + 8 * (L % 2) + L / 2] for i < m, k columns (a
+// multiple of 32); out is [m, k].
+inline void PermuteForMxfp4(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < k; c += 16) {
+      _mm512_storeu_ps(out + i * k + c,
+                       _mm512_maskz_permutexvar_ps(kAll, order, _mm512_loadu_ps(x + i * ldx + c)));
+    }
+  }
+}
+
+template <int MR>
+void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+                    bool accumulate) {
+  const int64_t groups = w.cols / kMxfp4Group;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
+  const uint8_t* scales = w.scales + r * w.ScaleRowBytes();
+  const __m512 table = _mm512_loadu_ps(kMxfp4Values);
+  const __m512i shifts =
+      _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+  // The 32 values of group g, unscaled, in PermuteForMxfp4's column order.
+  const auto decode = [&](int64_t g, __m512* w0, __m512* w1) {
+    int64_t lo, hi;
+    std::memcpy(&lo, row + 16 * g, sizeof(lo));
+    std::memcpy(&hi, row + 16 * g + 8, sizeof(hi));
+    // The zero-masked forms with every lane selected are the same
+    // instructions; the plain ones trip GCC 12's -Wmaybe-uninitialized on
+    // their internal _mm512_undefined_*().
+    *w0 = _mm512_maskz_permutexvar_ps(
+        kAll, _mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi64(lo), shifts), table);
+    *w1 = _mm512_maskz_permutexvar_ps(
+        kAll, _mm512_maskz_srlv_epi32(kAll, _mm512_set1_epi64(hi), shifts), table);
+  };
+  // Row i's products with group g, summed unscaled.
+  const auto partial = [&](int i, int64_t g, __m512 w0, __m512 w1) {
+    const float* xi = x + i * ldx + kMxfp4Group * g;
+    return _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xi)));
+  };
+  // Two named accumulator sets, not an array indexed by the group's parity:
+  // GCC kept such an array in memory, a store and a load on every update.
+  __m512 even[MR], odd[MR];
+  for (int i = 0; i < MR; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+  int64_t g = 0;
+  // The scales of the rows ahead: 16 bytes a row at K3's widths.
+  Prefetch(scales + 16 * w.ScaleRowBytes());
+  for (; g + 2 <= groups; g += 2) {
+    Prefetch(row + 16 * g + kMxfp4PrefetchBytes);
+    __m512 a0, a1, b0, b1;
+    decode(g, &a0, &a1);
+    decode(g + 1, &b0, &b1);
+    const __m512 sa = _mm512_set1_ps(Scale(scales[g]));
+    const __m512 sb = _mm512_set1_ps(Scale(scales[g + 1]));
+    for (int i = 0; i < MR; ++i) {
+      even[i] = _mm512_fmadd_ps(partial(i, g, a0, a1), sa, even[i]);
+      odd[i] = _mm512_fmadd_ps(partial(i, g + 1, b0, b1), sb, odd[i]);
+    }
+  }
+  if (g < groups) {
+    __m512 a0, a1;
+    decode(g, &a0, &a1);
+    const __m512 sa = _mm512_set1_ps(Scale(scales[g]));
+    for (int i = 0; i < MR; ++i) even[i] = _mm512_fmadd_ps(partial(i, g, a0, a1), sa, even[i]);
+  }
+  for (int i = 0; i < MR; ++i) {
+    const __m512 sum16 = _mm512_add_ps(even[i], odd[i]);
+    // Halves through memory: the extract intrinsics trip GCC 12's
+    // -Wmaybe-uninitialized as above; once a row, the store costs nothing.
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum16);
+    const __m256 sum8 = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+    const float sum = simd::HorizontalSum(sum8);
+    float& out = y[i * ldy + r];
+    out = accumulate ? out + sum : sum;
+  }
+}
+#else
+// Eight lanes: a byte shuffle looks up twice each E2M1 value as an int8
+// (0, 1, 2, 3, 4, 6, 8, 12 and their negatives: -0 is 0, which adds the
+// same), widened to float32 eight at a time; the scale is then halved,
+// exactly (2^(s - 128)), and every product and sum is the 16-lane path's
+// times two, so exact in the same way.
+template <int MR>
+void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+                    bool accumulate) {
+  const int64_t groups = w.cols / kMxfp4Group;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
+  const uint8_t* scales = w.scales + r * w.ScaleRowBytes();
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i low_nibble = _mm_set1_epi8(15);
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  Prefetch(scales + 16 * w.ScaleRowBytes());  // the scales of the rows ahead
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g % 4 == 0) Prefetch(row + 16 * g + kMxfp4PrefetchBytes);  // once a cache line
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
+    // pshufb indexes by the low four bits and zeroes lanes with bit 7 set:
+    // both nibbles are masked.
+    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(bytes, low_nibble));
+    const __m128i odd =
+        _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble));
+    const __m128i lo = _mm_unpacklo_epi8(even, odd);  // columns 0..15, in order
+    const __m128i hi = _mm_unpackhi_epi8(even, odd);  // columns 16..31
+    __m256 wv[4];
+    wv[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    wv[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    wv[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    wv[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    const __m256 scale = _mm256_set1_ps(0.5f * Scale(scales[g]));
+    for (int i = 0; i < MR; ++i) {
+      const float* xi = x + i * ldx + kMxfp4Group * g;
+      __m256 partial = _mm256_mul_ps(wv[0], _mm256_loadu_ps(xi));
+      partial = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xi + 8), partial);
+      partial = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xi + 16), partial);
+      partial = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xi + 24), partial);
+      acc[i] = _mm256_fmadd_ps(partial, scale, acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    const float sum = simd::HorizontalSum(acc[i]);
+    float& out = y[i * ldy + r];
+    out = accumulate ? out + sum : sum;
+  }
+}
+#endif  // DELTASERVE_GEMM_AVX512
+
 #else
 // The same sums without vectors: 32 partial sums a pair, the 8-column tail
 // into the first 8, then a fixed reduction.
@@ -257,12 +426,45 @@ template <DType D, int MR>
 void SkinnyRows(const float* x, int64_t ldx, const Tensor& w, int64_t j0, int64_t j1, float* y,
                 int64_t ldy, bool accumulate) {
 #if DELTASERVE_CPU_AVX2
+  if constexpr (D == DType::kMxfp4) {
+    for (int64_t j = j0; j < j1; ++j) SkinnyRowMxfp4<MR>(x, ldx, w, j, y, ldy, accumulate);
+    return;
+  }
   if constexpr (MR == 4) {
     for (int64_t j = j0; j < j1; ++j) SkinnyRow4<D>(x, ldx, w, j, y, ldy, accumulate);
     return;
   }
 #endif
   for (int64_t j = j0; j < j1; ++j) SkinnyRow<D, MR>(x, ldx, w, j, y, ldy, accumulate);
+}
+
+// Rows of x four at a time (then two, then one) against rows [j0, j1) of W.
+template <DType D>
+void SkinnyBlockRows(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0,
+                     int64_t j1, float* y, int64_t ldy, bool accumulate) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    SkinnyRows<D, 4>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
+  }
+  for (; i + 2 <= m; i += 2) {
+    SkinnyRows<D, 2>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
+  }
+  if (i < m) SkinnyRows<D, 1>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
+}
+
+// SkinnyBlockRows, with x's columns in the order the 16-lane MXFP4 decode
+// produces values.
+template <DType D>
+void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, int64_t j1,
+                 float* y, int64_t ldy, bool accumulate) {
+#if DELTASERVE_GEMM_AVX512
+  if constexpr (D == DType::kMxfp4) {
+    const ScratchFloats xp(m * w.cols);
+    PermuteForMxfp4(x, ldx, m, w.cols, xp.data());
+    return SkinnyBlockRows<D>(xp.data(), w.cols, w, m, j0, j1, y, ldy, accumulate);
+  }
+#endif
+  SkinnyBlockRows<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
 }
 
 // Threads split W's rows; each thread takes x four rows at a time (then two,
@@ -279,14 +481,7 @@ void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float
 #pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 16))
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t j0 = b * block, j1 = std::min(n, j0 + block);
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      SkinnyRows<D, 4>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
-    }
-    for (; i + 2 <= m; i += 2) {
-      SkinnyRows<D, 2>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
-    }
-    if (i < m) SkinnyRows<D, 1>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
+    SkinnyBlock<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
   }
 }
 
@@ -460,6 +655,31 @@ void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int
       }
       ci[jj] = accumulate ? ci[jj] + alpha * sum : alpha * sum;
     }
+  }
+}
+
+void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0,
+                            int64_t j1, float* y, int64_t ldy, bool accumulate) {
+  DELTASERVE_CHECK(w.device == Device::kCpu && m >= 0 && m <= kMaxSkinnyRows && j0 >= 0 &&
+                   j0 <= j1 && j1 <= w.rows);
+  if (m == 0 || j0 == j1) return;
+  if (w.cols == 0) {
+    if (!accumulate) {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = j0; j < j1; ++j) y[i * ldy + j] = 0.0f;
+    }
+    return;
+  }
+  switch (w.dtype) {
+    case DType::kF32:
+      return SkinnyBlock<DType::kF32>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
+    case DType::kBF16:
+      return SkinnyBlock<DType::kBF16>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
+    case DType::kMxfp4:
+      return SkinnyBlock<DType::kMxfp4>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
+    case DType::kI32:
+    case DType::kF64:
+      break;  // not weight dtypes: the entry points refuse them
   }
 }
 

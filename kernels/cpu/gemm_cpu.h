@@ -31,12 +31,21 @@
 // cblas_sgemm in its place (OpenBLAS 0.3.21, AVX-512 kernels) and 89.7 ms
 // with OpenBLAS's Haswell (AVX2) kernels, what an AVX2-only machine gets.
 //
-// Both are declared for every level (kernels/cpu/dispatch.h), so a test can
-// select one with DELTASERVE_CPU_DISPATCH.
-#define DELTASERVE_GEMM_CPU_DECLARATIONS                                                     \
-  void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out);                       \
-  void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, \
-                 int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,           \
+// kSkinnyMaxRows and SkinnyRowsOnThisThread: y[i, j] (+)= x[i, :] · w[j, :]
+// for i < m <= kSkinnyMaxRows and j in [j0, j1), on the calling thread, by the
+// skinny kernel Linear runs for m rows: each result bitwise Linear's. For a
+// caller that shares several small products among its own threads in one
+// parallel region (kernels/cpu/moe_cpu.cc: the experts of a decode step).
+//
+// All of these are declared for every level (kernels/cpu/dispatch.h), so a
+// test can select one with DELTASERVE_CPU_DISPATCH.
+#define DELTASERVE_GEMM_CPU_DECLARATIONS                                                           \
+  inline constexpr int64_t kSkinnyMaxRows = 16;                                                    \
+  void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, \
+                              int64_t j1, float* y, int64_t ldy, bool accumulate);                 \
+  void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out);                             \
+  void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,       \
+                 int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,                 \
                  bool accumulate, bool lower_a = false);
 
 namespace deltaserve::kernels::cpu::generic {

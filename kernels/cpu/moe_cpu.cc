@@ -2,17 +2,25 @@
 //
 // MoeExperts groups the (token, slot) pairs by expert with a counting sort and
 // runs each expert as two GEMMs over its gathered tokens, on the expert's
-// weights as stored (MXFP4 in K3: the GEMM widens them a block at a time).
-// Experts run one after another, each GEMM using all threads (oneDNN's sgemm
-// for many rows, the skinny kernel's OpenMP loop for few); the gathers and
-// scatters stay serial: they move O(rows·d) floats against O(rows·d·inter)
-// GEMM work, and nested OpenMP regions would oversubscribe the cores.
+// weights as stored (MXFP4 in K3), so that the tokens sent to one expert share
+// one read of its weights. Experts run one after another, each GEMM using all
+// threads (oneDNN's sgemm for many rows); the gathers and scatters stay
+// serial: they move O(rows·d) floats against O(rows·d·inter) GEMM work, and
+// nested OpenMP regions would oversubscribe the cores.
+//
+// A decode step sends each expert a few tokens (at most the skinny kernel's
+// 16), and its experts are small products: one OpenMP region per GEMM per
+// expert then costs about as much as reading the expert. There the gate|up
+// products of all the step's experts share one parallel region, and the down
+// products another, the threads splitting the experts' rows in blocks; each
+// product is the skinny kernel's, bitwise what the per-expert GEMM gives.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
@@ -23,6 +31,40 @@ namespace {
 
 // Tokens below this count are routed on the calling thread.
 constexpr int64_t kParallelMinTokens = 16;
+
+// out[pair rows, w.rows] = x[pair rows] · wᵀ for every expert e with rows, its
+// rows of x and out at offset[e] (x: [pairs, ldx], out: [pairs, ldy]), in one
+// parallel region: the work is cut into blocks of weight rows small enough to
+// stay in L2 while the expert's rows of x pass over them (the skinny kernel's
+// blocks), split evenly among the threads in expert order, so each thread
+// streams a contiguous share of the step's weights.
+void ExpertProducts(const std::vector<int64_t>& offset, const MoeExpert* experts, bool down,
+                    const float* x, int64_t ldx, float* out, int64_t ldy) {
+  struct Block {
+    const Tensor* w;
+    int64_t e, j0, j1;
+  };
+  std::vector<Block> blocks;
+  int64_t total = 0;
+  for (size_t e = 0; e + 1 < offset.size(); ++e) {
+    const Tensor& w = down ? experts[e].w2 : experts[e].w13;
+    if (offset[e + 1] == offset[e] || experts[e].w13.empty()) continue;
+    const int64_t rows =
+        std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(w.RowBytes(), 1)) / 4 * 4);
+    for (int64_t j0 = 0; j0 < w.rows; j0 += rows) {
+      blocks.push_back({&w, static_cast<int64_t>(e), j0, std::min(w.rows, j0 + rows)});
+      total += (blocks.back().j1 - j0) * w.cols;
+    }
+  }
+  const int64_t n = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (n > 1 && total >= (1 << 16))
+  for (int64_t b = 0; b < n; ++b) {
+    const Block& blk = blocks[b];
+    const int64_t r0 = offset[blk.e], m = offset[blk.e + 1] - r0;
+    DELTASERVE_CPU_ISA::SkinnyRowsOnThisThread(x + r0 * ldx, ldx, *blk.w, m, blk.j0, blk.j1,
+                                               out + r0 * ldy, ldy, false);
+  }
+}
 
 }  // namespace
 
@@ -81,6 +123,39 @@ void MoeExperts(const MoeExpertsPtrs& a) {
   {
     std::vector<int64_t> cursor(offset.begin(), offset.end() - 1);
     for (int64_t p = 0; p < pairs; ++p) order[cursor[a.idx[p]]++] = p;
+  }
+
+  if (max_rows <= kSkinnyMaxRows) {
+    // A decode step: every pair's row gathered in expert order, then the
+    // step's gate|up products, activation and down products each in one go.
+    const ScratchFloats x(pairs * a.din), gu(pairs * 2 * a.inter), h(pairs * a.inter),
+        y(pairs * a.dout);
+    for (int64_t r = 0; r < pairs; ++r) {
+      std::memcpy(x.data() + r * a.din, a.z + (order[r] / a.top_k) * a.din,
+                  static_cast<size_t>(a.din) * sizeof(float));
+    }
+    for (int64_t e = 0; e < a.n_experts; ++e) {
+      // Rows of experts held elsewhere get no product: zeros, not garbage,
+      // go through the activation.
+      if (a.experts[e].w13.empty()) {
+        std::fill(gu.data() + offset[e] * 2 * a.inter, gu.data() + offset[e + 1] * 2 * a.inter,
+                  0.0f);
+      }
+    }
+    ExpertProducts(offset, a.experts, false, x.data(), a.din, gu.data(), 2 * a.inter);
+    DELTASERVE_CPU_ISA::GatedActivation(gu.data(), pairs, a.inter, a.act, h.data());
+    ExpertProducts(offset, a.experts, true, h.data(), a.inter, y.data(), a.dout);
+    // Experts in ascending id, as below.
+    for (int64_t e = 0; e < a.n_experts; ++e) {
+      if (a.experts[e].w13.empty()) continue;
+      for (int64_t r = offset[e]; r < offset[e + 1]; ++r) {
+        const float w = a.weights[order[r]];
+        const float* yr = y.data() + r * a.dout;
+        float* o = a.out + (order[r] / a.top_k) * a.dout;
+        for (int64_t c = 0; c < a.dout; ++c) o[c] += w * yr[c];
+      }
+    }
+    return;
   }
 
   // Per-expert buffers, sized for the busiest expert: gathered tokens

@@ -333,6 +333,39 @@ TEST_P(LinearCpuTest, WidenRowsIsExact) {
   EXPECT_TRUE(out.GuardsIntact());
 }
 
+// MXFP4 rows of expert widths (an odd number of groups among them), every
+// code, and a scale of its own for each group from 2^-3 to 2^3, against
+// integer x in [-8, 8]: every product is a multiple of 2^-4 below 2^9 and every
+// partial sum, in any order, stays under 2^18, so float32 holds each exactly
+// and the result must equal the float64 reference to the bit. A code read
+// from the wrong nibble, a scale applied to the wrong group or a group
+// skipped changes the exact value. Rows of x from 1 (decode) to 17 (the
+// widened panels), and W of 300 rows, which threads split.
+TEST(LinearMxfp4Test, GroupScalesAreExactOnIntegerInputs) {
+  uint64_t seed = 3000;
+  for (const int64_t k : {32, 96, 512, 544}) {
+    for (const int64_t n : {1, 5, 300}) {
+      const auto codes = testing::RandomTokens(n * k / 2, ++seed, 256);
+      const auto powers = testing::RandomTokens(n * k / 32, ++seed, 7);
+      std::vector<uint8_t> packed(codes.begin(), codes.end()), scales(powers.size());
+      for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(124 + powers[i]);
+      const std::vector<double> values =
+          ref::DequantizeMxfp4Ref(packed.data(), scales.data(), n, k);
+      const Tensor w{packed.data(), scales.data(), DType::kMxfp4, Device::kCpu, n, k};
+      for (const int64_t m : {1, 2, 3, 4, 5, 8, 16, 17}) {
+        SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
+        const auto ints = testing::RandomTokens(m * k, ++seed, 17);
+        std::vector<float> x(ints.size());
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(ints[i] - 8);
+        GuardedBuffer<float> y(Device::kCpu, m * n);  // NaN until written
+        Linear(Tensor::F32(x.data(), m, k), w, y.View(m, n));
+        EXPECT_TRUE(testing::SameValues(y.Values(), Reference(x, values, m, n, k)));
+        EXPECT_TRUE(y.GuardsIntact());
+      }
+    }
+  }
+}
+
 // The opt-in bf16 compute on bf16 weights: above the skinny sizes, x is
 // rounded to bf16 and the products summed in float32, so the float64
 // reference on the rounded x bounds it as tightly as the float32 path. On a

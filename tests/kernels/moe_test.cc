@@ -334,6 +334,36 @@ TEST_P(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
   }
 }
 
+// A decode step reads each expert once for all the tokens sent to it: a
+// token's output is still bitwise what that token alone gets, whatever other
+// tokens share its experts (decode batches of 8 and 32 on K3-shaped MXFP4
+// experts, 4 of 32 picked, so experts serve several tokens), and matches the
+// float64 reference. On the CPU, whose decode steps run all their experts'
+// products in one parallel region (kernels/cpu/moe_cpu.cc).
+TEST(MoeExpertsCpuTest, ATokenOfADecodeBatchEqualsThatTokenAlone) {
+  for (const int64_t t : {8, 32}) {
+    SCOPED_TRACE(::testing::Message() << "t " << t);
+    const int64_t n = 32, k = 4;
+    ExpertSet set(n, 96, 64, 96, 1100 + t);
+    const Mxfp4Experts mx(&set, 1200 + t);
+    const auto z = RandomFloats(t * set.din, 1300 + t);
+    const auto logits = RandomFloats(t * n, 1400 + t, -3.0f, 3.0f);
+    const Routed r = Route(Device::kCpu, logits, nullptr, t, n, k, true, 1.0f);
+    const auto batch = RunFast(Device::kCpu, set, mx.Fast(set), z, t, k, r.idx, r.weights, Situ());
+    EXPECT_TRUE(
+        MoeClose(batch, RunRef(set, z, t, k, r.idx, r.weights, Situ()), set.din, set.inter, k));
+    for (int64_t i = 0; i < t; ++i) {
+      const std::vector<float> zi(z.begin() + i * set.din, z.begin() + (i + 1) * set.din);
+      const std::vector<int32_t> idx(r.idx.begin() + i * k, r.idx.begin() + (i + 1) * k);
+      const std::vector<float> w(r.weights.begin() + i * k, r.weights.begin() + (i + 1) * k);
+      const auto alone = RunFast(Device::kCpu, set, mx.Fast(set), zi, 1, k, idx, w, Situ());
+      ASSERT_EQ(0, std::memcmp(alone.data(), batch.data() + i * set.dout,
+                               static_cast<size_t>(set.dout) * sizeof(float)))
+          << "token " << i;
+    }
+  }
+}
+
 TEST_P(MoeExpertsTest, MatchesPerTokenReference) {
   // T = 1; more experts than routed pairs; every expert chosen by every
   // token; a single expert.

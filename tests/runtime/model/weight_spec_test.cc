@@ -651,6 +651,13 @@ TEST(RandomCheckpointTest, ParameterCounts) {
   const ParameterCount tiny = CountParameters(Preset("k3-tiny"));
   // 8 MoE layers * (8 - 2) unused experts * 3 * 32 * 24.
   EXPECT_EQ(tiny.total - tiny.active_per_token, 8 * 6 * 3 * 32 * 24);
+  // K3's mixture: 8 MoE layers * (128 - 8) unused experts * 3 * 512 * 512,
+  // and the 8 active experts about half of what a token multiplies, as in K3.
+  const ParameterCount moe = CountParameters(Preset("k3-moe-small"));
+  EXPECT_EQ(moe.total - moe.active_per_token, int64_t{8} * 120 * 3 * 512 * 512);
+  const double routed_active = 8.0 * 8 * 3 * 512 * 512;
+  EXPECT_GT(routed_active / static_cast<double>(moe.active_per_token), 0.45);
+  EXPECT_LT(moe.total, 1'000'000'000);
 }
 
 TEST(RandomCheckpointTest, ValuesAreSane) {

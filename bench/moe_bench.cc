@@ -1,0 +1,217 @@
+// Times the routed experts of a decode step (MoeExperts, kernels/moe.h) on
+// k3-moe-small's expert layer: 128 experts of [1024 x 512] gate|up and
+// [512 x 512] down, 8 picked per token, in bf16 and in MXFP4. Enough layers
+// of experts that they pass the last-level cache (MB of experts per format),
+// each step on the next layer, the routing random (8 distinct experts a
+// token, uniform). A step's ideal bytes are those of the experts its tokens
+// touch, each read once however many of its tokens share it; the achieved
+// rate is those bytes over the step's time, next to the memory read bandwidth
+// measured in the same run (the sum model_bench uses).
+// Usage: moe_bench [THREADS] [MB] [STEPS]. Prints markdown.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "bench/int_args.h"
+#include "kernels/moe.h"
+#include "kernels/threads.h"
+
+namespace {
+
+using deltaserve::kernels::Device;
+using deltaserve::kernels::DType;
+using deltaserve::kernels::MoeExpert;
+using deltaserve::kernels::MutableTensor;
+using deltaserve::kernels::Tensor;
+using Clock = std::chrono::steady_clock;
+
+// k3-moe-small (runtime/model/presets.cc): the latent of 512 in and out.
+constexpr int64_t kExperts = 128, kTopK = 8, kDin = 512, kInter = 512, kDout = 512;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Best-of-5 read bandwidth: a threaded sum over 512 MiB (model_bench's).
+double ReadBandwidth() {
+  const size_t n = size_t{1} << 27;
+  std::vector<float> a(n, 1.0f);
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp parallel for reduction(+ : s0, s1, s2, s3)
+    for (size_t i = 0; i < n; i += 4) {
+      s0 += a[i];
+      s1 += a[i + 1];
+      s2 += a[i + 2];
+      s3 += a[i + 3];
+    }
+    sink = s0 + s1 + s2 + s3;
+    best = std::max(best, n * sizeof(float) / Seconds(t0, Clock::now()));
+  }
+  (void)sink;
+  return best;
+}
+
+// One matrix's bytes: bf16 values in [1, 2) or MXFP4 codes under scales of
+// 2^-7 .. 2^-1 (random, as a checkpoint's are for the kernel's purposes).
+struct Matrix {
+  std::vector<uint8_t> data, scales;
+  Tensor View(DType dtype, int64_t rows, int64_t cols) const {
+    return Tensor{data.data(), dtype == DType::kMxfp4 ? scales.data() : nullptr,
+                  dtype,       Device::kCpu,
+                  rows,        cols};
+  }
+};
+
+Matrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, std::mt19937& gen) {
+  Matrix m;
+  std::uniform_int_distribution<int> byte(0, 255);
+  if (dtype == DType::kBF16) {
+    m.data.resize(rows * cols * 2);
+    for (size_t i = 0; i < m.data.size(); i += 2) {
+      m.data[i] = static_cast<uint8_t>(byte(gen));
+      m.data[i + 1] = static_cast<uint8_t>(0x3f);  // high byte: [0.5, 2)
+    }
+  } else {
+    m.data.resize(rows * cols / 2);
+    m.scales.resize(rows * cols / 32);
+    for (uint8_t& b : m.data) b = static_cast<uint8_t>(byte(gen));
+    for (uint8_t& s : m.scales) s = static_cast<uint8_t>(120 + byte(gen) % 7);
+  }
+  return m;
+}
+
+struct Layer {
+  std::vector<Matrix> w13, w2;
+  std::vector<MoeExpert> experts;
+};
+
+struct Result {
+  double us_per_step = 0, touched = 0, ideal_bytes = 0, unshared_bytes = 0;
+};
+
+// `steps` steps of `batch` tokens, each on the next layer.
+Result Run(std::vector<Layer>& layers, int64_t batch, int64_t steps, double expert_bytes,
+           std::mt19937& gen) {
+  std::vector<float> z(batch * kDin), out(batch * kDout), weights(batch * kTopK, 1.0f / kTopK);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : z) v = uniform(gen);
+  // Routings drawn ahead, so that the timed loop is the experts alone.
+  std::vector<std::vector<int32_t>> routes(steps, std::vector<int32_t>(batch * kTopK));
+  std::vector<int32_t> ids(kExperts);
+  std::iota(ids.begin(), ids.end(), 0);
+  double touched = 0;
+  for (auto& route : routes) {
+    std::vector<bool> used(kExperts, false);
+    for (int64_t t = 0; t < batch; ++t) {
+      std::shuffle(ids.begin(), ids.end(), gen);
+      for (int64_t j = 0; j < kTopK; ++j) {
+        route[t * kTopK + j] = ids[j];
+        used[ids[j]] = true;
+      }
+    }
+    touched += static_cast<double>(std::count(used.begin(), used.end(), true));
+  }
+  const auto step = [&](int64_t s) {
+    deltaserve::kernels::MoeExpertsArgs args;
+    args.t = batch;
+    args.din = kDin;
+    args.inter = kInter;
+    args.dout = kDout;
+    args.top_k = kTopK;
+    args.n_experts = kExperts;
+    args.z = Tensor::F32(z.data(), batch, kDin);
+    args.experts = layers[s % layers.size()].experts.data();
+    args.idx = Tensor::I32(routes[s].data(), batch, kTopK);
+    args.weights = Tensor::F32(weights.data(), batch, kTopK);
+    args.act.kind = deltaserve::kernels::Activation::kSitu;
+    args.out = MutableTensor::F32(out.data(), batch, kDout);
+    deltaserve::kernels::MoeExperts(args);
+  };
+  for (int64_t s = 0; s < std::min<int64_t>(steps, 4); ++s) step(s);  // thread start-up
+  const auto t0 = Clock::now();
+  for (int64_t s = 0; s < steps; ++s) step(s);
+  const double seconds = Seconds(t0, Clock::now());
+  Result r;
+  r.us_per_step = seconds / steps * 1e6;
+  r.touched = touched / steps;
+  r.ideal_bytes = r.touched * expert_bytes;
+  r.unshared_bytes = static_cast<double>(batch * kTopK) * expert_bytes;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  constexpr char kUsage[] =
+      "usage: moe_bench [THREADS] [MB] [STEPS]\n"
+      "\n"
+      "Times the routed experts of decode steps of 1, 8 and 32 tokens on k3-moe-small's expert\n"
+      "layer (128 experts, 8 active, latent 512, width 512), bf16 and MXFP4, against the memory\n"
+      "read bandwidth measured in the same run: the experts' bytes each step touches, read\n"
+      "once, over the step's time.\n"
+      "\n"
+      "  THREADS   compute threads (default: 0, OpenMP's default)\n"
+      "  MB        bytes of experts per format, in MB, cycled through a layer a step\n"
+      "            (default: 1024)\n"
+      "  STEPS     decode steps timed per batch size (default: 256)\n";
+  std::vector<int64_t> args = {0, 1024, 256};  // THREADS, MB, STEPS
+  if (auto exit_code = deltaserve::bench::ParseIntArgs(argc, argv, kUsage, &args)) {
+    return *exit_code;
+  }
+  if (args[0] < 0 || args[1] < 1 || args[2] < 1) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  deltaserve::kernels::SetNumThreads(static_cast<int>(args[0]));
+  const int64_t mb = args[1], steps = args[2];
+  const double bandwidth = ReadBandwidth();
+  std::printf(
+      "## moe_bench: %d threads; k3-moe-small's experts (%lld, %lld active; gate|up [%lld x "
+      "%lld], down [%lld x %lld])\n\n",
+      deltaserve::kernels::NumThreads(), static_cast<long long>(kExperts),
+      static_cast<long long>(kTopK), static_cast<long long>(2 * kInter),
+      static_cast<long long>(kDin), static_cast<long long>(kDout), static_cast<long long>(kInter));
+  std::printf("- memory read bandwidth (a threaded sum over 512 MiB, best of 5): %.1f GB/s\n\n",
+              bandwidth / 1e9);
+  std::printf(
+      "| experts | tokens a step | experts touched | ideal MB a step | unshared MB | us a step "
+      "| GB/s (ideal bytes) | of read bandwidth |\n|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 gen(1);
+  for (const DType dtype : {DType::kBF16, DType::kMxfp4}) {
+    const double per_value = dtype == DType::kBF16 ? 2.0 : 0.5 + 1.0 / 32;
+    const double expert_bytes = per_value * (2 * kInter * kDin + kDout * kInter);
+    const int64_t n_layers =
+        std::max<int64_t>(2, static_cast<int64_t>(mb * 1e6 / (expert_bytes * kExperts) + 0.999));
+    std::vector<Layer> layers(n_layers);
+    for (Layer& layer : layers) {
+      for (int64_t e = 0; e < kExperts; ++e) {
+        layer.w13.push_back(MakeMatrix(dtype, 2 * kInter, kDin, gen));
+        layer.w2.push_back(MakeMatrix(dtype, kDout, kInter, gen));
+      }
+      for (int64_t e = 0; e < kExperts; ++e) {
+        layer.experts.push_back(
+            {layer.w13[e].View(dtype, 2 * kInter, kDin), layer.w2[e].View(dtype, kDout, kInter)});
+      }
+    }
+    for (const int64_t batch : {1, 8, 32}) {
+      const Result r = Run(layers, batch, steps, expert_bytes, gen);
+      const double rate = r.ideal_bytes / (r.us_per_step * 1e-6);
+      std::printf(
+          "| %s (%lld layers, %.0f MB) | %lld | %.1f | %.2f | %.2f | %.1f | %.1f | %.1f%% |\n",
+          dtype == DType::kBF16 ? "bf16" : "mxfp4", static_cast<long long>(n_layers),
+          expert_bytes * kExperts * n_layers / 1e6, static_cast<long long>(batch), r.touched,
+          r.ideal_bytes / 1e6, r.unshared_bytes / 1e6, r.us_per_step, rate / 1e9,
+          100 * rate / bandwidth);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
