@@ -167,7 +167,10 @@ int main(int argc, char** argv) {
     return *exit_code;
   }
   if (args[0] < 0 || args[1] < 1 || args[2] < 1) {
-    std::fputs(kUsage, stderr);
+    std::fprintf(stderr,
+                 "moe_bench: THREADS must be >= 0, MB and STEPS >= 1 (got %lld %lld %lld)\n\n%s",
+                 static_cast<long long>(args[0]), static_cast<long long>(args[1]),
+                 static_cast<long long>(args[2]), kUsage);
     return 2;
   }
   deltaserve::kernels::SetNumThreads(static_cast<int>(args[0]));
