@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/read_bandwidth.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/gemm.h"
@@ -42,11 +43,9 @@
 namespace deltaserve {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using bench::Clock;
+using bench::ReadBandwidth;
+using bench::Seconds;
 
 // Best-of-3 FLOP/s of y[m,n] = x[m,k]·w[n,k]ᵀ, the call the model makes for
 // its projections, with float32 weights (oneDNN's sgemm as it is) or bf16
@@ -68,29 +67,6 @@ double LinearFlops(int64_t m, int64_t n, int64_t k, kernels::DType dtype,
     kernels::Linear(xv, t, yv);
     best = std::max(best, 2.0 * m * n * k / Seconds(t0, Clock::now()));
   }
-  return best;
-}
-
-// Best-of-5 read bandwidth: a sum over an array far larger than the caches.
-double ReadBandwidth() {
-  const size_t n = size_t{1} << 27;  // 512 MiB of floats
-  std::vector<float> a(n, 1.0f);
-  double best = 0;
-  volatile float sink = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp parallel for reduction(+ : s0, s1, s2, s3)
-    for (size_t i = 0; i < n; i += 4) {
-      s0 += a[i];
-      s1 += a[i + 1];
-      s2 += a[i + 2];
-      s3 += a[i + 3];
-    }
-    sink = s0 + s1 + s2 + s3;
-    best = std::max(best, n * sizeof(float) / Seconds(t0, Clock::now()));
-  }
-  (void)sink;
   return best;
 }
 

@@ -17,47 +17,23 @@
 #include <vector>
 
 #include "bench/int_args.h"
+#include "bench/read_bandwidth.h"
 #include "kernels/moe.h"
 #include "kernels/threads.h"
 
 namespace {
 
+using deltaserve::bench::Clock;
+using deltaserve::bench::ReadBandwidth;
+using deltaserve::bench::Seconds;
 using deltaserve::kernels::Device;
 using deltaserve::kernels::DType;
 using deltaserve::kernels::MoeExpert;
 using deltaserve::kernels::MutableTensor;
 using deltaserve::kernels::Tensor;
-using Clock = std::chrono::steady_clock;
 
 // k3-moe-small (runtime/model/presets.cc): the latent of 512 in and out.
 constexpr int64_t kExperts = 128, kTopK = 8, kDin = 512, kInter = 512, kDout = 512;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// Best-of-5 read bandwidth: a threaded sum over 512 MiB (model_bench's).
-double ReadBandwidth() {
-  const size_t n = size_t{1} << 27;
-  std::vector<float> a(n, 1.0f);
-  double best = 0;
-  volatile float sink = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp parallel for reduction(+ : s0, s1, s2, s3)
-    for (size_t i = 0; i < n; i += 4) {
-      s0 += a[i];
-      s1 += a[i + 1];
-      s2 += a[i + 2];
-      s3 += a[i + 3];
-    }
-    sink = s0 + s1 + s2 + s3;
-    best = std::max(best, n * sizeof(float) / Seconds(t0, Clock::now()));
-  }
-  (void)sink;
-  return best;
-}
 
 // One matrix's bytes: bf16 values in [1, 2) or MXFP4 codes under scales of
 // 2^-7 .. 2^-1 (random, as a checkpoint's are for the kernel's purposes).
