@@ -50,7 +50,9 @@ TEST_P(HostLossTest, ARequestOfTheLostReplicaEndsOnTheOtherWithItsTokens) {
   const bool kill = GetParam();
   const std::string bin = testing::BinPath("deltaserve");
   const std::string dir = testing::TempDir("host_loss");
-  constexpr int kMaxTokens = 1000;
+  // Long enough that replica A is still generating when its host goes (this
+  // machine's fastest CPUs decode k3-tiny's 1,000 tokens in 1.4 s on A).
+  constexpr int kMaxTokens = 2000;
   std::vector<Request> requests(4);
   for (size_t r = 0; r < requests.size(); ++r) {
     requests[r].flags = absl::StrCat("--tokens 1,2,", r + 3, " --max-tokens ", kMaxTokens,
@@ -108,7 +110,7 @@ TEST_P(HostLossTest, ARequestOfTheLostReplicaEndsOnTheOtherWithItsTokens) {
         requests[r].log);
   }
   // Both replicas are generating: A has served steps of its own.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
   const auto fault = Clock::now();
   if (kill) {
     hosts.KillAll(2);
