@@ -59,8 +59,8 @@ def held_out_tokens(model_dir):
 
 
 def reference_logits(args):
+    tokens = torch.tensor(held_out_tokens(args.model)[: args.tokens], dtype=torch.long)
     for d in (args.model, args.model.rstrip("/") + "-mxfp4"):
-        tokens = torch.tensor(held_out_tokens(args.model)[: args.tokens], dtype=torch.long)
         cfg, w = kr.load_config(d), kr.load_weights(d)
         with torch.no_grad():
             logits = kr.forward(cfg, w, tokens[None], dtype=torch.float64, chunk=REFERENCE_CHUNK)[0]
