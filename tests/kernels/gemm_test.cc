@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/bf16.h"
 #include "kernels/cpu/gemm_cpu.h"
+#include "kernels/mxfp4.h"
 #include "kernels/reference/gemm_ref.h"
 #include "kernels/reference/mxfp4_ref.h"
 #include "tests/kernels/device_test_util.h"
@@ -362,6 +363,35 @@ TEST(LinearMxfp4Test, GroupScalesAreExactOnIntegerInputs) {
         EXPECT_TRUE(testing::SameValues(y.Values(), Reference(x, values, m, n, k)));
         EXPECT_TRUE(y.GuardsIntact());
       }
+    }
+  }
+}
+
+// Every scale byte below float32's overflow, from 2^-127 (a subnormal half of
+// it is the smallest value) to 2^125: row s of W has scale s. x's rows are
+// unit vectors, so y[i, s] is the weight itself, and must be its exact value
+// whichever column, code and scale; one row of x (decode), four, and seventeen
+// (the widened panels).
+TEST(LinearMxfp4Test, EveryScaleByteIsExact) {
+  constexpr int64_t k = 64, n = 253;
+  const auto codes = testing::RandomTokens(n * k / 2, 3100, 256);
+  std::vector<uint8_t> packed(codes.begin(), codes.end()), scales(n * k / kMxfp4Group);
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t g = 0; g < k / kMxfp4Group; ++g)
+      scales[s * (k / kMxfp4Group) + g] = static_cast<uint8_t>(s);
+  }
+  const std::vector<double> values = ref::DequantizeMxfp4Ref(packed.data(), scales.data(), n, k);
+  const Tensor w{packed.data(), scales.data(), DType::kMxfp4, Device::kCpu, n, k};
+  for (const int64_t m : {1, 4, 17}) {
+    for (int64_t c0 = 0; c0 < k; c0 += m) {
+      const int64_t rows = std::min(m, k - c0);
+      SCOPED_TRACE(::testing::Message() << "m " << rows << " columns from " << c0);
+      std::vector<float> x(rows * k, 0.0f);
+      for (int64_t i = 0; i < rows; ++i) x[i * k + c0 + i] = 1.0f;
+      GuardedBuffer<float> y(Device::kCpu, rows * n);
+      Linear(Tensor::F32(x.data(), rows, k), w, y.View(rows, n));
+      EXPECT_TRUE(testing::SameValues(y.Values(), Reference(x, values, rows, n, k)));
+      EXPECT_TRUE(y.GuardsIntact());
     }
   }
 }
