@@ -549,7 +549,11 @@ int main(int argc, char** argv) {
   }
 
   // Decode after a short prompt per sequence: each step reads every active
-  // weight once, whatever the batch.
+  // weight once, whatever the batch. Each sequence has a prompt of its own
+  // (random tokens), so that the sequences of a batch go their own ways
+  // through the routed experts, as StepWeightBytes assumes; with one prompt
+  // for all, greedy decoding kept them identical and a batch read the experts
+  // of one sequence.
   std::printf("\n| decode | tokens/s | weight bytes/token | achieved GB/s | of read bandwidth |\n");
   std::printf("|---|---|---|---|---|\n");
   for (int64_t batch : decode_batches) {
@@ -562,9 +566,13 @@ int main(int argc, char** argv) {
       }
       states.push_back(std::move(*state));
     }
-    const std::vector<int32_t> prompt(128, 7);
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch),
+                                              std::vector<int32_t>(128));
+    for (auto& prompt : prompts) {
+      for (auto& t : prompt) t = static_cast<int32_t>(rng.Next() % config.vocab_size);
+    }
     std::vector<ForwardInput> inputs;
-    for (auto& state : states) inputs.push_back({state.get(), prompt, false});
+    for (int64_t b = 0; b < batch; ++b) inputs.push_back({states[b].get(), prompts[b], false});
     auto logits = (*model)->Forward(inputs);
     std::vector<int32_t> next(static_cast<size_t>(batch), 1);
     const auto t0 = Clock::now();
