@@ -493,6 +493,7 @@ int main(int argc, char** argv) {
     gemm_limit = bf16_compute ? bf16_matmul : sgemm;
     mfu_against = bf16_compute ? "bf16 matmul" : "sgemm";
     bandwidth = ReadBandwidth();
+    const double bandwidth_small_pages = ReadBandwidth(/*huge_pages=*/false);
     std::printf("## model_bench: %s, %d threads, CPU level %s, compute %s\n\n", model_dir.c_str(),
                 kernels::NumThreads(), kernels::IsaName(kernels::ActiveIsa()),
                 options.compute_dtype == kernels::DType::kBF16
@@ -508,7 +509,13 @@ int main(int argc, char** argv) {
       std::printf("- bf16 compute (oneDNN bf16 matmul, activations rounded): %.1f GFLOP/s\n",
                   bf16_matmul / 1e9);
     }
-    std::printf("- memory read bandwidth: %.1f GB/s\n\n", bandwidth / 1e9);
+    // The weights are on transparent huge pages where the kernel has them
+    // (PlaceWeights), and so is the sum the decode rates are held against.
+    std::printf(
+        "- memory read bandwidth: %.1f GB/s on transparent huge pages (%s), %.1f GB/s on 4 KiB "
+        "pages\n\n",
+        bandwidth / 1e9, kernels::TransparentHugePages() ? "on" : "off: 4 KiB pages too",
+        bandwidth_small_pages / 1e9);
   }
 
   kernels::Rng rng(1);

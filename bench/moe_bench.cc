@@ -12,14 +12,17 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "bench/int_args.h"
 #include "bench/read_bandwidth.h"
 #include "kernels/moe.h"
 #include "kernels/threads.h"
+#include "kernels/workspace.h"
 
 namespace {
 
@@ -35,31 +38,38 @@ using deltaserve::kernels::Tensor;
 // k3-moe-small (runtime/model/presets.cc): the latent of 512 in and out.
 constexpr int64_t kExperts = 128, kTopK = 8, kDin = 512, kInter = 512, kDout = 512;
 
-// One matrix's bytes: bf16 values in [1, 2) or MXFP4 codes under scales of
-// 2^-7 .. 2^-1 (random, as a checkpoint's are for the kernel's purposes).
+// One matrix's bytes: bf16 values in [0.5, 2) or MXFP4 codes under scales of
+// 2^-7 .. 2^-1 (random, as a checkpoint's are for the kernel's purposes), in
+// a region on transparent huge pages, as the engine holds its weights.
 struct Matrix {
-  std::vector<uint8_t> data, scales;
+  uint8_t* data = nullptr;
+  uint8_t* scales = nullptr;
   Tensor View(DType dtype, int64_t rows, int64_t cols) const {
-    return Tensor{data.data(), dtype == DType::kMxfp4 ? scales.data() : nullptr,
-                  dtype,       Device::kCpu,
-                  rows,        cols};
+    return Tensor{data, dtype == DType::kMxfp4 ? scales : nullptr, dtype, Device::kCpu, rows, cols};
   }
 };
 
-Matrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, std::mt19937& gen) {
-  Matrix m;
+// Bytes of a [rows, cols] matrix of `dtype`: its values (codes), then scales.
+std::pair<int64_t, int64_t> MatrixBytes(DType dtype, int64_t rows, int64_t cols) {
+  if (dtype == DType::kBF16) return {rows * cols * 2, 0};
+  return {rows * cols / 2, rows * cols / 32};
+}
+
+// A matrix at *at in the region, *at moved past it.
+Matrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, std::mt19937& gen, uint8_t** at) {
+  const auto [data_bytes, scale_bytes] = MatrixBytes(dtype, rows, cols);
+  Matrix m{*at, *at + data_bytes};
+  *at += data_bytes + scale_bytes;
   std::uniform_int_distribution<int> byte(0, 255);
   if (dtype == DType::kBF16) {
-    m.data.resize(rows * cols * 2);
-    for (size_t i = 0; i < m.data.size(); i += 2) {
+    for (int64_t i = 0; i < data_bytes; i += 2) {
       m.data[i] = static_cast<uint8_t>(byte(gen));
       m.data[i + 1] = static_cast<uint8_t>(0x3f);  // high byte: [0.5, 2)
     }
   } else {
-    m.data.resize(rows * cols / 2);
-    m.scales.resize(rows * cols / 32);
-    for (uint8_t& b : m.data) b = static_cast<uint8_t>(byte(gen));
-    for (uint8_t& s : m.scales) s = static_cast<uint8_t>(120 + byte(gen) % 7);
+    for (int64_t i = 0; i < data_bytes; ++i) m.data[i] = static_cast<uint8_t>(byte(gen));
+    for (int64_t i = 0; i < scale_bytes; ++i)
+      m.scales[i] = static_cast<uint8_t>(120 + byte(gen) % 7);
   }
   return m;
 }
@@ -152,14 +162,18 @@ int main(int argc, char** argv) {
   deltaserve::kernels::SetNumThreads(static_cast<int>(args[0]));
   const int64_t mb = args[1], steps = args[2];
   const double bandwidth = ReadBandwidth();
+  const double bandwidth_small_pages = ReadBandwidth(/*huge_pages=*/false);
   std::printf(
       "## moe_bench: %d threads; k3-moe-small's experts (%lld, %lld active; gate|up [%lld x "
       "%lld], down [%lld x %lld])\n\n",
       deltaserve::kernels::NumThreads(), static_cast<long long>(kExperts),
       static_cast<long long>(kTopK), static_cast<long long>(2 * kInter),
       static_cast<long long>(kDin), static_cast<long long>(kDout), static_cast<long long>(kInter));
-  std::printf("- memory read bandwidth (a threaded sum over 512 MiB, best of 5): %.1f GB/s\n\n",
-              bandwidth / 1e9);
+  std::printf(
+      "- memory read bandwidth (a threaded sum over 512 MiB, best of 5): %.1f GB/s on "
+      "transparent huge pages (%s), where the experts are; %.1f GB/s on 4 KiB pages\n\n",
+      bandwidth / 1e9, deltaserve::kernels::TransparentHugePages() ? "on" : "off: 4 KiB pages too",
+      bandwidth_small_pages / 1e9);
   std::printf(
       "| experts | tokens a step | experts touched | ideal MB a step | unshared MB | us a step "
       "| GB/s (ideal bytes) | of read bandwidth |\n|---|---|---|---|---|---|---|---|\n");
@@ -169,11 +183,21 @@ int main(int argc, char** argv) {
     const double expert_bytes = per_value * (2 * kInter * kDin + kDout * kInter);
     const int64_t n_layers =
         std::max<int64_t>(2, static_cast<int64_t>(mb * 1e6 / (expert_bytes * kExperts) + 0.999));
+    const auto [w13_data, w13_scales] = MatrixBytes(dtype, 2 * kInter, kDin);
+    const auto [w2_data, w2_scales] = MatrixBytes(dtype, kDout, kInter);
+    const std::shared_ptr<uint8_t> region = deltaserve::kernels::HugePageRegion(
+        n_layers * kExperts * (w13_data + w13_scales + w2_data + w2_scales));
+    if (region == nullptr) {
+      std::fprintf(stderr, "moe_bench: no memory for %lld layers of experts\n",
+                   static_cast<long long>(n_layers));
+      return 1;
+    }
+    uint8_t* at = region.get();
     std::vector<Layer> layers(n_layers);
     for (Layer& layer : layers) {
       for (int64_t e = 0; e < kExperts; ++e) {
-        layer.w13.push_back(MakeMatrix(dtype, 2 * kInter, kDin, gen));
-        layer.w2.push_back(MakeMatrix(dtype, kDout, kInter, gen));
+        layer.w13.push_back(MakeMatrix(dtype, 2 * kInter, kDin, gen, &at));
+        layer.w2.push_back(MakeMatrix(dtype, kDout, kInter, gen, &at));
       }
       for (int64_t e = 0; e < kExperts; ++e) {
         layer.experts.push_back(

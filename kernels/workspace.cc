@@ -1,11 +1,14 @@
 #include "kernels/workspace.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -304,6 +307,28 @@ void DeviceBlock::Release() {
   }
   data_ = nullptr;
   bytes_ = 0;
+}
+
+bool TransparentHugePages() {
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  return std::getline(setting, line) && line.find("[never]") == std::string::npos;
+}
+
+std::shared_ptr<uint8_t> HugePageRegion(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t span = (std::max<size_t>(bytes, 1) + kHuge - 1) / kHuge * kHuge;
+  void* const mapped =
+      ::mmap(nullptr, span + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) return nullptr;
+  // The whole huge pages of the mapping: the slack before and after goes back.
+  const auto at = reinterpret_cast<uintptr_t>(mapped);
+  const uintptr_t begin = (at + kHuge - 1) & ~(kHuge - 1);
+  if (begin > at) ::munmap(mapped, begin - at);
+  if (at + kHuge > begin) ::munmap(reinterpret_cast<void*>(begin + span), at + kHuge - begin);
+  auto* region = reinterpret_cast<uint8_t*>(begin);
+  ::madvise(region, span, MADV_HUGEPAGE);  // advice: a kernel that declines keeps 4 KiB pages
+  return std::shared_ptr<uint8_t>(region, [span](uint8_t* p) { ::munmap(p, span); });
 }
 
 }  // namespace deltaserve::kernels

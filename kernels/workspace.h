@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -186,5 +187,15 @@ class DeviceBlock {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Host memory for what is read over and over in long streams (the weights a
+// decode step reads): a region of at least `bytes` at a 2 MiB boundary that
+// the kernel is asked (MADV_HUGEPAGE) to back with transparent huge pages, so
+// that a stream takes one address translation per 2 MiB instead of per 4
+// KiB; unmapped when its last owner goes; null when it cannot be mapped.
+// TransparentHugePages: whether the kernel would ("always" or "madvise" in
+// /sys/kernel/mm/transparent_hugepage/enabled, not "never").
+std::shared_ptr<uint8_t> HugePageRegion(size_t bytes);
+bool TransparentHugePages();
 
 }  // namespace deltaserve::kernels

@@ -47,6 +47,11 @@ struct ModelOptions {
   // of block summaries): kF32, or kBF16 (half the bytes; docs/numerics.md
   // measures its effect). Every rank of a replica must have the same.
   kernels::DType boundary_dtype = kernels::DType::kF32;
+  // On the CPU, the weight matrices on transparent huge pages (PlaceWeights):
+  // a copy at load, after which decode reads them at the memory's rate rather
+  // than the address translations'. Off, they stay views of the mapped
+  // checkpoint where the loader could map them.
+  bool huge_pages = true;
 };
 
 // The pool's default size: 64 sequences of the model's whole context, at

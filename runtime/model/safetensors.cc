@@ -442,4 +442,29 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorD
   });
 }
 
+void ReleaseCheckpointPages(const void* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t begin = (at + page - 1) & ~(page - 1);
+  const uintptr_t end = (at + n) & ~(page - 1);
+  if (end <= begin) return;
+  void* const at_page = reinterpret_cast<void*>(begin);
+  // Before Linux 5.4 there is no MADV_PAGEOUT: drop them from the process.
+  if (::madvise(at_page, end - begin, MADV_PAGEOUT) != 0) {
+    ::madvise(at_page, end - begin, MADV_DONTNEED);
+  }
+}
+
+void SafetensorsFile::ReleasePages() const {
+  ReleaseCheckpointPages(map_, map_size_);
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // advice only: a file gone since stays as it was
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void Checkpoint::ReleasePages() const {
+  for (const auto& file : files_) file->ReleasePages();
+}
+
 }  // namespace deltaserve

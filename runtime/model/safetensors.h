@@ -41,6 +41,15 @@ absl::StatusOr<std::vector<double>> ToFloat64(const TensorView& view);
 // Integer views (I64, I32) to int64.
 absl::StatusOr<std::vector<int64_t>> ToInt64(const TensorView& view);
 
+// Drops the whole pages of [p, p + n), a range of a mapped checkpoint, once
+// a copy of them is made: from this process and from the page cache
+// (MADV_PAGEOUT; pages another process maps stay). Dropping them from the
+// process alone (MADV_DONTNEED) is not enough: a fault on a neighbouring page
+// maps the page-cache pages around it too (fault-around, large folios), and
+// the first forward pass brought most of them back
+// (tests/runtime/model/resident_weights_test.cc).
+void ReleaseCheckpointPages(const void* p, size_t n);
+
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
@@ -53,6 +62,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The tensor, or NotFound naming the tensor and the file.
   absl::StatusOr<const TensorView*> Get(const std::string& name) const;
+  // The mapping's pages (ReleaseCheckpointPages), and then the file's pages
+  // the page cache holds without this process mapping them (read ahead):
+  // for when nothing reads the mapping again.
+  void ReleasePages() const;
 
  private:
   SafetensorsFile() = default;
@@ -73,6 +86,10 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   const std::map<std::string, const TensorView*>& tensors() const { return tensors_; }
   absl::StatusOr<const TensorView*> Get(const std::string& name) const;
+  // Every page of its files, as ReleaseCheckpointPages drops them: for when
+  // the weights are all copies (on huge pages, on a GPU) and nothing reads
+  // the mapping again.
+  void ReleasePages() const;
 
  private:
   std::string dir_;

@@ -13,30 +13,13 @@
 namespace deltaserve {
 namespace {
 
-// Drops the whole pages of [p, p + n) once a copy of them is made, from this
-// process and from the page cache (MADV_PAGEOUT; pages another process maps
-// stay). Dropping them from the process alone (MADV_DONTNEED) is not enough:
-// a fault on a neighbouring page maps the page-cache pages around it too
-// (fault-around, large folios), and the first forward pass brought most of
-// them back (tests/runtime/model/resident_weights_test.cc).
-void ReleasePages(const void* p, size_t n) {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t begin = (at + page - 1) & ~(page - 1);
-  const uintptr_t end = (at + n) & ~(page - 1);
-  if (end <= begin) return;
-  void* const at_page = reinterpret_cast<void*>(begin);
-  // Before Linux 5.4 there is no MADV_PAGEOUT: drop them from the process.
-  if (::madvise(at_page, end - begin, MADV_PAGEOUT) != 0) {
-    ::madvise(at_page, end - begin, MADV_DONTNEED);
-  }
-}
-
 void ReleasePages(const Weight& w) {
   if (!w.mapped()) return;
   const kernels::Tensor& t = w.tensor();
-  ReleasePages(t.data, static_cast<size_t>(t.rows * t.RowBytes()));
-  if (t.scales != nullptr) ReleasePages(t.scales, static_cast<size_t>(t.rows * t.ScaleRowBytes()));
+  ReleaseCheckpointPages(t.data, static_cast<size_t>(t.rows * t.RowBytes()));
+  if (t.scales != nullptr) {
+    ReleaseCheckpointPages(t.scales, static_cast<size_t>(t.rows * t.ScaleRowBytes()));
+  }
 }
 
 }  // namespace
@@ -193,7 +176,8 @@ absl::StatusOr<Weight> WeightLoader::Matrix(const std::string& name) const {
       std::memcpy(dst, values.data(), values.size() * sizeof(float));
     }
   }
-  ReleasePages(view->data + r0 * cols * elem, static_cast<size_t>((r1 - r0) * cols) * elem);
+  ReleaseCheckpointPages(view->data + r0 * cols * elem,
+                         static_cast<size_t>((r1 - r0) * cols) * elem);
   return out;
 }
 

@@ -166,15 +166,17 @@ struct WeightBytes {
 };
 WeightBytes CountWeightBytes(const ModelWeights& w);
 
-// Places the loaded weights on `device`, in one pass over them: on the CPU
+// Places the loaded weights on `device`, in one pass over them. On the CPU
 // they stay as loaded (views of the mapped checkpoint in their stored dtype,
-// and the copies made at load). On CUDA each matrix is copied once, as
-// stored (MXFP4 codes with their scales), into device memory of its own
-// (one copy for a head tied to the embedding), and the host bytes are let
-// go; a device that cannot hold them is ResourceExhausted, naming what
-// failed, and CUDA without an active backend is FailedPrecondition saying
-// why.
-absl::Status PlaceWeights(ModelWeights* w, kernels::Device device);
+// and the copies made at load), or with huge_pages the matrices move into one
+// region of memory on transparent huge pages where the kernel has them
+// (MoveToHugePages in weights.cc says why; a model of under 32 MiB of
+// matrices stays as loaded). On CUDA each matrix is copied once, as stored
+// (MXFP4 codes with their scales), into device memory of its own (one copy
+// for a head tied to the embedding), and the host bytes are let go; a device
+// that cannot hold them is ResourceExhausted, naming what failed, and CUDA
+// without an active backend is FailedPrecondition saying why.
+absl::Status PlaceWeights(ModelWeights* w, kernels::Device device, bool huge_pages = true);
 
 // Loads the tensors `shard` owns: its layers, and of those its
 // TP part as each tensor's spec splits it (tp_split.h; other ranks' routed

@@ -1,18 +1,21 @@
 // What of a checkpoint stays resident: the matrices used as stored (views of
 // the mapping), not the pages of those copied at load (fused q/k/v, gate/up,
-// w1/w3, W_UK transposed). Page-cache neighbours of a faulting page can be
-// mapped with it (fault-around, large folios), so dropping a copied range
+// w1/w3, W_UK transposed, and all of them where they move to huge pages). Page-cache neighbours of
+// a faulting page can be mapped with it (fault-around, large folios), so dropping a copied range
 // from the process is not enough: it must leave the page cache as well, or
 // the first forward pass brings it back. On k3-small that was 54 MB of
 // 222 MB, and peak RSS 1.5x the checkpoint instead of under 1.3x.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "kernels/workspace.h"
 #include "runtime/model/model.h"
 #include "runtime/model/presets.h"
 #include "runtime/model/random_checkpoint.h"
@@ -44,25 +47,80 @@ int64_t ResidentBytesOf(const std::string& path) {
   return kib * 1024;
 }
 
-TEST(ResidentWeightsTest, CopiedTensorsLeaveNoResidentPagesAfterAForwardPass) {
-  // k3-small's first four layers (three KDA, one MLA; dense and MoE FFNs):
-  // every kind of copied matrix, at sizes where neighbours span many pages.
+// Bytes of file `path` in the page cache (mincore over a mapping of it that
+// touches nothing).
+int64_t PageCacheBytesOf(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return -1;
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  void* const map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return -1;
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> in_core(static_cast<size_t>((size + page - 1) / page));
+  int64_t bytes = -1;
+  if (::mincore(map, static_cast<size_t>(size), in_core.data()) == 0) {
+    bytes = 0;
+    for (unsigned char c : in_core) bytes += (c & 1) * page;
+  }
+  ::munmap(map, static_cast<size_t>(size));
+  return bytes;
+}
+
+// The anonymous mappings of this process at least `bytes` long that the
+// kernel may back with transparent huge pages (THPeligible: 1 in
+// /proc/self/smaps).
+int HugePageEligibleMappingsOf(int64_t bytes) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  int64_t size_kib = 0;
+  bool anonymous = false;
+  int count = 0;
+  while (std::getline(smaps, line)) {
+    std::istringstream fields(line);
+    std::string first;
+    fields >> first;
+    if (first.find('-') != std::string::npos && first.back() != ':') {  // a mapping's header
+      std::string perms, offset, dev, inode, name;
+      fields >> perms >> offset >> dev >> inode >> name;
+      anonymous = name.empty();
+    } else if (first == "Size:") {
+      fields >> size_kib;
+    } else if (first == "THPeligible:") {
+      int eligible = 0;
+      fields >> eligible;
+      if (anonymous && eligible == 1 && size_kib * 1024 >= bytes) ++count;
+    }
+  }
+  return count;
+}
+
+// k3-small's first four layers (three KDA, one MLA; dense and MoE FFNs):
+// every kind of copied matrix, at sizes where neighbours span many pages,
+// written to DIR and dropped from the page cache, so that a load reads it as
+// a cold file does: by readahead, into large folios that map together.
+std::string ColdCheckpoint(const std::string& name) {
   auto config = PresetConfig("k3-small");
-  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config.ok()) << config.status();
   config->num_layers = 4;
   config->layer_kinds.resize(4);
-  const std::string dir = testing::TempDir("resident_weights");
-  ASSERT_TRUE(WriteRandomCheckpoint(*config, dir, 5).ok());
+  const std::string dir = testing::TempDir(name);
+  EXPECT_TRUE(WriteRandomCheckpoint(*config, dir, 5).ok());
   const std::string file = dir + "/model.safetensors";
-  // Out of the page cache, so the load reads it as a cold file does: by
-  // readahead, into large folios that map together.
   const int fd = ::open(file.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::fdatasync(fd), 0);
-  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::fdatasync(fd), 0);
+  EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
   ::close(fd);
+  return dir;
+}
 
-  auto model = Model::Load(dir);
+TEST(ResidentWeightsTest, CopiedTensorsLeaveNoResidentPagesAfterAForwardPass) {
+  const std::string dir = ColdCheckpoint("resident_weights");
+  const std::string file = dir + "/model.safetensors";
+  ModelOptions options;
+  options.huge_pages = false;  // matrices stay views of the mapping where they can
+  auto model = Model::Load(dir, {}, nullptr, options);
   ASSERT_TRUE(model.ok()) << model.status();
   const WeightBytes held = (*model)->weight_bytes();
   ASSERT_GT(held.mapped, 0);
@@ -84,6 +142,38 @@ TEST(ResidentWeightsTest, CopiedTensorsLeaveNoResidentPagesAfterAForwardPass) {
   EXPECT_LE(resident, held.mapped + held.copied / 10)
       << "resident " << resident << " bytes of " << file << ": mapped matrices " << held.mapped
       << ", copied at load " << held.copied;
+}
+
+// By default the CPU's matrices move into one region the kernel may back with
+// transparent huge pages (PlaceWeights), and every checkpoint page they came
+// from leaves the process and the page cache, as copies made at load do.
+TEST(ResidentWeightsTest, MatricesOnHugePagesLeaveNoResidentCheckpointPages) {
+  if (!kernels::TransparentHugePages()) {
+    GTEST_SKIP() << "transparent huge pages are off on this machine (never)";
+  }
+  const std::string dir = ColdCheckpoint("huge_page_weights");
+  const std::string file = dir + "/model.safetensors";
+  auto model = Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const WeightBytes held = (*model)->weight_bytes();
+  EXPECT_EQ(held.mapped, 0);
+  ASSERT_GT(held.copied, int64_t{32} << 20);
+  EXPECT_GE(HugePageEligibleMappingsOf(held.copied), 1)
+      << "no anonymous mapping of " << held.copied << " bytes may take huge pages";
+
+  auto state = (*model)->NewSequence().value();
+  const std::vector<int32_t> tokens = testing::RandomTokens(256, 3);
+  const ForwardInput input{state.get(), tokens, false};
+  ASSERT_TRUE((*model)->Forward({&input, 1}).ok());
+  // No weight keeps the mapping (nor the checkpoint) alive: nothing of it is
+  // resident in the process. In the page cache, the header, the vectors and
+  // the partial pages at tensors' ends may stay; a tenth, as above, allows for
+  // MADV_PAGEOUT's advice not taken.
+  EXPECT_EQ(ResidentBytesOf(std::filesystem::canonical(file).string()), 0);
+  const int64_t cached = PageCacheBytesOf(file);
+  EXPECT_LE(cached, held.copied / 10)
+      << cached << " bytes of " << file << " in the page cache, all " << held.copied
+      << " bytes of matrices copied";
 }
 
 }  // namespace
