@@ -75,6 +75,8 @@ constexpr int kMr = 6;
 constexpr int kNr = kNv * kLanes;  // output columns of a microkernel: 64 or 16
 constexpr int64_t kNc = 256;       // rows of W in a panel, a multiple of kNr
 static_assert(kKc % kMxfp4Group == 0 && kNc % kNr == 0);
+// The 16-lane PackRows holds a row's block of codes in one 64-byte register.
+static_assert(kLanes != 16 || kKc == 128);
 
 // 2^(s - 127) (kernels/mxfp4.h; a NaN scale is refused at load).
 inline float Scale(uint8_t s) {
@@ -95,55 +97,88 @@ inline V Broadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V Add(V a, V b) { return _mm512_add_ps(a, b); }
 
-// The 16 values of row `row` (its codes and scales) from column c, a multiple
-// of 16, in column order. Lane L's code is nibble L % 2 of byte L / 2: the
-// bytes are doubled, widened to 32 bits and shifted by 0 or 4; vpermps looks
-// the value up by the low four bits of each lane. The zero-masked forms with
-// every lane selected are the plain instructions; the plain intrinsics trip
-// GCC 12's -Wmaybe-uninitialized on their internal _mm512_undefined_*().
-inline V Decode(const uint8_t* row, const uint8_t* scales, int64_t c) {
-  const __m512 table = _mm512_loadu_ps(kMxfp4Values);
-  const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c / 2));
-  const __m512i codes = _mm512_maskz_srlv_epi32(
-      kAll, _mm512_maskz_cvtepu8_epi32(kAll, _mm_unpacklo_epi8(bytes, bytes)), shifts);
-  return _mm512_mul_ps(_mm512_maskz_permutexvar_ps(kAll, codes, table),
-                       _mm512_set1_ps(Scale(scales[c / kMxfp4Group])));
-}
-
-// r[i][l] <-> r[l][i]: four stages, stage b exchanging the lanes and rows
-// whose bit b differ (two vpermt2ps a pair of rows), 64 shuffles for 256
-// values.
-struct TransposeIndex {
-  int32_t lo[16], hi[16];
-};
-
-constexpr TransposeIndex MakeTransposeIndex(int b) {
-  TransposeIndex t{};
-  for (int l = 0; l < 16; ++l) {
-    t.lo[l] = (l & b) != 0 ? 16 + l - b : l;
-    t.hi[l] = (l & b) != 0 ? 16 + l : l + b;
-  }
-  return t;
-}
-
-template <int B>
-inline void TransposeStage(V r[16]) {
-  static constexpr TransposeIndex kIndex = MakeTransposeIndex(B);
-  const __m512i lo = _mm512_loadu_si512(kIndex.lo), hi = _mm512_loadu_si512(kIndex.hi);
+// W's rows r < rows <= 16 (the others zero), columns [0, kc) with kc <= 128
+// a multiple of 32, into out[p * kNr + r]: codes and scales of row r at
+// codes + r * row_bytes and scales + r * scale_row_bytes. Transposing after
+// decoding took 64 two-source shuffles per 16 x 16 floats, on the one port
+// that also decodes (vpermps) and widens: the tiles' decode was then a third
+// of a 32-row product's time (one core). Here the codes are transposed as
+// bytes instead, a row's 128 columns being one 64-byte register: 64 unpacks
+// for all 16 x 128 values, each 128-bit lane transposing its 16 x 16 bytes.
+// Register d[b] then holds, in lane L, byte b of group L of every row: the
+// codes of columns 32L + 2b (low nibble) and 32L + 2b + 1 (high), widened to
+// one row a 32-bit lane and looked up by vpermps, which reads the low four
+// bits of each index.
+void PackRows(const uint8_t* codes, const uint8_t* scales, int64_t row_bytes,
+              int64_t scale_row_bytes, int64_t rows, int64_t kc, float* out) {
+  const int64_t groups = kc / kMxfp4Group;
+  const __mmask64 bytes = groups == 4 ? ~__mmask64{0} : (__mmask64{1} << (kc / 2)) - 1;
+  __m512i a[16], b[16];
   for (int i = 0; i < 16; ++i) {
-    if ((i & B) != 0) continue;
-    const V a = r[i], b = r[i + B];
-    r[i] = _mm512_permutex2var_ps(a, lo, b);
-    r[i + B] = _mm512_permutex2var_ps(a, hi, b);
+    a[i] =
+        i < rows ? _mm512_maskz_loadu_epi8(bytes, codes + i * row_bytes) : _mm512_setzero_si512();
   }
-}
-
-inline void Transpose(V r[kLanes]) {
-  TransposeStage<8>(r);
-  TransposeStage<4>(r);
-  TransposeStage<2>(r);
-  TransposeStage<1>(r);
+  // a[i]: bytes of row i. Interleave bytes of row pairs, then 16-bit units of
+  // pairs of pairs, then 32 and 64: b[2i + h] holds columns 8h.. of rows
+  // 2i, 2i + 1; a[4i + q] columns 4q.. of rows 4i..4i + 3; b[2q + s] of the
+  // first and b[8 + 2q + s] of the second eight rows, columns 4q + 2s and
+  // the next; a[c] column c of all sixteen.
+  for (int i = 0; i < 8; ++i) {
+    b[2 * i] = _mm512_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+    b[2 * i + 1] = _mm512_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      a[4 * i + 2 * h] = _mm512_unpacklo_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+      a[4 * i + 2 * h + 1] = _mm512_unpackhi_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    for (int q = 0; q < 4; ++q) {
+      const __m512i lo = a[8 * half + q], hi = a[8 * half + 4 + q];
+      b[8 * half + 2 * q] = _mm512_maskz_unpacklo_epi32(kAll, lo, hi);
+      b[8 * half + 2 * q + 1] = _mm512_maskz_unpackhi_epi32(kAll, lo, hi);
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    a[2 * c] = _mm512_maskz_unpacklo_epi64(0xff, b[c], b[8 + c]);
+    a[2 * c + 1] = _mm512_maskz_unpackhi_epi64(0xff, b[c], b[8 + c]);
+  }
+  // Each group's scale for every row (0 for the rows past `rows`).
+  alignas(64) float scale[4][16] = {};
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < rows; ++i) scale[g][i] = Scale(scales[i * scale_row_bytes + g]);
+  const __m512 table = _mm512_loadu_ps(kMxfp4Values);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 s = _mm512_load_ps(scale[g]);
+    for (int c = 0; c < 16; ++c) {
+      __m128i lane;
+      switch (g) {  // the lane index of vextracti32x4 is an immediate
+        case 0:
+          lane = _mm512_maskz_extracti32x4_epi32(0xf, a[c], 0);
+          break;
+        case 1:
+          lane = _mm512_maskz_extracti32x4_epi32(0xf, a[c], 1);
+          break;
+        case 2:
+          lane = _mm512_maskz_extracti32x4_epi32(0xf, a[c], 2);
+          break;
+        default:
+          lane = _mm512_maskz_extracti32x4_epi32(0xf, a[c], 3);
+          break;
+      }
+      // The zero-masked forms with every lane selected are the plain
+      // instructions; the plain intrinsics trip GCC 12's
+      // -Wmaybe-uninitialized on their internal _mm512_undefined_*().
+      const __m512i wide = _mm512_maskz_cvtepu8_epi32(kAll, lane);
+      const __m512 even = _mm512_maskz_permutexvar_ps(kAll, wide, table);
+      const __m512 odd =
+          _mm512_maskz_permutexvar_ps(kAll, _mm512_maskz_srli_epi32(kAll, wide, 4), table);
+      float* o = out + (kMxfp4Group * g + 2 * c) * kNr;
+      _mm512_storeu_ps(o, _mm512_mul_ps(even, s));
+      _mm512_storeu_ps(o + kNr, _mm512_mul_ps(odd, s));
+    }
+  }
 }
 #else
 using V = __m256;
@@ -190,30 +225,35 @@ inline void Transpose(V r[kLanes]) {
     r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
 }
+
+// W's rows r < rows <= 8 (the others zero), columns [0, kc), into
+// out[p * kNr + r]: decoded along the rows eight columns at a time and
+// transposed in registers.
+void PackRows(const uint8_t* codes, const uint8_t* scales, int64_t row_bytes,
+              int64_t scale_row_bytes, int64_t rows, int64_t kc, float* out) {
+  for (int64_t p = 0; p < kc; p += kLanes) {
+    V v[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) {
+      v[i] = i < rows ? Decode(codes + i * row_bytes, scales + i * scale_row_bytes, p) : Zero();
+    }
+    Transpose(v);
+    for (int64_t l = 0; l < kLanes; ++l) Store(out + (p + l) * kNr, v[l]);
+  }
+}
 #endif  // DELTASERVE_MXFP4_GEMM_AVX512
 
 // Bp[g][p][c] = W[j0 + g·kNr + c, p0 + p] for p < kc, c < kNr and the groups
-// g covering nb rows; 0 for rows past j0 + nb. kLanes rows and kLanes
-// columns at a time: decoded along W's rows, transposed in registers, stored
-// as kLanes vectors of consecutive output columns.
+// g covering nb rows; 0 for rows past j0 + nb. kLanes rows at a time.
 void Pack(const Tensor& w, int64_t j0, int64_t nb, int64_t p0, int64_t kc, float* bp) {
-  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  const int64_t row_bytes = w.RowBytes(), scale_row_bytes = w.ScaleRowBytes();
+  const uint8_t* codes = static_cast<const uint8_t*>(w.data) + p0 / 2;
+  const uint8_t* scales = w.scales + p0 / kMxfp4Group;
   const int64_t groups = (nb + kNr - 1) / kNr;
   for (int64_t g = 0; g < groups; ++g) {
-    float* out = bp + g * kc * kNr;
     for (int64_t c0 = 0; c0 < kNr; c0 += kLanes) {
-      const int64_t rows = std::clamp<int64_t>(nb - g * kNr - c0, 0, kLanes);
       const int64_t r0 = j0 + g * kNr + c0;
-      for (int64_t p = 0; p < kc; p += kLanes) {
-        V v[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) {
-          v[i] = i < rows ? Decode(data + (r0 + i) * w.RowBytes(),
-                                   w.scales + (r0 + i) * w.ScaleRowBytes(), p0 + p)
-                          : Zero();
-        }
-        Transpose(v);
-        for (int64_t l = 0; l < kLanes; ++l) Store(out + (p + l) * kNr + c0, v[l]);
-      }
+      PackRows(codes + r0 * row_bytes, scales + r0 * scale_row_bytes, row_bytes, scale_row_bytes,
+               std::clamp<int64_t>(nb - g * kNr - c0, 0, kLanes), kc, bp + g * kc * kNr + c0);
     }
   }
 }
@@ -285,6 +325,11 @@ void Mxfp4Gemm(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y
   const int64_t per_thread = (n + threads - 1) / threads;
   const int64_t nc = std::clamp<int64_t>((per_thread + kNr - 1) / kNr * kNr, kNr, kNc);
   const int64_t panels = (n + nc - 1) / nc;
+  // x's rows in ceil(m / kMr) tiles of as even a size as they go: 32 rows
+  // (a 512-token prefill's expert) as 6, 5, 5, 6, 5, 5 rather than five of 6
+  // and one of 2, which does a third of the multiply-adds a load of a full
+  // tile does.
+  const int64_t tiles = (m + kMr - 1) / kMr;
 #pragma omp parallel if (panels > 1 && m * n * k >= (int64_t{1} << 20))
   {
     const ScratchFloats bp(nc * std::min(k, kKc));  // the thread's Bp
@@ -299,9 +344,10 @@ void Mxfp4Gemm(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y
         for (int64_t c0 = 0; c0 < nb; c0 += kNr) {
           const float* group = bp.data() + c0 * kc;  // [kc][kNr]
           const int64_t cols = std::min<int64_t>(kNr, nb - c0);
-          for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-            MicroRows(std::min<int64_t>(kMr, m - i0), kc, x + i0 * ldx + p0, ldx, group,
-                      y + i0 * ldy + j0 + c0, ldy, cols, add);
+          for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t i0 = m * t / tiles, i1 = m * (t + 1) / tiles;
+            MicroRows(i1 - i0, kc, x + i0 * ldx + p0, ldx, group, y + i0 * ldy + j0 + c0, ldy, cols,
+                      add);
           }
         }
       }
