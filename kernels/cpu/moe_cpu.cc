@@ -32,6 +32,15 @@ namespace {
 // Tokens below this count are routed on the calling thread.
 constexpr int64_t kParallelMinTokens = 16;
 
+// A prefill expert's gather and weighted sum into the output move this many
+// floats or more on all threads: at K3's widths (512) an expert's rows from
+// 32 up, the tokens of a 512-token chunk. Run serially, they were a quarter of
+// an 8192-token step on two cores (k3-moe-small, bench/moe_bench --prefill),
+// the other thread idle.
+constexpr int64_t kParallelMinFloats = int64_t{1} << 14;
+// Columns of the output a thread sums at a time (a multiple of the vectors).
+constexpr int64_t kScatterColumns = 64;
+
 // out[pair rows, w.rows] = x[pair rows] · wᵀ for every expert e with rows, its
 // rows of x and out at offset[e] (x: [pairs, ldx], out: [pairs, ldy]), in one
 // parallel region: the work is cut into blocks of weight rows small enough to
@@ -170,6 +179,7 @@ void MoeExperts(const MoeExpertsPtrs& a) {
     const int64_t rows = offset[e + 1] - offset[e];
     if (rows == 0 || a.experts[e].w13.empty()) continue;  // idle, or held elsewhere
     const int64_t* pair = order.data() + offset[e];       // [rows]
+#pragma omp parallel for schedule(static) if (rows * a.din >= kParallelMinFloats)
     for (int64_t r = 0; r < rows; ++r) {
       std::memcpy(x.data() + r * a.din, a.z + (pair[r] / a.top_k) * a.din,
                   static_cast<size_t>(a.din) * sizeof(float));
@@ -178,11 +188,19 @@ void MoeExperts(const MoeExpertsPtrs& a) {
     DELTASERVE_CPU_ISA::LinearStrided(x.data(), a.din, ex.w13, rows, gu.data(), 2 * a.inter, false);
     DELTASERVE_CPU_ISA::GatedActivation(gu.data(), rows, a.inter, a.act, h.data());
     DELTASERVE_CPU_ISA::LinearStrided(h.data(), a.inter, ex.w2, rows, y.data(), a.dout, false);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float w = a.weights[pair[r]];
-      const float* yr = y.data() + r * a.dout;
-      float* o = a.out + (pair[r] / a.top_k) * a.dout;
-      for (int64_t c = 0; c < a.dout; ++c) o[c] += w * yr[c];
+    // The threads split the output's columns, not the rows: a token that
+    // picked this expert twice has two rows here, and each column still sums
+    // its rows in order.
+    const int64_t chunks = (a.dout + kScatterColumns - 1) / kScatterColumns;
+#pragma omp parallel for schedule(static) if (chunks > 1 && rows * a.dout >= kParallelMinFloats)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t c0 = chunk * kScatterColumns, c1 = std::min(a.dout, c0 + kScatterColumns);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float w = a.weights[pair[r]];
+        const float* yr = y.data() + r * a.dout;
+        float* o = a.out + (pair[r] / a.top_k) * a.dout;
+        for (int64_t c = c0; c < c1; ++c) o[c] += w * yr[c];
+      }
     }
   }
 }

@@ -334,6 +334,25 @@ TEST_P(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
   }
 }
 
+// A prefill step on MXFP4 experts of uneven widths: ~110 tokens an expert
+// (the tiled MXFP4 GEMM on the CPU, kernels/cpu/mxfp4_gemm_cpu.cc) with din
+// and inter multiples of 32 but not of its column blocks and dout not a
+// multiple of its output tiles; the first tokens pick one expert twice, so an
+// expert has two rows of one token, which the weighted sum into the output
+// adds on threads that split the output's columns.
+TEST_P(MoeExpertsTest, Mxfp4PrefillMatchesReference) {
+  const int64_t t = 300, n = 8, k = 3;
+  ExpertSet set(n, 160, 96, 200, 1500);
+  const Mxfp4Experts mx(&set, 1501);
+  const auto z = RandomFloats(t * set.din, 1502);
+  const auto logits = RandomFloats(t * n, 1503, -3.0f, 3.0f);
+  Routed r = Route(Device::kCpu, logits, nullptr, t, n, k, true, 1.0f);
+  for (int64_t i = 0; i < 20; ++i) r.idx[i * k + 1] = r.idx[i * k];
+  const auto got = RunFast(device(), set, mx.Fast(set), z, t, k, r.idx, r.weights, Situ());
+  const auto want = RunRef(set, z, t, k, r.idx, r.weights, Situ());
+  EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, k));
+}
+
 // A decode step reads each expert once for all the tokens sent to it: a
 // token's output is still bitwise what that token alone gets, whatever other
 // tokens share its experts (decode batches of 8 and 32 on K3-shaped MXFP4
