@@ -3,10 +3,12 @@
 // MoeExperts groups the (token, slot) pairs by expert with a counting sort and
 // runs each expert as two GEMMs over its gathered tokens, on the expert's
 // weights as stored (MXFP4 in K3), so that the tokens sent to one expert share
-// one read of its weights. Experts run one after another, each GEMM using all
-// threads (oneDNN's sgemm for many rows); the gathers and scatters stay
-// serial: they move O(rows·d) floats against O(rows·d·inter) GEMM work, and
-// nested OpenMP regions would oversubscribe the cores.
+// one read of its weights. In a long prefill step (hundreds of rows an
+// expert) experts run one after another, each GEMM using all threads, and
+// so do each expert's gather of its tokens and the weighted sum of its rows
+// into the output. With fewer rows an expert (a 512-token chunk: ~32) and
+// enough experts to go round, the threads take whole experts instead, each
+// running its expert's GEMMs alone (ExpertsInParallel below says why).
 //
 // A decode step sends each expert a few tokens (at most the skinny kernel's
 // 16), and its experts are small products: one OpenMP region per GEMM per
