@@ -265,36 +265,47 @@ void Pack(const Tensor& w, int64_t j0, int64_t nb, int64_t p0, int64_t kc, float
 }
 
 // y[i, c] (+)= Σ_p x[i, p] · bp[p][c] for i < MR, p < kc, c < cols <= kNr;
-// `add` adds to y, else overwrites it.
+// `add` adds to y, else overwrites it. Every loop over i and v is unrolled,
+// so that acc is registers only: with the edge's stores in a loop of its own
+// over i, GCC kept acc in memory at the AVX2 level, storing all twelve sums
+// on every step of p (one core at 75 GFLOP/s against oneDNN's AVX2 sgemm's
+// 114).
 template <int MR>
 void MicroKernel(int64_t kc, const float* x, int64_t ldx, const float* bp, float* y, int64_t ldy,
                  int64_t cols, bool add) {
   V acc[MR][kNv];
-  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) acc[i][v] = Zero();
+  }
   for (int64_t p = 0; p < kc; ++p) {
     V b[kNv];
+#pragma GCC unroll 4
     for (int v = 0; v < kNv; ++v) b[v] = Load(bp + p * kNr + v * kLanes);
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const V a = Broadcast(x + i * ldx + p);
+#pragma GCC unroll 4
       for (int v = 0; v < kNv; ++v) acc[i][v] = Fma(a, b[v], acc[i][v]);
     }
   }
-  if (cols == kNr) {
-    for (int i = 0; i < MR; ++i) {
-      for (int v = 0; v < kNv; ++v) {
-        float* out = y + i * ldy + v * kLanes;
-        Store(out, add ? Add(Load(out), acc[i][v]) : acc[i][v]);
-      }
-    }
-    return;
-  }
-  // The last group of a W whose rows are not a multiple of kNr.
-  alignas(64) float sums[kNr];
+  // A full tile goes straight to y; the last group of a W whose rows are not
+  // a multiple of kNr through `tile`, then its first `cols` columns.
+  alignas(64) float tile[MR][kNr];
+  const bool full = cols == kNr;
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    for (int v = 0; v < kNv; ++v) Store(sums + v * kLanes, acc[i][v]);
+#pragma GCC unroll 4
+    for (int v = 0; v < kNv; ++v) {
+      float* out = full ? y + i * ldy + v * kLanes : tile[i] + v * kLanes;
+      Store(out, full && add ? Add(Load(out), acc[i][v]) : acc[i][v]);
+    }
+  }
+  if (full) return;
+  for (int i = 0; i < MR; ++i) {
     float* out = y + i * ldy;
-    for (int64_t c = 0; c < cols; ++c) out[c] = add ? out[c] + sums[c] : sums[c];
+    for (int64_t c = 0; c < cols; ++c) out[c] = add ? out[c] + tile[i][c] : tile[i][c];
   }
 }
 
