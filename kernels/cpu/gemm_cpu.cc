@@ -2,10 +2,14 @@
 //
 // Many rows (a prefill chunk) go to oneDNN's sgemm, which packs W and runs
 // kernels generated for this CPU at run time. A float32 W goes in as it is;
-// bf16 and MXFP4 weights are widened to float32 a block of rows at a time
+// bf16 weights are widened to float32 a block of rows at a time
 // into a scratch panel of 4 MiB, never a whole matrix. The widening
 // reads each weight once per call and costs O(n·k) against the GEMM's
-// O(m·n·k), under 1% of the time at a chunk's hundreds of rows.
+// O(m·n·k), under 1% of the time at a chunk's hundreds of rows. MXFP4
+// weights, whose panel would be a float32 copy of a whole MoE expert each
+// call, have a GEMM of their own at the AVX2 and AVX-512 levels that decodes
+// W into its cache-sized tiles (kernels/cpu/mxfp4_gemm_cpu.cc); the generic
+// level widens them for sgemm too.
 //
 // With the opt-in bf16 compute (Tensor::compute), many rows on bf16 weights
 // go instead to oneDNN's bf16 matmul, activations rounded to bf16.
@@ -581,6 +585,10 @@ template <DType D>
 void LinearOf(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
               bool accumulate) {
   if (m <= kMaxSkinnyRows) return SkinnyLinear<D>(x, ldx, w, m, y, ldy, accumulate);
+#if DELTASERVE_CPU_AVX2
+  // MXFP4 decoded inside the GEMM's tiles (kernels/cpu/mxfp4_gemm_cpu.cc).
+  if constexpr (D == DType::kMxfp4) return Mxfp4Gemm(x, ldx, w, m, y, ldy, accumulate);
+#endif
   // The opt-in bf16 compute (Tensor::compute), where oneDNN has a bf16 matmul
   // for this CPU; else the exact float32 path.
   if (D == DType::kBF16 && w.compute == DType::kBF16 && onednn::HasBf16Matmul()) {

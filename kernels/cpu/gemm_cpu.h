@@ -39,6 +39,14 @@
 //
 // All of these are declared for every level (kernels/cpu/dispatch.h), so a
 // test can select one with DELTASERVE_CPU_DISPATCH.
+//
+// Mxfp4Gemm: y[i, j] (+)= x[i, :] · w[j, :] for i < m, j < w.rows, with w
+// MXFP4 (k = w.cols a positive multiple of 32) and m > 0, x and y strided as
+// in LinearStrided: Linear's path for MXFP4 weights above the skinny kernel's
+// rows, which decodes W into the GEMM's cache-sized tiles instead of a
+// widened float32 copy (kernels/cpu/mxfp4_gemm_cpu.cc). Declared and defined
+// at the levels with vectors (avx2, avx512) only: the generic level widens W
+// for oneDNN's sgemm.
 #define DELTASERVE_GEMM_CPU_DECLARATIONS                                                           \
   inline constexpr int64_t kSkinnyMaxRows = 16;                                                    \
   void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, \
@@ -51,9 +59,14 @@
 namespace deltaserve::kernels::cpu::generic {
 DELTASERVE_GEMM_CPU_DECLARATIONS
 }  // namespace deltaserve::kernels::cpu::generic
+#define DELTASERVE_GEMM_CPU_VECTOR_DECLARATIONS                                                  \
+  void Mxfp4Gemm(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy, \
+                 bool accumulate);
 namespace deltaserve::kernels::cpu::avx2 {
 DELTASERVE_GEMM_CPU_DECLARATIONS
+DELTASERVE_GEMM_CPU_VECTOR_DECLARATIONS
 }  // namespace deltaserve::kernels::cpu::avx2
 namespace deltaserve::kernels::cpu::avx512 {
 DELTASERVE_GEMM_CPU_DECLARATIONS
+DELTASERVE_GEMM_CPU_VECTOR_DECLARATIONS
 }  // namespace deltaserve::kernels::cpu::avx512

@@ -340,8 +340,10 @@ TEST_P(LinearCpuTest, WidenRowsIsExact) {
 // partial sum, in any order, stays under 2^18, so float32 holds each exactly
 // and the result must equal the float64 reference to the bit. A code read
 // from the wrong nibble, a scale applied to the wrong group or a group
-// skipped changes the exact value. Rows of x from 1 (decode) to 17 (the
-// widened panels), and W of 300 rows, which threads split.
+// skipped changes the exact value. Rows of x from 1 (decode) to 97 (the
+// tiled MXFP4 GEMM above 16 rows, kernels/cpu/mxfp4_gemm_cpu.cc: its 6-row
+// tiles and the rows left over), k past one and several of its column blocks,
+// and W of 300 rows, which threads split into panels, the last one ragged.
 TEST(LinearMxfp4Test, GroupScalesAreExactOnIntegerInputs) {
   uint64_t seed = 3000;
   for (const int64_t k : {32, 96, 512, 544}) {
@@ -353,7 +355,7 @@ TEST(LinearMxfp4Test, GroupScalesAreExactOnIntegerInputs) {
       const std::vector<double> values =
           ref::DequantizeMxfp4Ref(packed.data(), scales.data(), n, k);
       const Tensor w{packed.data(), scales.data(), DType::kMxfp4, Device::kCpu, n, k};
-      for (const int64_t m : {1, 2, 3, 4, 5, 8, 16, 17}) {
+      for (const int64_t m : {1, 2, 3, 4, 5, 8, 16, 17, 18, 23, 64, 97}) {
         SCOPED_TRACE(::testing::Message() << "m " << m << " n " << n << " k " << k);
         const auto ints = testing::RandomTokens(m * k, ++seed, 17);
         std::vector<float> x(ints.size());
@@ -392,6 +394,66 @@ TEST(LinearMxfp4Test, EveryScaleByteIsExact) {
       Linear(Tensor::F32(x.data(), rows, k), w, y.View(rows, n));
       EXPECT_TRUE(testing::SameValues(y.Values(), Reference(x, values, rows, n, k)));
       EXPECT_TRUE(y.GuardsIntact());
+    }
+  }
+}
+
+// MXFP4 weights above 16 rows of x take the tiled GEMM at the vector levels
+// (kernels/cpu/mxfp4_gemm_cpu.cc): x 6 rows at a time, outputs 64 (AVX-512)
+// or 16 (AVX2) columns at a time, k in blocks of 128 (AVX-512) or 256 (AVX2)
+// columns, W in panels of up to 256 rows that the threads share. Shapes on
+// both sides of each edge: m not a multiple of 6; n short of, at and past a
+// multiple of 16 and 64 and past one panel; k a multiple of 32 but not of
+// either block, and several blocks; each overwriting (into NaN) and
+// accumulating, x and y dense and strided with the columns around y's block
+// left alone.
+TEST(LinearMxfp4Test, TiledGemmEdgesMatchReference) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{17, 1, 32},    {18, 16, 128},  {23, 17, 160},  {24, 63, 256},
+                          {25, 64, 288},  {31, 65, 544},  {64, 130, 96},  {97, 257, 416},
+                          {40, 300, 544}, {130, 520, 64}, {19, 513, 1056}};
+  constexpr float kSentinel = 12345.0f;
+  uint64_t seed = 4000;
+  for (const Shape& s : shapes) {
+    const TestWeight w = MakeWeight(DType::kMxfp4, s.n, s.k, ++seed);
+    for (const bool strided : {false, true}) {
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "m " << s.m << " n " << s.n << " k " << s.k << " strided " << strided
+                     << " accumulate " << accumulate);
+        const int64_t ldx = s.k + (strided ? 5 : 0), ldy = s.n + (strided ? 7 : 0),
+                      col = strided ? 3 : 0;  // y is columns [col, col + n) of [m, ldy]
+        const auto xw = RandomFloats(s.m * ldx, ++seed);
+        std::vector<float> x(s.m * s.k);  // the dense [m, k] view of xw
+        for (int64_t i = 0; i < s.m; ++i)
+          for (int64_t c = 0; c < s.k; ++c) x[i * s.k + c] = xw[i * ldx + c];
+        const auto y0 = RandomFloats(s.m * s.n, ++seed);
+        std::vector<float> yw0(s.m * ldy, kSentinel);
+        for (int64_t i = 0; i < s.m; ++i)
+          for (int64_t j = 0; j < s.n; ++j)
+            yw0[i * ldy + col + j] = accumulate ? y0[i * s.n + j] : NAN;
+        GuardedBuffer<float> out(Device::kCpu, s.m * ldy);
+        out.Fill(yw0);
+        Linear(Tensor::F32(xw.data(), s.m, s.k, ldx), w.tensor,
+               out.View(s.m, ldy).Columns(col, s.n), accumulate);
+        ASSERT_TRUE(out.GuardsIntact());
+        const std::vector<float> yw = out.Values();
+        auto want = Reference(x, w.values, s.m, s.n, s.k);
+        std::vector<float> y(s.m * s.n);
+        for (int64_t i = 0; i < s.m; ++i) {
+          for (int64_t j = 0; j < ldy; ++j) {
+            if (j >= col && j < col + s.n) {
+              y[i * s.n + j - col] = yw[i * ldy + j];
+              if (accumulate) want[i * s.n + j - col] += y0[i * s.n + j - col];
+            } else {
+              ASSERT_EQ(yw[i * ldy + j], kSentinel) << "row " << i << " col " << j;
+            }
+          }
+        }
+        EXPECT_TRUE(AllClose(y, want, Atol(s.k) + ReductionTolerance(1), ReductionTolerance(s.k)));
+      }
     }
   }
 }

@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/isa.h"
 #include "kernels/reference/moe_ref.h"
 #include "kernels/reference/mxfp4_ref.h"
+#include "kernels/threads.h"
 #include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
@@ -332,6 +334,69 @@ TEST_P(MoeExpertsTest, Mxfp4ExpertsMatchReferenceOnDequantisedWeights) {
     const auto want = RunRef(set, z, c.t, c.top_k, r.idx, r.weights, Situ());
     EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, c.top_k));
   }
+}
+
+// A prefill step on MXFP4 experts of uneven widths: ~110 tokens an expert
+// (the tiled MXFP4 GEMM on the CPU, kernels/cpu/mxfp4_gemm_cpu.cc) with din
+// and inter multiples of 32 but not of its column blocks and dout not a
+// multiple of its output tiles; the first tokens pick one expert twice, so an
+// expert has two rows of one token, which the weighted sum into the output
+// adds on threads that split the output's columns.
+TEST_P(MoeExpertsTest, Mxfp4PrefillMatchesReference) {
+  const int64_t t = 300, n = 8, k = 3;
+  ExpertSet set(n, 160, 96, 200, 1500);
+  const Mxfp4Experts mx(&set, 1501);
+  const auto z = RandomFloats(t * set.din, 1502);
+  const auto logits = RandomFloats(t * n, 1503, -3.0f, 3.0f);
+  Routed r = Route(Device::kCpu, logits, nullptr, t, n, k, true, 1.0f);
+  for (int64_t i = 0; i < 20; ++i) r.idx[i * k + 1] = r.idx[i * k];
+  const auto got = RunFast(device(), set, mx.Fast(set), z, t, k, r.idx, r.weights, Situ());
+  const auto want = RunRef(set, z, t, k, r.idx, r.weights, Situ());
+  EXPECT_TRUE(MoeClose(got, want, set.din, set.inter, k));
+}
+
+// A prefill step with few rows an expert and at least 8 experts with rows a
+// thread: the CPU shares whole experts among its threads, each pair's output
+// in a buffer, then sums each token's rows in expert order (below that, it
+// runs the experts one after another on all threads). On MXFP4 experts,
+// whose tiled GEMM sums in one order whatever the threads (not so oneDNN's
+// sgemm, which the generic level widens them for), both ways give the same
+// bits: on one thread 23 experts with rows are shared, on four they are not.
+// An expert held elsewhere (none of its pairs computed) and a token picking
+// one expert twice are in the step, and expert subsets on two ranks add up
+// to the reference.
+TEST(MoeExpertsCpuTest, PrefillSharingExpertsAmongThreadsGivesTheSameBits) {
+  const int64_t t = 150, n = 24, k = 4;
+  ExpertSet set(n, 96, 64, 80, 1600);
+  const Mxfp4Experts mx(&set, 1601);
+  const auto z = RandomFloats(t * set.din, 1602);
+  const auto logits = RandomFloats(t * n, 1603, -3.0f, 3.0f);
+  Routed r = Route(Device::kCpu, logits, nullptr, t, n, k, true, 1.0f);
+  for (int64_t i = 0; i < 10; ++i) r.idx[i * k + 1] = r.idx[i * k];
+  auto experts = mx.Fast(set);
+  experts[5] = {};
+  const int threads = NumThreads();
+  SetNumThreads(1);
+  const auto shared = RunFast(Device::kCpu, set, experts, z, t, k, r.idx, r.weights, Situ());
+  SetNumThreads(4);
+  const auto one_by_one = RunFast(Device::kCpu, set, experts, z, t, k, r.idx, r.weights, Situ());
+  if (ActiveIsa() == Isa::kGeneric) {
+    EXPECT_TRUE(MoeClose(shared, ToDouble(one_by_one), set.din, set.inter, k));
+  } else {
+    EXPECT_EQ(0, std::memcmp(shared.data(), one_by_one.data(), shared.size() * sizeof(float)));
+  }
+  SetNumThreads(1);
+  std::vector<float> sum(t * set.dout, 0.0f);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto part = mx.Fast(set);
+    for (int64_t e = 0; e < n; ++e) {
+      if (e % 2 != rank) part[e] = {};
+    }
+    const auto got = RunFast(Device::kCpu, set, part, z, t, k, r.idx, r.weights, Situ());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[i];
+  }
+  SetNumThreads(threads);
+  EXPECT_TRUE(MoeClose(sum, RunRef(set, z, t, k, r.idx, r.weights, Situ()), set.din, set.inter, k));
 }
 
 // A decode step reads each expert once for all the tokens sent to it: a
