@@ -208,8 +208,14 @@ if [[ -z $model ]]; then
   model=$cache/models/$preset
   [[ $experts == mxfp4 ]] && model+=-mxfp4
   if [[ ! -f $model/model.safetensors ]]; then
-    step "making a random $preset with $experts experts (seed 0) in $model"
+    what=$preset
+    [[ $experts == mxfp4 ]] && what+=" with MXFP4 experts"
+    step "making a random $what (seed 0) in $model"
+    # Made aside and moved in whole, so that an interrupted run leaves no
+    # half-written model behind.
+    rm -rf "$model.tmp"
     quiet make-model "$ds" make-model --preset "$preset" --experts "$experts" --out "$model.tmp"
+    rm -rf "$model"
     mv "$model.tmp" "$model"
   fi
 elif [[ $preset != k3-small || $experts != bf16 ]]; then
