@@ -178,10 +178,8 @@ double SgemmRate(int64_t n, int reps) {
 std::vector<Layer> MakeLayers(DType dtype, int64_t mb, double expert_bytes, std::mt19937& gen) {
   const int64_t n_layers =
       std::max<int64_t>(2, static_cast<int64_t>(mb * 1e6 / (expert_bytes * kExperts) + 0.999));
-  const auto [w13_data, w13_scales] = MatrixBytes(dtype, 2 * kInter, kDin);
-  const auto [w2_data, w2_scales] = MatrixBytes(dtype, kDout, kInter);
-  const std::shared_ptr<uint8_t> region = deltaserve::kernels::HugePageRegion(
-      n_layers * kExperts * (w13_data + w13_scales + w2_data + w2_scales));
+  const std::shared_ptr<uint8_t> region =
+      deltaserve::kernels::HugePageRegion(static_cast<size_t>(n_layers * kExperts * expert_bytes));
   if (region == nullptr) {
     std::fprintf(stderr, "moe_bench: no memory for %lld layers of experts\n",
                  static_cast<long long>(n_layers));
@@ -203,9 +201,11 @@ std::vector<Layer> MakeLayers(DType dtype, int64_t mb, double expert_bytes, std:
   return layers;
 }
 
+// One expert's bytes: gate|up and down, values (codes) and scales.
 double ExpertBytes(DType dtype) {
-  const double per_value = dtype == DType::kBF16 ? 2.0 : 0.5 + 1.0 / 32;
-  return per_value * (2 * kInter * kDin + kDout * kInter);
+  const auto [w13_data, w13_scales] = MatrixBytes(dtype, 2 * kInter, kDin);
+  const auto [w2_data, w2_scales] = MatrixBytes(dtype, kDout, kInter);
+  return static_cast<double>(w13_data + w13_scales + w2_data + w2_scales);
 }
 
 const char* Name(DType dtype) { return dtype == DType::kBF16 ? "bf16" : "mxfp4"; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -262,6 +263,29 @@ void ForEachVector(ModelWeights* w, const std::function<void(VectorWeight&)>& fn
 
 namespace {
 
+// Replaces every matrix of `w` by place(it), once for each distinct matrix: a
+// matrix seen before (the head tied to the embedding) takes the same place.
+// Stops at place's first error.
+absl::Status PlaceEachMatrix(ModelWeights* w,
+                             const std::function<absl::StatusOr<Weight>(const Weight&)>& place) {
+  std::map<const void*, Weight> placed;  // by data as loaded
+  absl::Status status;
+  ForEachMatrix(w, [&](Weight& m) {
+    if (m.empty() || !status.ok()) return;
+    auto it = placed.find(m.tensor().data);
+    if (it == placed.end()) {
+      absl::StatusOr<Weight> moved = place(m);
+      if (!moved.ok()) {
+        status = moved.status();
+        return;
+      }
+      it = placed.emplace(m.tensor().data, *std::move(moved)).first;
+    }
+    m = it->second;
+  });
+  return status;
+}
+
 // Copies every matrix and vector of `w` (host memory, as loaded) to the CUDA
 // device. A matrix seen before (the head tied to the embedding) takes the
 // same device copy.
@@ -272,25 +296,17 @@ absl::Status CopyWeightsToCuda(ModelWeights* w) {
         absl::StrCat("weights on cuda: ", kernels::cuda::BackendProblem()));
   }
   kernels::Workspace& workspace = kernels::Workspace::Of(Device::kCuda);
-  std::map<const void*, Weight> placed;  // by host data
-  absl::Status status;
-  ForEachMatrix(w, [&](Weight& m) {
-    if (m.empty() || !status.ok()) return;
+  DELTASERVE_RETURN_IF_ERROR(PlaceEachMatrix(w, [&](const Weight& m) -> absl::StatusOr<Weight> {
     const kernels::Tensor& host = m.tensor();
-    if (auto it = placed.find(host.data); it != placed.end()) {
-      m = it->second;
-      return;
-    }
     const size_t data_bytes = static_cast<size_t>(host.rows * host.RowBytes());
     const size_t scale_bytes = static_cast<size_t>(host.rows * host.ScaleRowBytes());
     auto block = std::make_shared<kernels::DeviceBlock>();
     const std::string error =
         kernels::DeviceBlock::Allocate(Device::kCuda, data_bytes + scale_bytes, block.get());
     if (!error.empty()) {
-      status = absl::ResourceExhaustedError(absl::StrCat(
+      return absl::ResourceExhaustedError(absl::StrCat(
           "weights on cuda: ", data_bytes + scale_bytes, " bytes for a ",
           kernels::DTypeName(host.dtype), " [", host.rows, ", ", host.cols, "] matrix: ", error));
-      return;
     }
     kernels::Tensor on = host;
     on.device = Device::kCuda;
@@ -301,11 +317,8 @@ absl::Status CopyWeightsToCuda(ModelWeights* w) {
       workspace.CopyFromHost(static_cast<uint8_t*>(block->data()) + data_bytes, host.scales,
                              scale_bytes);
     }
-    Weight moved(on, std::move(block), /*mapped=*/false);
-    placed.emplace(host.data, moved);
-    m = std::move(moved);
-  });
-  DELTASERVE_RETURN_IF_ERROR(status);
+    return Weight(on, std::move(block), /*mapped=*/false);
+  }));
   ForEachVector(w, [](VectorWeight& v) { v.MoveTo(Device::kCuda); });
   if (const kernels::DeviceError error = workspace.Synchronize(); !error.ok()) {
     return absl::InternalError(
@@ -344,15 +357,9 @@ void MoveToHugePages(ModelWeights* w) {
   if (total < kHugePagesMinBytes || !kernels::TransparentHugePages()) return;
   const std::shared_ptr<uint8_t> region = kernels::HugePageRegion(total);
   if (region == nullptr) return;
-  std::map<const void*, Weight> placed;  // by data as loaded
   size_t offset = 0;
-  ForEachMatrix(w, [&](Weight& m) {
-    if (m.empty()) return;
+  const absl::Status placed = PlaceEachMatrix(w, [&](const Weight& m) -> absl::StatusOr<Weight> {
     const kernels::Tensor& from = m.tensor();
-    if (auto it = placed.find(from.data); it != placed.end()) {
-      m = it->second;
-      return;
-    }
     const size_t data_bytes = static_cast<size_t>(from.rows * from.RowBytes());
     const size_t scale_bytes = static_cast<size_t>(from.rows * from.ScaleRowBytes());
     kernels::Tensor to = from;
@@ -364,10 +371,9 @@ void MoveToHugePages(ModelWeights* w) {
       to.scales = at + align(data_bytes);
     }
     offset += align(data_bytes) + align(scale_bytes);
-    Weight moved(to, std::shared_ptr<const void>(region, at), /*mapped=*/false);
-    placed.emplace(from.data, moved);
-    m = std::move(moved);
+    return Weight(to, std::shared_ptr<const void>(region, at), /*mapped=*/false);
   });
+  DELTASERVE_CHECK(placed.ok());  // the copies cannot fail
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,25 +25,41 @@
 namespace deltaserve {
 namespace {
 
-// Resident bytes of this process's mappings of `path` (/proc/self/smaps).
-int64_t ResidentBytesOf(const std::string& path) {
+// This process's mappings (/proc/self/smaps): each one's file ("" when
+// anonymous) and its fields in kB or as flags ("Rss", "Size", "THPeligible").
+struct Mapping {
+  std::string name;
+  std::map<std::string, int64_t> fields;
+  int64_t Field(const std::string& field) const {
+    const auto it = fields.find(field);
+    return it == fields.end() ? 0 : it->second;
+  }
+};
+
+std::vector<Mapping> Mappings() {
   std::ifstream smaps("/proc/self/smaps");
+  std::vector<Mapping> out;
   std::string line;
-  bool in_file = false;
-  int64_t kib = 0;
   while (std::getline(smaps, line)) {
     std::istringstream fields(line);
     std::string first;
     fields >> first;
     if (first.find('-') != std::string::npos && first.back() != ':') {  // a mapping's header
-      std::string perms, offset, dev, inode, name;
-      fields >> perms >> offset >> dev >> inode >> name;
-      in_file = name == path;
-    } else if (in_file && first == "Rss:") {
-      int64_t value = 0;
-      fields >> value;
-      kib += value;
+      std::string perms, offset, dev, inode;
+      out.emplace_back();
+      fields >> perms >> offset >> dev >> inode >> out.back().name;
+    } else if (!out.empty() && first.back() == ':') {
+      fields >> out.back().fields[first.substr(0, first.size() - 1)];
     }
+  }
+  return out;
+}
+
+// Resident bytes of this process's mappings of `path`.
+int64_t ResidentBytesOf(const std::string& path) {
+  int64_t kib = 0;
+  for (const Mapping& m : Mappings()) {
+    if (m.name == path) kib += m.Field("Rss");
   }
   return kib * 1024;
 }
@@ -68,28 +85,12 @@ int64_t PageCacheBytesOf(const std::string& path) {
 }
 
 // The anonymous mappings of this process at least `bytes` long that the
-// kernel may back with transparent huge pages (THPeligible: 1 in
-// /proc/self/smaps).
+// kernel may back with transparent huge pages (THPeligible: 1).
 int HugePageEligibleMappingsOf(int64_t bytes) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  int64_t size_kib = 0;
-  bool anonymous = false;
   int count = 0;
-  while (std::getline(smaps, line)) {
-    std::istringstream fields(line);
-    std::string first;
-    fields >> first;
-    if (first.find('-') != std::string::npos && first.back() != ':') {  // a mapping's header
-      std::string perms, offset, dev, inode, name;
-      fields >> perms >> offset >> dev >> inode >> name;
-      anonymous = name.empty();
-    } else if (first == "Size:") {
-      fields >> size_kib;
-    } else if (first == "THPeligible:") {
-      int eligible = 0;
-      fields >> eligible;
-      if (anonymous && eligible == 1 && size_kib * 1024 >= bytes) ++count;
+  for (const Mapping& m : Mappings()) {
+    if (m.name.empty() && m.Field("THPeligible") == 1 && m.Field("Size") * 1024 >= bytes) {
+      ++count;
     }
   }
   return count;
