@@ -398,25 +398,62 @@ TEST_F(CoordinatorTest, ARequestRunsAgainOnTheNextWorkerAfterLosingTwo) {
   EXPECT_EQ(Finish(survivor), Alone(prompt, 6));
 }
 
-// A link that runs `steps` steps on a real replica, then breaks.
-class BreakingLink final : public WorkerConnection {
+// A link that runs each step on a real replica once the test allows it, and
+// breaks instead of running the step after its first `steps` (never when
+// `steps` is negative). The test allows a step only when the link waits for
+// one and only after a Poll, so the client has taken each step's progress
+// before the next step runs.
+class PacedLink final : public WorkerConnection {
  public:
-  BreakingLink(const Model& model, int steps) : local_(model), steps_(steps) {}
+  PacedLink(const Model& model, int steps) : local_(model), steps_(steps) {}
   absl::StatusOr<std::optional<StepResult>> Send(const Step& step) override {
-    if (steps_-- <= 0) return absl::UnavailableError("the test breaks the link mid-prefill");
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++arrived_;
+      cv_.wait(lock, [&] { return open_ || allowed_ >= arrived_; });
+    }
+    if (steps_ == 0) return absl::UnavailableError("the test breaks the link mid-prefill");
+    if (steps_ > 0) --steps_;
     auto result = local_.replica().Run(step);
     if (!result.ok()) return result.status();
     return std::optional<StepResult>(std::move(*result));
   }
+  // The coordinator cutting the link opens it: a Send waiting returns.
+  void Cancel() override { Open(); }
+  // Whether a step waits for the test to allow it (the step before it has
+  // run and the coordinator has taken its result).
+  bool Waiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !open_ && arrived_ > allowed_;
+  }
+  // Lets the waiting step run.
+  void Allow() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allowed_;
+    cv_.notify_all();
+  }
+  // Lets every step run, now and from now on.
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
 
  private:
   testing::LocalReplica local_;
-  int steps_;
+  int steps_;  // left before it breaks; only the scheduler's thread uses it
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t arrived_ = 0;  // steps sent to it
+  int64_t allowed_ = 0;  // steps the test has let run
+  bool open_ = false;
 };
 
 // Progress is told as it comes (an interval of 1 ns), each further than the
 // last: when the worker breaks mid-prefill and the request starts over on
 // another, its client hears nothing until the new prefill passes the old.
+// Each worker's steps run one at a time, each after the client has polled
+// for the one before.
 TEST_F(CoordinatorTest, PrefillProgressNeverGoesBackWhenARequestRunsAgain) {
   CoordinatorOptions options;
   options.step_tokens = 16;
@@ -425,26 +462,45 @@ TEST_F(CoordinatorTest, PrefillProgressNeverGoesBackWhenARequestRunsAgain) {
   std::vector<int32_t> prompt(200);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 5 + 1) % 256);
   RequestHandle handle = Submit(prompt, 2);
+  const auto breaking = std::make_shared<PacedLink>(*model_, 6);
+  const auto second = std::make_shared<PacedLink>(*model_, -1);
+  // However the test ends, both links open, so that no step waits on one
+  // through the coordinator's shutdown.
+  struct OpenAtEnd {
+    std::vector<std::shared_ptr<PacedLink>> links;
+    ~OpenAtEnd() {
+      for (const auto& link : links) link->Open();
+    }
+  } open_at_end{{breaking, second}};
   ASSERT_TRUE(
       coordinator_
           ->AttachWorker(MakeWorkerInfo(model_->config(), *WorldLayout::Make(1, 1, 1), "breaking"),
-                         std::make_shared<BreakingLink>(*model_, 6))
+                         breaking)
           .ok());
   std::vector<int64_t> told;
-  auto take = [&](std::vector<TokenEvent>* tokens) {
+  std::vector<TokenEvent> tokens;
+  auto take = [&]() {
     std::optional<PrefillProgress> progress;
-    auto outcome = coordinator_->Poll(handle, tokens, std::chrono::milliseconds(10), &progress);
+    auto outcome = coordinator_->Poll(handle, &tokens, std::chrono::milliseconds(10), &progress);
     if (progress) {
       EXPECT_EQ(progress->tokens_total, 200);
-      EXPECT_TRUE(tokens->empty()) << "progress with or after the first token";
+      EXPECT_TRUE(tokens.empty()) << "progress with or after the first token";
       told.push_back(progress->tokens_done);
     }
     return outcome;
   };
-  std::vector<TokenEvent> tokens;
-  for (int i = 0; i < 500 && coordinator_->Status().workers > 0; ++i) take(&tokens);
-  ASSERT_EQ(coordinator_->Status().workers, 0);
-  take(&tokens);
+  // Polls, then lets the link run its next step if it was already waiting
+  // for it before the Poll: the Poll took whatever the step before told.
+  auto take_then_allow = [&](PacedLink& link) {
+    const bool waiting = link.Waiting();
+    auto outcome = take();
+    if (waiting) link.Allow();
+    return outcome;
+  };
+  while (coordinator_->Status().workers > 0) {
+    ASSERT_FALSE(take_then_allow(*breaking).has_value())
+        << "the request ended on the breaking worker";
+  }
   ASSERT_FALSE(told.empty());
   const int64_t before = told.back();
   EXPECT_GE(before, 16 * 5 / 2) << "the broken worker ran 6 steps of up to 16 tokens";
@@ -453,10 +509,13 @@ TEST_F(CoordinatorTest, PrefillProgressNeverGoesBackWhenARequestRunsAgain) {
   ASSERT_EQ(queued.requests.size(), 1u);
   EXPECT_EQ(queued.requests[0].worker, 0u);
   EXPECT_EQ(queued.requests[0].prefill.tokens_done, 0);
-  worker_ = std::make_unique<RecordingWorker>(*model_, *coordinator_);
-  worker_->Attach(model_->config(), 1);
+  ASSERT_TRUE(
+      coordinator_
+          ->AttachWorker(MakeWorkerInfo(model_->config(), *WorldLayout::Make(1, 1, 1), "paced"),
+                         second)
+          .ok());
   std::optional<RequestOutcome> outcome;
-  while (!outcome) outcome = take(&tokens);
+  while (!outcome) outcome = take_then_allow(*second);
   ASSERT_TRUE(outcome->status.ok()) << outcome->status;
   ASSERT_GT(told.size(), 1u);
   EXPECT_GT(told.back(), before) << "nothing told of the second prefill";
