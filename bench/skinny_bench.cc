@@ -3,7 +3,10 @@
 // skinny kernel runs (kernels/cpu/gemm_cpu.cc). Once with W streamed from
 // memory (enough distinct matrices to pass the last-level cache) and once
 // with W in cache (one 2 MB matrix), so that the time to read W and the
-// arithmetic show apart.
+// arithmetic show apart. The matrices lie in one region on transparent huge
+// pages, as the engine holds its weights, and the rate is printed against
+// the memory read bandwidth measured in the same run (the sum model_bench
+// uses).
 // Usage: skinny_bench [THREADS] [MB streamed]. Prints us per matrix, GB/s of
 // W and GFLOP/s for each row count, and each row count's time against one
 // row's.
@@ -11,12 +14,15 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "bench/int_args.h"
+#include "bench/read_bandwidth.h"
 #include "kernels/gemm.h"
 #include "kernels/threads.h"
+#include "kernels/workspace.h"
 
 namespace {
 
@@ -27,12 +33,12 @@ using deltaserve::kernels::Tensor;
 
 constexpr int64_t kN = 1024, kK = 1024;
 
-// Best of 5 passes over `weights`, in us per matrix.
-double BestUs(const std::vector<std::vector<uint16_t>>& weights, const std::vector<float>& x,
-              int64_t m, std::vector<float>& y) {
+// Best of 5 passes over `weights` (each kN x kK bf16), in us per matrix.
+double BestUs(const std::vector<const uint16_t*>& weights, const std::vector<float>& x, int64_t m,
+              std::vector<float>& y) {
   const auto pass = [&] {
-    for (const auto& w : weights) {
-      const Tensor wt{w.data(), nullptr, DType::kBF16, Device::kCpu, kN, kK};
+    for (const uint16_t* w : weights) {
+      const Tensor wt{w, nullptr, DType::kBF16, Device::kCpu, kN, kK};
       deltaserve::kernels::Linear(Tensor::F32(x.data(), m, kK), wt,
                                   MutableTensor::F32(y.data(), m, kN));
     }
@@ -67,23 +73,35 @@ int main(int argc, char** argv) {
   const int threads = static_cast<int>(args[0]);
   const int64_t mb = std::max<int64_t>(2, args[1]);
   deltaserve::kernels::SetNumThreads(threads);
+  const double bandwidth = deltaserve::bench::ReadBandwidth();
   std::mt19937 gen(1);
   // bf16 values in [1, 2): sign and exponent fixed, random mantissa bits.
   std::uniform_int_distribution<int> mantissa(0, 127);
-  std::vector<std::vector<uint16_t>> streamed(mb * (1 << 20) / (kN * kK * 2));
-  for (auto& w : streamed) {
-    w.resize(kN * kK);
-    for (uint16_t& v : w) v = static_cast<uint16_t>(0x3f80 + mantissa(gen));
+  const int64_t count = mb * (1 << 20) / (kN * kK * 2);
+  const std::shared_ptr<uint8_t> region =
+      deltaserve::kernels::HugePageRegion(static_cast<size_t>(count * kN * kK * 2));
+  if (region == nullptr) {
+    std::fprintf(stderr, "skinny_bench: no memory for %lld MB of weights\n",
+                 static_cast<long long>(mb));
+    return 1;
   }
-  const std::vector<std::vector<uint16_t>> cached(streamed.begin(), streamed.begin() + 1);
+  std::vector<const uint16_t*> streamed;
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t* w = reinterpret_cast<uint16_t*>(region.get()) + i * kN * kK;
+    for (int64_t j = 0; j < kN * kK; ++j) w[j] = static_cast<uint16_t>(0x3f80 + mantissa(gen));
+    streamed.push_back(w);
+  }
+  const std::vector<const uint16_t*> cached(streamed.begin(), streamed.begin() + 1);
   std::vector<float> x(16 * kK, 0.5f), y(16 * kN);
 
-  std::printf("Linear, bf16 W [%lld x %lld], %d threads; %zu matrices streamed (%lld MB)\n\n",
-              static_cast<long long>(kN), static_cast<long long>(kK), threads, streamed.size(),
-              static_cast<long long>(mb));
   std::printf(
-      "| rows of x | streamed us | GB/s of W | GFLOP/s | x one row | in cache us | GFLOP/s "
-      "| x one row |\n|---|---|---|---|---|---|---|---|\n");
+      "Linear, bf16 W [%lld x %lld], %d threads; %zu matrices streamed (%lld MB) on "
+      "transparent huge pages; memory read bandwidth %.1f GB/s\n\n",
+      static_cast<long long>(kN), static_cast<long long>(kK), threads, streamed.size(),
+      static_cast<long long>(mb), bandwidth / 1e9);
+  std::printf(
+      "| rows of x | streamed us | GB/s of W | of bandwidth | GFLOP/s | x one row | in cache us "
+      "| GFLOP/s | x one row |\n|---|---|---|---|---|---|---|---|---|\n");
   double one_streamed = 0, one_cached = 0;
   for (int64_t m : {1, 2, 4, 8, 16}) {
     const double s = BestUs(streamed, x, m, y), c = BestUs(cached, x, m, y);
@@ -92,8 +110,9 @@ int main(int argc, char** argv) {
       one_cached = c;
     }
     const double flops = 2.0 * m * kN * kK;
-    std::printf("| %lld | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |\n",
-                static_cast<long long>(m), s, kN * kK * 2 / s * 1e-3, flops / s * 1e-3,
+    const double rate = kN * kK * 2 / (s * 1e-6);  // bytes of W a second
+    std::printf("| %lld | %.1f | %.1f | %.1f%% | %.1f | %.2f | %.1f | %.1f | %.2f |\n",
+                static_cast<long long>(m), s, rate / 1e9, 100 * rate / bandwidth, flops / s * 1e-3,
                 s / one_streamed, c, flops / c * 1e-3, c / one_cached);
   }
   return 0;
