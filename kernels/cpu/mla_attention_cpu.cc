@@ -35,7 +35,11 @@ constexpr int kPanels = 4;  // panels per query block
 constexpr int kBlockQ = kLanes * kPanels;
 constexpr int kBlockK = 64;   // keys per online-softmax step
 constexpr int kTileRows = 6;  // broadcast rows per register tile
-constexpr int64_t kMinSplitKeys = 512;
+// Keys a split takes at the least. A decode step (one query block) splits its
+// keys among the threads from 2 * kMinSplitKeys keys: below 1024 keys
+// (k3-moe-small, two cores) the attention of a decode step ran on the calling
+// thread alone, the other waiting, a twentieth of the step.
+constexpr int64_t kMinSplitKeys = 128;
 // Multiply-adds below which a call runs on the calling thread alone.
 constexpr int64_t kMinParallelWork = int64_t{1} << 18;
 constexpr float kLog2E = 1.4426950408889634f;
@@ -360,6 +364,12 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
   if (nblocks < 2 * threads) {
     nsplit = std::min((2 * threads + nblocks - 1) / nblocks, rows.NumKeys() / kMinSplitKeys);
     nsplit = std::max<int64_t>(nsplit, 1);
+    // Whole rounds of tasks: three equal tasks on two threads take as long
+    // as four.
+    const int64_t tasks = nblocks * nsplit;
+    if (tasks > threads && tasks % threads != 0) {
+      nsplit = std::max<int64_t>(1, tasks / threads * threads / nblocks);
+    }
   }
   const int64_t split_len = (rows.NumKeys() + nsplit - 1) / nsplit;  // keys per split
   std::vector<Partial> partials(nsplit > 1 ? nblocks * nsplit : 0);
