@@ -73,6 +73,27 @@ inline float Scale(uint8_t s) {
   return out;
 }
 
+// Rows of a weight as the skinny kernels read them: its data and (MXFP4)
+// scales and their strides, taken from the view once per block of rows (the
+// view's out-of-line RowBytes() and ScaleRowBytes() were 2% of a decode step
+// when called for every row).
+struct WeightRows {
+  explicit WeightRows(const Tensor& w)
+      : data(static_cast<const uint8_t*>(w.data)),
+        scales(w.scales),
+        row_bytes(w.RowBytes()),
+        scale_row_bytes(w.ScaleRowBytes()),
+        cols(w.cols) {}
+  const uint8_t* Row(int64_t r) const { return data + r * row_bytes; }
+  const uint8_t* Scales(int64_t r) const {
+    return scales == nullptr ? nullptr : scales + r * scale_row_bytes;
+  }
+
+  const uint8_t* data;
+  const uint8_t* scales;
+  int64_t row_bytes, scale_row_bytes, cols;
+};
+
 #if DELTASERVE_CPU_AVX2
 // How far ahead of its reads the MXFP4 skinny kernel prefetches codes, in
 // bytes (eight rows of 512 values). Decoding 16 bytes a group takes ~20
@@ -150,10 +171,11 @@ inline __m256 Load8(const uint8_t* row, const uint8_t* scales, int64_t c) {
 // out[r - r0, :] = row r of w as float32, for r in [r0, r1).
 template <DType D>
 void WidenRowsOf(const Tensor& w, int64_t r0, int64_t r1, float* out) {
+  const WeightRows rows(w);
   const int64_t k = w.cols;
   for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
-    const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+    const uint8_t* row = rows.Row(r);
+    const uint8_t* scales = rows.Scales(r);
     float* o = out + (r - r0) * k;
     int64_t c = 0;
 #if DELTASERVE_CPU_AVX2
@@ -179,11 +201,11 @@ constexpr int64_t kMaxSkinnyRows = kSkinnyMaxRows;
 // a Zen 4; four: 19). Every (row of W, row of x) pair sums in this one order,
 // so a sequence's result does not depend on its place in a batch.
 template <DType D, int MR>
-void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+void SkinnyRow(const float* x, int64_t ldx, const WeightRows& w, int64_t r, float* y, int64_t ldy,
                bool accumulate) {
   const int64_t k = w.cols;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
-  const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+  const uint8_t* row = w.Row(r);
+  const uint8_t* scales = w.Scales(r);
   __m256 acc[4][MR];
   for (int u = 0; u < 4; ++u)
     for (int i = 0; i < MR; ++i) acc[u][i] = _mm256_setzero_ps();
@@ -225,12 +247,12 @@ void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y
 // columns in the same order as in SkinnyRow and they combine the same way, so
 // a row's result is SkinnyRow's to the bit, whatever rows it is batched with.
 template <DType D>
-void SkinnyRow4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+void SkinnyRow4(const float* x, int64_t ldx, const WeightRows& w, int64_t r, float* y, int64_t ldy,
                 bool accumulate) {
   constexpr int kRows = 4;
   const int64_t k = w.cols;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
-  const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+  const uint8_t* row = w.Row(r);
+  const uint8_t* scales = w.Scales(r);
   __m256 pair[2][kRows];  // pair[h][i]: acc[2h][i] + acc[2h + 1][i] of SkinnyRow
   for (int h = 0; h < 2; ++h) {
     __m256 acc[2][kRows];
@@ -335,11 +357,11 @@ inline void PermuteForMxfp4(const float* x, int64_t ldx, int64_t m, int64_t k, f
 }
 
 template <int MR>
-void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
-                    bool accumulate) {
+void SkinnyRowMxfp4(const float* x, int64_t ldx, const WeightRows& w, int64_t r, float* y,
+                    int64_t ldy, bool accumulate) {
   const int64_t groups = w.cols / kMxfp4Group;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
-  const uint8_t* scales = w.scales + r * w.ScaleRowBytes();
+  const uint8_t* row = w.Row(r);
+  const uint8_t* scales = w.Scales(r);
   const __m512i shifts =
       _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
   // The 32 values of group g, scaled, in PermuteForMxfp4's column order.
@@ -365,7 +387,7 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, flo
   for (int i = 0; i < MR; ++i) even0[i] = even1[i] = odd0[i] = odd1[i] = _mm512_setzero_ps();
   int64_t g = 0;
   // The scales of the rows ahead: 16 bytes a row at K3's widths.
-  Prefetch(scales + 16 * w.ScaleRowBytes());
+  Prefetch(scales + 16 * w.scale_row_bytes);
   for (; g + 2 <= groups; g += 2) {
     Prefetch(row + 16 * g + kMxfp4PrefetchBytes);
     __m512 a0, a1, b0, b1;
@@ -406,16 +428,16 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, flo
 // exactly (2^(s - 128)), and every product and sum is the 16-lane path's
 // times two, so exact in the same way.
 template <int MR>
-void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
-                    bool accumulate) {
+void SkinnyRowMxfp4(const float* x, int64_t ldx, const WeightRows& w, int64_t r, float* y,
+                    int64_t ldy, bool accumulate) {
   const int64_t groups = w.cols / kMxfp4Group;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
-  const uint8_t* scales = w.scales + r * w.ScaleRowBytes();
+  const uint8_t* row = w.Row(r);
+  const uint8_t* scales = w.Scales(r);
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i low_nibble = _mm_set1_epi8(15);
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-  Prefetch(scales + 16 * w.ScaleRowBytes());  // the scales of the rows ahead
+  Prefetch(scales + 16 * w.scale_row_bytes);  // the scales of the rows ahead
   for (int64_t g = 0; g < groups; ++g) {
     if (g % 4 == 0) Prefetch(row + 16 * g + kMxfp4PrefetchBytes);  // once a cache line
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
@@ -453,11 +475,11 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const Tensor& w, int64_t r, flo
 // The same sums without vectors: 32 partial sums a pair, the 8-column tail
 // into the first 8, then a fixed reduction.
 template <DType D, int MR>
-void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y, int64_t ldy,
+void SkinnyRow(const float* x, int64_t ldx, const WeightRows& w, int64_t r, float* y, int64_t ldy,
                bool accumulate) {
   const int64_t k = w.cols;
-  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.RowBytes();
-  const uint8_t* scales = w.scales == nullptr ? nullptr : w.scales + r * w.ScaleRowBytes();
+  const uint8_t* row = w.Row(r);
+  const uint8_t* scales = w.Scales(r);
   float acc[MR][32] = {};
   int64_t c = 0;
   for (; c + 32 <= k; c += 32) {
@@ -484,8 +506,9 @@ void SkinnyRow(const float* x, int64_t ldx, const Tensor& w, int64_t r, float* y
 
 // Rows [i0, i0 + MR) of x against rows [j0, j1) of W.
 template <DType D, int MR>
-void SkinnyRows(const float* x, int64_t ldx, const Tensor& w, int64_t j0, int64_t j1, float* y,
+void SkinnyRows(const float* x, int64_t ldx, const Tensor& weight, int64_t j0, int64_t j1, float* y,
                 int64_t ldy, bool accumulate) {
+  const WeightRows w(weight);
 #if DELTASERVE_CPU_AVX2
   if constexpr (D == DType::kMxfp4) {
     for (int64_t j = j0; j < j1; ++j) SkinnyRowMxfp4<MR>(x, ldx, w, j, y, ldy, accumulate);
