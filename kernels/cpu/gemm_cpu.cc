@@ -558,11 +558,16 @@ template <DType D>
 void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
                   bool accumulate) {
   const int64_t n = w.rows, k = w.cols;
-  // Blocks of W rows small enough to stay in L2 while x's rows pass over them.
-  const int64_t block =
-      std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(w.RowBytes(), 1)) / 4 * 4);
+  // Blocks of W rows small enough to stay in L2 while x's rows pass over
+  // them, and at least one a thread: a matrix of one block (a low-rank
+  // projection of 64 KiB) ran on one thread while the others waited, 4% of
+  // a k3-moe-small decode step on two cores.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t l2_block = 64 * 1024 / std::max<int64_t>(w.RowBytes(), 1) / 4 * 4;
+  const int64_t per_thread = ((n + threads - 1) / threads + 3) / 4 * 4;
+  const int64_t block = std::max<int64_t>(4, std::min(l2_block, per_thread));
   const int64_t blocks = (n + block - 1) / block;
-#pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 16))
+#pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 15))
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t j0 = b * block, j1 = std::min(n, j0 + block);
     SkinnyBlock<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
