@@ -364,12 +364,15 @@ void RunAttention(const Rows& rows, const Dims& dims, float scale) {
   if (nblocks < 2 * threads) {
     nsplit = std::min((2 * threads + nblocks - 1) / nblocks, rows.NumKeys() / kMinSplitKeys);
     nsplit = std::max<int64_t>(nsplit, 1);
-    // Whole rounds of tasks: three equal tasks on two threads take as long
-    // as four.
-    const int64_t tasks = nblocks * nsplit;
-    if (tasks > threads && tasks % threads != 0) {
-      nsplit = std::max<int64_t>(1, tasks / threads * threads / nblocks);
+    // The split count up to nsplit whose equal tasks take the threads the
+    // least time, rounds of tasks times a task's size (three tasks on two
+    // threads take as long as four; two take less); the larger on a tie.
+    const auto rounds = [&](int64_t s) { return (nblocks * s + threads - 1) / threads; };
+    int64_t best = nsplit;
+    for (int64_t s = nsplit - 1; s >= 1; --s) {
+      if (rounds(s) * (nblocks * best) < rounds(best) * (nblocks * s)) best = s;
     }
+    nsplit = best;
   }
   const int64_t split_len = (rows.NumKeys() + nsplit - 1) / nsplit;  // keys per split
   std::vector<Partial> partials(nsplit > 1 ? nblocks * nsplit : 0);
