@@ -95,26 +95,24 @@ struct WeightRows {
 };
 
 #if DELTASERVE_CPU_AVX2
-// How far ahead of its reads the MXFP4 skinny kernel prefetches codes, in
-// bytes (eight rows of 512 values). Decoding 16 bytes a group takes ~20
-// instructions, so the reorder window holds only a few cache lines of reads
-// in flight, too few to cover memory latency: without prefetches the kernel
-// read k3-moe-small's experts at 30% of the read bandwidth, stalled on the
-// loads of codes and scales (perf, one core of a Xeon with AVX-512).
-constexpr int64_t kMxfp4PrefetchBytes = 2048;
+// How far ahead of its reads a skinny kernel prefetches the rows of W, in
+// bytes: past the end of a row it reaches the rows after it, which a block of
+// rows reads next (prefetches never fault). MXFP4: decoding 16 bytes a group
+// takes ~20 instructions, so the reorder window holds only a few cache lines
+// of reads in flight, too few to cover memory latency; without prefetches the
+// kernel read k3-moe-small's experts at 30% of the read bandwidth, stalled on
+// the loads of codes and scales (perf, one core of a Xeon with AVX-512).
+// float32 and bf16: the hardware prefetchers alone kept two threads at 75% of
+// the read bandwidth on bf16 [1024 x 1024] weights on huge pages
+// (bench/skinny_bench, the same Xeon), 96% with this.
+constexpr int64_t kSkinnyPrefetchBytes = 2048;
 
 inline void Prefetch(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
 }
 
-// The float32 and bf16 skinny kernels' prefetch of the cache lines that hold
-// columns [c, c + 32) of a row, kSkinnyPrefetchBytes ahead: past the end of
-// the row it reaches the rows after it, which a block of rows reads next
-// (prefetches never fault). The hardware prefetchers alone kept two threads
-// at 75% of the read bandwidth on bf16 [1024 x 1024] weights on huge pages
-// (bench/skinny_bench, a Xeon with AVX-512), 96% with this.
-constexpr int64_t kSkinnyPrefetchBytes = 2048;
-
+// The float32 and bf16 kernels' prefetch of the cache lines that hold
+// columns [c, c + 32) of a row, kSkinnyPrefetchBytes ahead.
 template <DType D>
 inline void PrefetchAhead(const uint8_t* row, int64_t c) {
   constexpr int64_t kBytes = D == DType::kF32 ? 4 : 2;
@@ -389,7 +387,7 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const WeightRows& w, int64_t r,
   // The scales of the rows ahead: 16 bytes a row at K3's widths.
   Prefetch(scales + 16 * w.scale_row_bytes);
   for (; g + 2 <= groups; g += 2) {
-    Prefetch(row + 16 * g + kMxfp4PrefetchBytes);
+    Prefetch(row + 16 * g + kSkinnyPrefetchBytes);
     __m512 a0, a1, b0, b1;
     decode(g, &a0, &a1);
     decode(g + 1, &b0, &b1);
@@ -439,7 +437,7 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const WeightRows& w, int64_t r,
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
   Prefetch(scales + 16 * w.scale_row_bytes);  // the scales of the rows ahead
   for (int64_t g = 0; g < groups; ++g) {
-    if (g % 4 == 0) Prefetch(row + 16 * g + kMxfp4PrefetchBytes);  // once a cache line
+    if (g % 4 == 0) Prefetch(row + 16 * g + kSkinnyPrefetchBytes);  // once a cache line
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
     // pshufb indexes by the low four bits and zeroes lanes with bit 7 set:
     // both nibbles are masked.
@@ -563,9 +561,8 @@ void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float
   // projection of 64 KiB) ran on one thread while the others waited, 4% of
   // a k3-moe-small decode step on two cores.
   const int64_t threads = omp_get_max_threads();
-  const int64_t l2_block = 64 * 1024 / std::max<int64_t>(w.RowBytes(), 1) / 4 * 4;
   const int64_t per_thread = ((n + threads - 1) / threads + 3) / 4 * 4;
-  const int64_t block = std::max<int64_t>(4, std::min(l2_block, per_thread));
+  const int64_t block = std::min(SkinnyCacheRows(w), per_thread);  // both at least 4
   const int64_t blocks = (n + block - 1) / block;
 #pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 15))
   for (int64_t b = 0; b < blocks; ++b) {
@@ -749,6 +746,10 @@ void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int
       ci[jj] = accumulate ? ci[jj] + alpha * sum : alpha * sum;
     }
   }
+}
+
+int64_t SkinnyCacheRows(const Tensor& w) {
+  return std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(w.RowBytes(), 1)) / 4 * 4);
 }
 
 void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0,

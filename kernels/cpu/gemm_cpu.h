@@ -31,6 +31,10 @@
 // cblas_sgemm in its place (OpenBLAS 0.3.21, AVX-512 kernels) and 89.7 ms
 // with OpenBLAS's Haswell (AVX2) kernels, what an AVX2-only machine gets.
 //
+// SkinnyCacheRows: the rows of w (a multiple of 4, at least 4) in a block of
+// 64 KiB, which stays in L2 while the rows of x pass over it: the skinny
+// kernel's unit of work for a thread.
+//
 // kSkinnyMaxRows and SkinnyRowsOnThisThread: y[i, j] (+)= x[i, :] · w[j, :]
 // for i < m <= kSkinnyMaxRows and j in [j0, j1), on the calling thread, by the
 // skinny kernel Linear runs for m rows: each result bitwise Linear's. For a
@@ -49,6 +53,7 @@
 // for oneDNN's sgemm.
 #define DELTASERVE_GEMM_CPU_DECLARATIONS                                                           \
   inline constexpr int64_t kSkinnyMaxRows = 16;                                                    \
+  int64_t SkinnyCacheRows(const Tensor& w);                                                        \
   void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, \
                               int64_t j1, float* y, int64_t ldy, bool accumulate);                 \
   void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out);                             \

@@ -68,8 +68,7 @@ void ExpertProducts(const std::vector<int64_t>& offset, const MoeExpert* experts
   for (size_t e = 0; e + 1 < offset.size(); ++e) {
     const Tensor& w = down ? experts[e].w2 : experts[e].w13;
     if (offset[e + 1] == offset[e] || experts[e].w13.empty()) continue;
-    const int64_t rows =
-        std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(w.RowBytes(), 1)) / 4 * 4);
+    const int64_t rows = DELTASERVE_CPU_ISA::SkinnyCacheRows(w);
     for (int64_t j0 = 0; j0 < w.rows; j0 += rows) {
       blocks.push_back({&w, static_cast<int64_t>(e), j0, std::min(w.rows, j0 + rows)});
       total += (blocks.back().j1 - j0) * w.cols;
