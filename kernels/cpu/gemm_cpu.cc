@@ -34,6 +34,7 @@
 #include <memory>
 
 #include "kernels/check.h"
+#include "kernels/cpu/balanced_blocks.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/gemm.h"
@@ -564,11 +565,10 @@ void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float
   const int64_t per_thread = ((n + threads - 1) / threads + 3) / 4 * 4;
   const int64_t block = std::min(SkinnyCacheRows(w), per_thread);  // both at least 4
   const int64_t blocks = (n + block - 1) / block;
-#pragma omp parallel for schedule(static) if (blocks > 1 && n * k * m >= (1 << 15))
-  for (int64_t b = 0; b < blocks; ++b) {
+  ForEachBlockBalanced(blocks, n * k * m >= (1 << 15), [&](int64_t b) {
     const int64_t j0 = b * block, j1 = std::min(n, j0 + block);
     SkinnyBlock<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
-  }
+  });
 }
 
 // bf16 to nearest, ties to even, a NaN kept a quiet NaN: kernels/bf16.h's

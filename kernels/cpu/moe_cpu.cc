@@ -24,6 +24,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/cpu/balanced_blocks.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/gemm.h"
@@ -55,8 +56,10 @@ constexpr int64_t kExpertParallelMinExperts = 8;
 // rows of x and out at offset[e] (x: [pairs, ldx], out: [pairs, ldy]), in one
 // parallel region: the work is cut into blocks of weight rows small enough to
 // stay in L2 while the expert's rows of x pass over them (the skinny kernel's
-// blocks), split evenly among the threads in expert order, so each thread
-// streams a contiguous share of the step's weights.
+// blocks), shared among the threads in expert order by ForEachBlockBalanced,
+// so each thread streams a contiguous share of the step's weights and the
+// blocks of an expert with more rows than the others do not leave a thread
+// waiting.
 void ExpertProducts(const std::vector<int64_t>& offset, const MoeExpert* experts, bool down,
                     const float* x, int64_t ldx, float* out, int64_t ldy) {
   struct Block {
@@ -75,13 +78,12 @@ void ExpertProducts(const std::vector<int64_t>& offset, const MoeExpert* experts
     }
   }
   const int64_t n = static_cast<int64_t>(blocks.size());
-#pragma omp parallel for schedule(static) if (n > 1 && total >= (1 << 16))
-  for (int64_t b = 0; b < n; ++b) {
+  DELTASERVE_CPU_ISA::ForEachBlockBalanced(n, total >= (1 << 16), [&](int64_t b) {
     const Block& blk = blocks[b];
     const int64_t r0 = offset[blk.e], m = offset[blk.e + 1] - r0;
     DELTASERVE_CPU_ISA::SkinnyRowsOnThisThread(x + r0 * ldx, ldx, *blk.w, m, blk.j0, blk.j1,
                                                out + r0 * ldy, ldy, false);
-  }
+  });
 }
 
 // A prefill step whose experts get few rows each (a 512-token chunk: 32 of
