@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "kernels/workspace.h"
@@ -49,6 +50,21 @@ inline double ReadBandwidth(bool huge_pages = true) {
   }
   (void)sink;
   return best;
+}
+
+// Reads a cache line of every 64 bytes of [data, data + bytes) on all
+// threads, untimed: memory a benchmark has just written and is about to time
+// reads of. On the KVM guest of docs/performance.md the first pass of reads
+// over freshly written weights ran at 60-70% of the rate of every pass after
+// it (k3-moe-small's experts in bench/moe_bench, bf16 and MXFP4 alike), and
+// a pass like this one, 0.08 s for 1.2 GB, took that away: what follows then
+// times the steady state a serving process reaches.
+inline void ReadOnce(const uint8_t* data, size_t bytes) {
+  uint64_t sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+  for (size_t i = 0; i < bytes; i += 64) sum += data[i];
+  volatile uint64_t sink = sum;
+  (void)sink;
 }
 
 }  // namespace deltaserve::bench
