@@ -3,10 +3,11 @@
 // [512 x 512] down, 8 picked per token, in bf16 and in MXFP4. Enough layers
 // of experts that they pass the last-level cache (MB of experts per format),
 // each step on the next layer, the routing random (8 distinct experts a
-// token, uniform), after one untimed read of every layer (ReadOnce). A step's ideal bytes are those
-// of the experts its tokens touch, each read once however many of its tokens share it; the achieved
-// rate is those bytes over the step's time, next to the memory read bandwidth
-// measured in the same run (the sum model_bench uses).
+// token, uniform), after one untimed read of every layer (ReadOnce). A
+// step's ideal bytes are those of the experts its tokens touch, each read
+// once however many of its tokens share it; the achieved rate is those bytes
+// over the step's time, next to the memory read bandwidth measured in the
+// same run (the sum model_bench uses).
 //
 // With --prefill it times prefill steps of 512, 2048 and 8192 tokens instead:
 // each expert then gets ~tokens/16 rows, and the experts' GEMMs are bound by
