@@ -30,6 +30,7 @@
 #include "kernels/mxfp4.h"
 #include "kernels/reference/gemm_ref.h"
 #include "kernels/reference/mxfp4_ref.h"
+#include "kernels/threads.h"
 #include "tests/kernels/device_test_util.h"
 #include "tests/test_util.h"
 
@@ -695,10 +696,11 @@ std::vector<int> Runs(int64_t blocks, bool parallel) {
   return out;
 }
 
+// The kernels' thread count for a scope.
 class TeamSize {
  public:
-  explicit TeamSize(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~TeamSize() { omp_set_num_threads(saved_); }
+  explicit TeamSize(int threads) : saved_(NumThreads()) { SetNumThreads(threads); }
+  ~TeamSize() { SetNumThreads(saved_); }
 
  private:
   int saved_;
