@@ -19,9 +19,11 @@
 // skinny kernel below streams W once, widening each group of eight weights
 // in registers, and multiplies it by up to four rows of x at a time (below
 // AVX2, the same sums in scalar code). MXFP4 weights, a quarter of bf16's
-// bytes, have a skinny kernel of their own: it sums each group of 32 codes
-// against x unscaled and applies the group's scale once to that partial sum,
-// so that decoding the codes stays under the time of reading them.
+// bytes, have a skinny kernel of their own, which looks each code up in a
+// table of the 16 E2M1 values already multiplied by its group's scale. Its
+// decoding, not its reading, is the limit where a core has much read
+// bandwidth: on a 2-core Xeon guest with AVX-512 it decodes W held in cache
+// at 85% of the machine's read bandwidth (bench/skinny_bench --mxfp4).
 #include "kernels/cpu/gemm_cpu.h"
 
 #include <dnnl.h>
@@ -291,27 +293,6 @@ void SkinnyRow4(const float* x, int64_t ldx, const WeightRows& w, int64_t r, flo
 // scale byte) is decoded once for all MR rows. Row i's operations are the
 // same whatever MR is (the rows never mix), so a row's result is bitwise the
 // same alone or in a batch.
-#if DELTASERVE_GEMM_AVX512
-// Sixteen lanes: a group's values are looked up by vpermps, which reads only
-// the low four bits of each index lane, in a table of the 16 E2M1 values
-// already multiplied by the group's scale (ScaledTables, one row of 16 floats
-// for each of the 256 scale bytes, taken straight from memory by vpermps):
-// the scale costs a load, not an instruction. That leaves two shifts, two
-// lookups and one multiply-add a row per group, against three multiply-adds
-// and a broadcast of the scale when the scale was applied to a partial sum:
-// on one core of a Xeon with AVX-512 the kernel then went from 11.4 to 13.5
-// GB/s of codes and scales held in L2, the two shuffle and multiply-add ports
-// being the limit in both. The indices come without byte shuffles, which
-// share one port with vpermps (unpacking and widening the bytes first made
-// that port the limit, at 60% of the read bandwidth): eight bytes of codes
-// are broadcast to every 64-bit lane, and lane L shifted right by 4 * (L / 2),
-// so that its low nibble is the code of column 8 * (L % 2) + L / 2 of the 16
-// the eight bytes hold. x comes with its columns in that order
-// (PermuteForMxfp4), once per call. A row has four accumulators (the two
-// halves of even and of odd groups), enough independent multiply-adds to
-// cover their latency at one row.
-constexpr __mmask16 kAll = 0xffff;
-
 // v[s][c]: E2M1 value c times the scale 2^(s - 127) (kernels/mxfp4.h), exact
 // in float32 (the smallest, 0.5 * 2^-127, a subnormal), infinite past
 // float32's range as the dequantised weight is; s = 255, the NaN scale that
@@ -342,6 +323,30 @@ constexpr ScaledTables MakeScaledTables() {
 }
 
 constexpr ScaledTables kScaledTables = MakeScaledTables();
+
+#if DELTASERVE_GEMM_AVX512
+// Sixteen lanes: a group's values are looked up by vpermps, which reads only
+// the low four bits of each index lane, in a table of the 16 E2M1 values
+// already multiplied by the group's scale (ScaledTables, one row of 16 floats
+// for each of the 256 scale bytes, taken straight from memory by vpermps):
+// the scale costs a load, not an instruction. That leaves two shifts, two
+// lookups and one multiply-add a row per group, against three multiply-adds
+// and a broadcast of the scale when the scale was applied to a partial sum:
+// on one core of a Xeon with AVX-512 the kernel then went from 11.4 to 13.5
+// GB/s of codes and scales held in L2, the two shuffle and multiply-add ports
+// being the limit in both. The indices come without byte shuffles, which
+// share one port with vpermps (unpacking and widening the bytes first made
+// that port the limit, at 60% of the read bandwidth): eight bytes of codes
+// are broadcast to every 64-bit lane, and lane L shifted right by 4 * (L / 2),
+// so that its low nibble is the code of column 8 * (L % 2) + L / 2 of the 16
+// the eight bytes hold. x comes with its columns in that order
+// (PermuteForMxfp4), once per call. A row has four accumulators (the two
+// halves of even and of odd groups), enough independent multiply-adds to
+// cover their latency at one row.
+constexpr __mmask16 kAll = 0xffff;
+
+// Columns of x as the kernel reads them: all k.
+constexpr int64_t PermutedColumns(int64_t k) { return k; }
 
 // out[i, 16j + L] = x[i, 16j + 8 * (L % 2) + L / 2] for i < m, k columns (a
 // multiple of 32); out is [m, k].
@@ -421,49 +426,147 @@ void SkinnyRowMxfp4(const float* x, int64_t ldx, const WeightRows& w, int64_t r,
   }
 }
 #else
-// Eight lanes: a byte shuffle looks up twice each E2M1 value as an int8
-// (0, 1, 2, 3, 4, 6, 8, 12 and their negatives: -0 is 0, which adds the
-// same), widened to float32 eight at a time; the scale is then halved,
-// exactly (2^(s - 128)), and every product and sum is the 16-lane path's
-// times two, so exact in the same way.
+// Eight lanes, two groups at a time, one in each 128-bit half. AVX2 has no
+// lookup of 32-bit values from 16, but every scaled E2M1 value is a bf16
+// (one mantissa bit, float32's exponent range): byte shuffles look up the
+// two bytes of its bf16 pattern in two 16-byte tables of the group's scale
+// (Bf16Halves), an unpack of the two lookups makes bf16 words, and each
+// 32-bit lane of words gives two float32 values, its low word by a shift
+// and its high word by a mask. That is 15.5 vector instructions a group at
+// one row of x, against 23 when the values were looked up as int8, widened,
+// converted and the scale multiplied after (the widening shuffles being the
+// limit): on one core of a Xeon running this level, 7.3 GB/s of codes and
+// scales held in L2 before, 10.0 after (bench/skinny_bench --mxfp4). x comes
+// with its columns in the order the words give (PermuteForMxfp4). A row sums
+// a pair of groups in two partial sums, the lanes of even and of odd words,
+// each then added to its accumulator: the carried dependence is one add a
+// pair.
+
+// The bf16 pattern of kScaledTables.v[s][c] (the upper half of its float32
+// bits), b[s][0][c] its high byte and b[s][1][c] its low one.
+struct Bf16Halves {
+  alignas(32) uint8_t b[256][2][16];
+};
+
+constexpr bool AllBf16(const ScaledTables& t) {
+  for (const auto& row : t.v)
+    for (const float v : row)
+      if ((std::bit_cast<uint32_t>(v) & 0xffffu) != 0) return false;
+  return true;
+}
+static_assert(AllBf16(kScaledTables), "a scaled E2M1 value is not a bf16");
+
+constexpr Bf16Halves MakeBf16Halves() {
+  Bf16Halves t{};
+  for (int s = 0; s < 256; ++s) {
+    for (int c = 0; c < 16; ++c) {
+      const uint32_t bits = std::bit_cast<uint32_t>(kScaledTables.v[s][c]);
+      t.b[s][0][c] = static_cast<uint8_t>(bits >> 24);
+      t.b[s][1][c] = static_cast<uint8_t>(bits >> 16);
+    }
+  }
+  return t;
+}
+
+constexpr Bf16Halves kBf16Halves = MakeBf16Halves();
+
+// Columns of x as the kernel reads them: k rounded up to whole pairs.
+constexpr int64_t PermutedColumns(int64_t k) { return (k + 63) / 64 * 64; }
+
+// out[i, 64p + 8u + L] = x[i, 64p + 32 * (L / 4) + C[u] + 4 * (L % 4)] for
+// i < m, C = {0, 2, 16, 18, 1, 3, 17, 19}: vector u of a pair of groups holds
+// columns C[u], C[u] + 4, C[u] + 8, C[u] + 12 of the first group, then the
+// same of the second (0 for the missing second group of an odd count). out
+// has PermutedColumns(k) columns.
+inline void PermuteForMxfp4(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const int64_t kp = PermutedColumns(k);
+  // Columns [4r, 4r + 4) of each group's half (c0: 0 or 16) as row r of a
+  // 4 x 4 block, both groups' blocks side by side; transposed, column j of
+  // the block is columns j, 4 + j, 8 + j, 12 + j: vectors u0 + {0, 4, 1, 5}
+  // for j = 0, 1, 2, 3 (u0 = 0 for c0 = 0, 2 for c0 = 16).
+  const auto quarter = [](const float* a, const float* b, float* o) {
+    const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+    const __m256 r0 = _mm256_permute2f128_ps(a0, b0, 0x20),
+                 r1 = _mm256_permute2f128_ps(a0, b0, 0x31);
+    const __m256 r2 = _mm256_permute2f128_ps(a1, b1, 0x20),
+                 r3 = _mm256_permute2f128_ps(a1, b1, 0x31);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    _mm256_storeu_ps(o, _mm256_shuffle_ps(t0, t2, 0x44));       // column 0
+    _mm256_storeu_ps(o + 32, _mm256_shuffle_ps(t0, t2, 0xee));  // column 1
+    _mm256_storeu_ps(o + 8, _mm256_shuffle_ps(t1, t3, 0x44));   // column 2
+    _mm256_storeu_ps(o + 40, _mm256_shuffle_ps(t1, t3, 0xee));  // column 3
+  };
+  alignas(32) static constexpr float kZeros[16] = {};
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * ldx;
+    float* oi = out + i * kp;
+    for (int64_t c = 0; c < k; c += 64) {
+      const bool pair = c + 64 <= k;
+      quarter(xi + c, pair ? xi + c + 32 : kZeros, oi + c);
+      quarter(xi + c + 16, pair ? xi + c + 48 : kZeros, oi + c + 16);
+    }
+  }
+}
+
 template <int MR>
 void SkinnyRowMxfp4(const float* x, int64_t ldx, const WeightRows& w, int64_t r, float* y,
                     int64_t ldy, bool accumulate) {
   const int64_t groups = w.cols / kMxfp4Group;
   const uint8_t* row = w.Row(r);
   const uint8_t* scales = w.Scales(r);
-  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i low_nibble = _mm_set1_epi8(15);
-  __m256 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-  Prefetch(scales + 16 * w.scale_row_bytes);  // the scales of the rows ahead
-  for (int64_t g = 0; g < groups; ++g) {
-    if (g % 4 == 0) Prefetch(row + 16 * g + kSkinnyPrefetchBytes);  // once a cache line
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
-    // pshufb indexes by the low four bits and zeroes lanes with bit 7 set:
-    // both nibbles are masked.
-    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(bytes, low_nibble));
-    const __m128i odd =
-        _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble));
-    const __m128i lo = _mm_unpacklo_epi8(even, odd);  // columns 0..15, in order
-    const __m128i hi = _mm_unpackhi_epi8(even, odd);  // columns 16..31
-    __m256 wv[4];
-    wv[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-    wv[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-    wv[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-    wv[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    const __m256 scale = _mm256_set1_ps(0.5f * Scale(scales[g]));
-    for (int i = 0; i < MR; ++i) {
-      const float* xi = x + i * ldx + kMxfp4Group * g;
-      __m256 partial = _mm256_mul_ps(wv[0], _mm256_loadu_ps(xi));
-      partial = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xi + 8), partial);
-      partial = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xi + 16), partial);
-      partial = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xi + 24), partial);
-      acc[i] = _mm256_fmadd_ps(partial, scale, acc[i]);
+  const __m256i low_nibble = _mm256_set1_epi8(15);
+  const __m256i high_words = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256 even[MR], odd[MR];
+  for (int i = 0; i < MR; ++i) even[i] = odd[i] = _mm256_setzero_ps();
+  // Groups g and g + 1 from codes (their 32 bytes), tables hi and lo (their
+  // Bf16Halves rows, one a 128-bit half), against x's columns from 64p.
+  const auto pair = [&](__m256i codes, __m256i hi, __m256i lo, int64_t p) {
+    const __m256i even_codes = _mm256_and_si256(codes, low_nibble);
+    const __m256i odd_codes = _mm256_and_si256(_mm256_srli_epi16(codes, 4), low_nibble);
+    const __m256i even_hi = _mm256_shuffle_epi8(hi, even_codes);
+    const __m256i even_lo = _mm256_shuffle_epi8(lo, even_codes);
+    const __m256i odd_hi = _mm256_shuffle_epi8(hi, odd_codes);
+    const __m256i odd_lo = _mm256_shuffle_epi8(lo, odd_codes);
+    const __m256i words[4] = {
+        _mm256_unpacklo_epi8(even_lo, even_hi), _mm256_unpackhi_epi8(even_lo, even_hi),
+        _mm256_unpacklo_epi8(odd_lo, odd_hi), _mm256_unpackhi_epi8(odd_lo, odd_hi)};
+    __m256 v[8];
+    for (int q = 0; q < 4; ++q) {
+      v[2 * q] = _mm256_castsi256_ps(_mm256_slli_epi32(words[q], 16));
+      v[2 * q + 1] = _mm256_castsi256_ps(_mm256_and_si256(words[q], high_words));
     }
+    for (int i = 0; i < MR; ++i) {
+      const float* xi = x + i * ldx + 64 * p;
+      __m256 e = _mm256_mul_ps(v[0], _mm256_loadu_ps(xi));
+      __m256 o = _mm256_mul_ps(v[1], _mm256_loadu_ps(xi + 8));
+      for (int u = 2; u < 8; u += 2) {
+        e = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(xi + 8 * u), e);
+        o = _mm256_fmadd_ps(v[u + 1], _mm256_loadu_ps(xi + 8 * u + 8), o);
+      }
+      even[i] = _mm256_add_ps(even[i], e);
+      odd[i] = _mm256_add_ps(odd[i], o);
+    }
+  };
+  const auto table = [&](int64_t g, int half) {
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(kBf16Halves.b[scales[g]][half]));
+  };
+  Prefetch(scales + 16 * w.scale_row_bytes);  // the scales of the rows ahead
+  int64_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    if (g % 4 == 0) Prefetch(row + 16 * g + kSkinnyPrefetchBytes);  // once a cache line
+    pair(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * g)),
+         _mm256_setr_m128i(table(g, 0), table(g + 1, 0)),
+         _mm256_setr_m128i(table(g, 1), table(g + 1, 1)), g / 2);
+  }
+  if (g < groups) {  // an odd group: codes 0 (the value 0) in the other half
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * g));
+    pair(_mm256_setr_m128i(codes, _mm_setzero_si128()), _mm256_broadcastsi128_si256(table(g, 0)),
+         _mm256_broadcastsi128_si256(table(g, 1)), g / 2);
   }
   for (int i = 0; i < MR; ++i) {
-    const float sum = simd::HorizontalSum(acc[i]);
+    const float sum = simd::HorizontalSum(_mm256_add_ps(even[i], odd[i]));
     float& out = y[i * ldy + r];
     out = accumulate ? out + sum : sum;
   }
@@ -535,16 +638,17 @@ void SkinnyBlockRows(const float* x, int64_t ldx, const Tensor& w, int64_t m, in
   if (i < m) SkinnyRows<D, 1>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
 }
 
-// SkinnyBlockRows, with x's columns in the order the 16-lane MXFP4 decode
-// produces values.
+// SkinnyBlockRows, with x's columns in the order the MXFP4 decode produces
+// values (PermuteForMxfp4).
 template <DType D>
 void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, int64_t j1,
                  float* y, int64_t ldy, bool accumulate) {
-#if DELTASERVE_GEMM_AVX512
+#if DELTASERVE_CPU_AVX2
   if constexpr (D == DType::kMxfp4) {
-    const ScratchFloats xp(m * w.cols);
+    const int64_t kp = PermutedColumns(w.cols);
+    const ScratchFloats xp(m * kp);
     PermuteForMxfp4(x, ldx, m, w.cols, xp.data());
-    return SkinnyBlockRows<D>(xp.data(), w.cols, w, m, j0, j1, y, ldy, accumulate);
+    return SkinnyBlockRows<D>(xp.data(), kp, w, m, j0, j1, y, ldy, accumulate);
   }
 #endif
   SkinnyBlockRows<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
