@@ -120,7 +120,18 @@ bool Overlaps(const Tensor& a, const Tensor& b) {
   const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
   const auto a1 = a0 + static_cast<uintptr_t>(a.SpanBytes());
   const auto b1 = b0 + static_cast<uintptr_t>(b.SpanBytes());
-  return a0 < b1 && b0 < a1;
+  if (!(a0 < b1 && b0 < a1)) return false;
+  // Rows of one matrix (one dtype of whole bytes, one row stride): exact.
+  if (a.dtype != b.dtype || a.dtype == DType::kMxfp4 || a.RowStride() != b.RowStride()) return true;
+  const Tensor& first = a0 <= b0 ? a : b;
+  const Tensor& second = a0 <= b0 ? b : a;
+  const int64_t element = BytesOf(a.dtype, 1), stride = BytesOf(a.dtype, a.RowStride());
+  const auto offset = static_cast<int64_t>(a0 <= b0 ? b0 - a0 : a0 - b0);
+  if (offset % element != 0) return true;
+  // second's first element: row `row`, byte `col` of that row, in first's rows.
+  const int64_t row = offset / stride, col = offset % stride;
+  if (col + second.RowBytes() > stride) return true;  // its rows straddle first's
+  return row < first.rows && col < first.RowBytes();
 }
 
 Device OpDevice(const char* file, int line, const char* name, const Tensor& view, bool has_cuda) {

@@ -102,7 +102,9 @@ using MutableTensor = BasicTensor<true>;
 extern template struct BasicTensor<false>;
 extern template struct BasicTensor<true>;
 
-// Whether the bytes two views span share any address (empty views never do).
+// Whether two views share any byte (empty views never do): exactly for views
+// of one dtype and row stride, such as column blocks of one matrix, and by
+// the bytes each spans otherwise.
 bool Overlaps(const Tensor& a, const Tensor& b);
 
 // The device an op runs on: that of `view` (its output), which must be the

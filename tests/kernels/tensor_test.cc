@@ -30,6 +30,26 @@ TEST(TensorTest, ColumnsOfContiguousRows) {
   EXPECT_EQ(t.Columns(10, 0).cols, 0);
 }
 
+// Column blocks of one matrix share no element however their byte spans
+// interleave; blocks whose columns or rows meet do; views of other strides
+// or dtypes are judged by their spans.
+TEST(TensorTest, OverlapsIsExactForBlocksOfOneMatrix) {
+  std::vector<float> x(6 * 10);
+  const Tensor t = Tensor::F32(x.data(), 6, 10);
+  EXPECT_FALSE(Overlaps(t.Columns(0, 4), t.Columns(4, 6)));
+  EXPECT_FALSE(Overlaps(t.Columns(6, 4), t.Columns(0, 6)));
+  EXPECT_FALSE(Overlaps(t.Columns(2, 3).Rows(1, 3), t.Columns(5, 5).Rows(0, 6)));
+  EXPECT_TRUE(Overlaps(t.Columns(0, 5), t.Columns(4, 6)));
+  EXPECT_TRUE(Overlaps(t.Columns(4, 6), t.Columns(0, 5)));
+  EXPECT_TRUE(Overlaps(t.Columns(3, 2).Rows(2, 2), t.Columns(4, 6).Rows(3, 3)));
+  EXPECT_FALSE(Overlaps(t.Columns(3, 2).Rows(0, 2), t.Columns(3, 2).Rows(2, 2)));
+  EXPECT_TRUE(Overlaps(t, t.Columns(9, 1)));
+  EXPECT_FALSE(Overlaps(t.Columns(0, 0), t));
+  // Another stride over the same bytes: the spans decide.
+  EXPECT_TRUE(Overlaps(Tensor::F32(x.data(), 3, 4, 20), t.Columns(4, 6).Rows(0, 2)));
+  EXPECT_FALSE(Overlaps(Tensor::F32(x.data(), 1, 4, 20), t.Columns(4, 6).Rows(1, 2)));
+}
+
 TEST(TensorTest, ColumnsOfOtherDtypes) {
   std::vector<uint16_t> h(3 * 8);
   const MutableTensor b = MutableTensor::BF16(h.data(), 3, 8);
