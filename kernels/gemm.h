@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/tensor.h"
 
@@ -17,6 +18,22 @@ namespace deltaserve::kernels {
 // and y may be strided (Tensor::stride), so a GEMM can read or write a column
 // block of a wider row. y must not overlap x or w. m == 0 is a no-op.
 void Linear(const Tensor& x, const Tensor& w, const MutableTensor& y, bool accumulate = false);
+
+// One product of LinearGroup: y (+)= x · wᵀ, the views as Linear takes them.
+struct LinearProduct {
+  Tensor x;
+  Tensor w;
+  MutableTensor y;
+  bool accumulate = false;
+};
+
+// Linear for each product, with the same results bit for bit, as one piece
+// of work: on the CPU, the products of a few rows of x (decode) share one
+// parallel region, whose start and end cost a few microseconds each time
+// (docs/performance.md), instead of one region each. For products that do
+// not depend on each other, such as a layer's projections of one input: no
+// product's y may overlap another product's x, w or y. All on one device.
+void LinearGroup(std::span<const LinearProduct> products);
 
 // Whether a bf16 weight with compute kBF16 (tensor.h) gets the bf16 matmul on
 // this CPU (oneDNN on AVX512-BF16 or AMX); elsewhere it computes in float32.

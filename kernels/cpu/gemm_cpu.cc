@@ -654,25 +654,29 @@ void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_
   SkinnyBlockRows<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
 }
 
-// Threads split W's rows; each thread takes x four rows at a time (then two,
-// then one) over its block of W, so W streams from memory once and the block
-// is reused from cache for the other rows of x.
-template <DType D>
-void SkinnyLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
-                  bool accumulate) {
-  const int64_t n = w.rows, k = w.cols;
-  // Blocks of W rows small enough to stay in L2 while x's rows pass over
-  // them, and at least one a thread: a matrix of one block (a low-rank
-  // projection of 64 KiB) ran on one thread while the others waited, 4% of
-  // a k3-moe-small decode step on two cores.
-  const int64_t threads = omp_get_max_threads();
-  const int64_t per_thread = ((n + threads - 1) / threads + 3) / 4 * 4;
-  const int64_t block = std::min(SkinnyCacheRows(w), per_thread);  // both at least 4
-  const int64_t blocks = (n + block - 1) / block;
-  ForEachBlockBalanced(blocks, n * k * m >= (1 << 15), [&](int64_t b) {
-    const int64_t j0 = b * block, j1 = std::min(n, j0 + block);
-    SkinnyBlock<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
-  });
+// Rows [j0, j1) of product p's W, on the calling thread: x four rows at a
+// time (then two, then one) over the block, so that the block is read from
+// memory once and from cache for the other rows of x.
+void SkinnyBlockOf(const LinearPtrs& p, int64_t j0, int64_t j1) {
+  const Tensor& w = *p.w;
+  if (w.cols == 0) {
+    if (!p.accumulate) {
+      for (int64_t i = 0; i < p.m; ++i)
+        for (int64_t j = j0; j < j1; ++j) p.y[i * p.ldy + j] = 0.0f;
+    }
+    return;
+  }
+  switch (w.dtype) {
+    case DType::kF32:
+      return SkinnyBlock<DType::kF32>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
+    case DType::kBF16:
+      return SkinnyBlock<DType::kBF16>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
+    case DType::kMxfp4:
+      return SkinnyBlock<DType::kMxfp4>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
+    case DType::kI32:
+    case DType::kF64:
+      break;  // not weight dtypes: the entry points refuse them
+  }
 }
 
 // bf16 to nearest, ties to even, a NaN kept a quiet NaN: kernels/bf16.h's
@@ -730,7 +734,10 @@ void WideLinear(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* 
 template <DType D>
 void LinearOf(const float* x, int64_t ldx, const Tensor& w, int64_t m, float* y, int64_t ldy,
               bool accumulate) {
-  if (m <= kMaxSkinnyRows) return SkinnyLinear<D>(x, ldx, w, m, y, ldy, accumulate);
+  if (m <= kMaxSkinnyRows) {
+    const LinearPtrs product{x, ldx, &w, m, y, ldy, accumulate};
+    return SkinnyProducts(&product, 1);
+  }
 #if DELTASERVE_CPU_AVX2
   // MXFP4 decoded inside the GEMM's tiles (kernels/cpu/mxfp4_gemm_cpu.cc).
   if constexpr (D == DType::kMxfp4) return Mxfp4Gemm(x, ldx, w, m, y, ldy, accumulate);
@@ -852,33 +859,32 @@ void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int
   }
 }
 
-int64_t SkinnyCacheRows(const Tensor& w) {
-  return std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(w.RowBytes(), 1)) / 4 * 4);
-}
-
-void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0,
-                            int64_t j1, float* y, int64_t ldy, bool accumulate) {
-  DELTASERVE_CHECK(w.device == Device::kCpu && m >= 0 && m <= kMaxSkinnyRows && j0 >= 0 &&
-                   j0 <= j1 && j1 <= w.rows);
-  if (m == 0 || j0 == j1) return;
-  if (w.cols == 0) {
-    if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = j0; j < j1; ++j) y[i * ldy + j] = 0.0f;
-    }
-    return;
+void SkinnyProducts(const LinearPtrs* products, int64_t count) {
+  // Blocks of 64 KiB of W, which stay in L2 while the rows of x pass over
+  // them, and at least one a thread for each W: a matrix of one block (a
+  // low-rank projection of 64 KiB) ran on one thread while the others
+  // waited, 4% of a k3-moe-small decode step on two cores. first[i] is
+  // product i's first block, rows[i] the rows of W in each of its blocks.
+  const int64_t threads = omp_get_max_threads();
+  const Scratch<int64_t> first(count + 1), rows(count);
+  first[0] = 0;
+  int64_t work = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const LinearPtrs& p = products[i];
+    DELTASERVE_CHECK(p.w->device == Device::kCpu && p.m >= 0 && p.m <= kMaxSkinnyRows);
+    const int64_t n = p.m == 0 ? 0 : p.w->rows;
+    const int64_t cache_rows =
+        std::max<int64_t>(4, (64 * 1024 / std::max<int64_t>(p.w->RowBytes(), 1)) / 4 * 4);
+    const int64_t per_thread = std::max<int64_t>(4, ((n + threads - 1) / threads + 3) / 4 * 4);
+    rows[i] = std::min(cache_rows, per_thread);
+    first[i + 1] = first[i] + (n + rows[i] - 1) / rows[i];
+    work += n * p.w->cols * p.m;
   }
-  switch (w.dtype) {
-    case DType::kF32:
-      return SkinnyBlock<DType::kF32>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
-    case DType::kBF16:
-      return SkinnyBlock<DType::kBF16>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
-    case DType::kMxfp4:
-      return SkinnyBlock<DType::kMxfp4>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
-    case DType::kI32:
-    case DType::kF64:
-      break;  // not weight dtypes: the entry points refuse them
-  }
+  ForEachBlockBalanced(first[count], work >= (1 << 15), [&](int64_t b) {
+    const int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
+    const int64_t j0 = (b - first[i]) * rows[i];
+    SkinnyBlockOf(products[i], j0, std::min(products[i].w->rows, j0 + rows[i]));
+  });
 }
 
 void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out) {
@@ -918,6 +924,22 @@ void LinearStrided(const float* x, int64_t ldx, const Tensor& w, int64_t m, floa
     case DType::kF64:
       break;  // not weight dtypes: the entry points refuse them
   }
+}
+
+void LinearGroupStrided(const LinearPtrs* products, int64_t count) {
+  // The products of a few rows share one region; the others run as Linear
+  // runs them, one after another.
+  const Scratch<LinearPtrs> skinny(count);
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const LinearPtrs& p = products[i];
+    if (p.m <= kMaxSkinnyRows) {
+      skinny[n++] = p;
+    } else {
+      LinearStrided(p.x, p.ldx, *p.w, p.m, p.y, p.ldy, p.accumulate);
+    }
+  }
+  SkinnyProducts(skinny.data(), n);
 }
 
 }  // namespace deltaserve::kernels::cpu::DELTASERVE_CPU_ISA

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/tensor.h"
 
 // WidenRows: out[r - r0, :] = row r of w widened to float32 (exact), r in
@@ -31,15 +32,13 @@
 // cblas_sgemm in its place (OpenBLAS 0.3.21, AVX-512 kernels) and 89.7 ms
 // with OpenBLAS's Haswell (AVX2) kernels, what an AVX2-only machine gets.
 //
-// SkinnyCacheRows: the rows of w (a multiple of 4, at least 4) in a block of
-// 64 KiB, which stays in L2 while the rows of x pass over it: the skinny
-// kernel's unit of work for a thread.
-//
-// kSkinnyMaxRows and SkinnyRowsOnThisThread: y[i, j] (+)= x[i, :] · w[j, :]
-// for i < m <= kSkinnyMaxRows and j in [j0, j1), on the calling thread, by the
-// skinny kernel Linear runs for m rows: each result bitwise Linear's. For a
-// caller that shares several small products among its own threads in one
-// parallel region (kernels/cpu/moe_cpu.cc: the experts of a decode step).
+// kSkinnyMaxRows and SkinnyProducts: LinearStrided for each of `count`
+// products of at most kSkinnyMaxRows rows of x (decode), in one parallel
+// region, each result bitwise LinearStrided's: the rows of every W are cut
+// into blocks that stay in L2 while the product's rows of x pass over them,
+// shared out among the threads in order. For LinearGroup and the experts of
+// a decode step (kernels/cpu/moe_cpu.cc). No product's y may overlap another
+// product's x or y.
 //
 // All of these are declared for every level (kernels/cpu/dispatch.h), so a
 // test can select one with DELTASERVE_CPU_DISPATCH.
@@ -51,14 +50,12 @@
 // widened float32 copy (kernels/cpu/mxfp4_gemm_cpu.cc). Declared and defined
 // at the levels with vectors (avx2, avx512) only: the generic level widens W
 // for oneDNN's sgemm.
-#define DELTASERVE_GEMM_CPU_DECLARATIONS                                                           \
-  inline constexpr int64_t kSkinnyMaxRows = 16;                                                    \
-  int64_t SkinnyCacheRows(const Tensor& w);                                                        \
-  void SkinnyRowsOnThisThread(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, \
-                              int64_t j1, float* y, int64_t ldy, bool accumulate);                 \
-  void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out);                             \
-  void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,       \
-                 int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,                 \
+#define DELTASERVE_GEMM_CPU_DECLARATIONS                                                     \
+  inline constexpr int64_t kSkinnyMaxRows = 16;                                              \
+  void SkinnyProducts(const LinearPtrs* products, int64_t count);                            \
+  void WidenRows(const Tensor& w, int64_t r0, int64_t r1, float* out);                       \
+  void SmallGemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, \
+                 int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc,           \
                  bool accumulate, bool lower_a = false);
 
 namespace deltaserve::kernels::cpu::generic {

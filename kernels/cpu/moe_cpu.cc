@@ -24,7 +24,6 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/cpu/balanced_blocks.h"
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/gemm.h"
@@ -54,36 +53,20 @@ constexpr int64_t kExpertParallelMinExperts = 8;
 
 // out[pair rows, w.rows] = x[pair rows] · wᵀ for every expert e with rows, its
 // rows of x and out at offset[e] (x: [pairs, ldx], out: [pairs, ldy]), in one
-// parallel region: the work is cut into blocks of weight rows small enough to
-// stay in L2 while the expert's rows of x pass over them (the skinny kernel's
-// blocks), shared among the threads in expert order by ForEachBlockBalanced,
-// so each thread streams a contiguous share of the step's weights and the
-// blocks of an expert with more rows than the others do not leave a thread
-// waiting.
+// parallel region (SkinnyProducts): the experts' blocks of weight rows are
+// shared among the threads in expert order, so each thread streams a
+// contiguous share of the step's weights and the blocks of an expert with
+// more rows than the others do not leave a thread waiting.
 void ExpertProducts(const std::vector<int64_t>& offset, const MoeExpert* experts, bool down,
                     const float* x, int64_t ldx, float* out, int64_t ldy) {
-  struct Block {
-    const Tensor* w;
-    int64_t e, j0, j1;
-  };
-  std::vector<Block> blocks;
-  int64_t total = 0;
+  std::vector<LinearPtrs> products;
   for (size_t e = 0; e + 1 < offset.size(); ++e) {
-    const Tensor& w = down ? experts[e].w2 : experts[e].w13;
     if (offset[e + 1] == offset[e] || experts[e].w13.empty()) continue;
-    const int64_t rows = DELTASERVE_CPU_ISA::SkinnyCacheRows(w);
-    for (int64_t j0 = 0; j0 < w.rows; j0 += rows) {
-      blocks.push_back({&w, static_cast<int64_t>(e), j0, std::min(w.rows, j0 + rows)});
-      total += (blocks.back().j1 - j0) * w.cols;
-    }
+    const int64_t r0 = offset[e];
+    products.push_back({x + r0 * ldx, ldx, down ? &experts[e].w2 : &experts[e].w13,
+                        offset[e + 1] - r0, out + r0 * ldy, ldy, false});
   }
-  const int64_t n = static_cast<int64_t>(blocks.size());
-  DELTASERVE_CPU_ISA::ForEachBlockBalanced(n, total >= (1 << 16), [&](int64_t b) {
-    const Block& blk = blocks[b];
-    const int64_t r0 = offset[blk.e], m = offset[blk.e + 1] - r0;
-    DELTASERVE_CPU_ISA::SkinnyRowsOnThisThread(x + r0 * ldx, ldx, *blk.w, m, blk.j0, blk.j1,
-                                               out + r0 * ldy, ldy, false);
-  });
+  DELTASERVE_CPU_ISA::SkinnyProducts(products.data(), static_cast<int64_t>(products.size()));
 }
 
 // A prefill step whose experts get few rows each (a 512-token chunk: 32 of

@@ -17,6 +17,19 @@
 
 namespace deltaserve::kernels::cpu {
 
+// One product of LinearGroup (kernels/gemm.h) with its views as pointers:
+// y[m, w.rows] (+)= x[m, w.cols] · wᵀ, the rows of x and y at strides ldx and
+// ldy.
+struct LinearPtrs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const Tensor* w = nullptr;
+  int64_t m = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool accumulate = false;
+};
+
 // MlaPrefillArgs with the views as pointers.
 struct MlaPrefillPtrs {
   int64_t t = 0, prefix = 0, heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
@@ -93,6 +106,7 @@ DELTASERVE_CPU_DECLARE(Embedding,
                        void(const Tensor& table, const int32_t* tokens, int64_t t, float* out))
 DELTASERVE_CPU_DECLARE(LinearStrided, void(const float* x, int64_t ldx, const Tensor& w, int64_t m,
                                            float* y, int64_t ldy, bool accumulate))
+DELTASERVE_CPU_DECLARE(LinearGroupStrided, void(const LinearPtrs* products, int64_t count))
 DELTASERVE_CPU_DECLARE(KdaRecurrent,
                        void(const KdaShape& shape, const float* q, const float* k, const float* v,
                             const float* g, const float* beta, float scale, float* state, float* o))

@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -274,6 +276,62 @@ TEST_P(LinearTest, ARowOfADecodeBatchEqualsThatRowAlone) {
             << "k " << k << " m " << m << " row " << e / n << " col " << e % n;
       }
     }
+  }
+}
+
+// LinearGroup gives each product what Linear gives it, bit for bit: products
+// of 0 to 17 rows (the skinny kernel's one region and the many-row path in one
+// group), k from 0 up, accumulating or not, each x a column block of one
+// wide input and each y a column block of one wide output, as a layer's
+// per-head products read and write them.
+TEST_P(LinearTest, GroupGivesEachProductWhatLinearGives) {
+  struct Shape {
+    int64_t m, n, k;
+    bool accumulate;
+  };
+  const std::vector<int64_t> widths = Widths(Param());
+  const int64_t k1 = widths[1], k2 = widths.back();
+  const std::vector<Shape> shapes = {{1, 67, k1, false}, {1, 300, k2, true},  {3, 5, k1, false},
+                                     {16, 33, k2, true}, {17, 40, k1, false}, {0, 7, k1, false},
+                                     {4, 9, 0, false},   {2, 0, k2, true}};
+  constexpr int64_t kRows = 17;
+  int64_t x_cols = 0, y_cols = 0;
+  for (const Shape& s : shapes) {
+    x_cols += s.k;
+    y_cols += s.n;
+  }
+  uint64_t seed = 4000;
+  const auto x = RandomFloats(kRows * x_cols, ++seed), y0 = RandomFloats(kRows * y_cols, ++seed);
+  std::vector<TestWeight> weights;
+  std::vector<std::unique_ptr<DeviceWeight>> device_weights;
+  for (const Shape& s : shapes) {
+    weights.push_back(MakeWeight(Param(), s.n, s.k, ++seed));
+    device_weights.push_back(std::make_unique<DeviceWeight>(
+        weights.back().tensor, weights.back().data, weights.back().scales, device()));
+  }
+  auto xd = Input(x);
+  auto grouped = Output<float>(kRows * y_cols), alone = Output<float>(kRows * y_cols);
+  grouped.Fill(y0);
+  alone.Fill(y0);
+  const Tensor xv = xd.View(kRows, x_cols);
+  const MutableTensor gv = grouped.View(kRows, y_cols), av = alone.View(kRows, y_cols);
+  std::vector<LinearProduct> products;
+  int64_t xc = 0, yc = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    const Tensor xi = xv.Columns(xc, s.k).Rows(0, s.m);
+    const Tensor& w = device_weights[i]->tensor();
+    products.push_back({xi, w, gv.Columns(yc, s.n).Rows(0, s.m), s.accumulate});
+    Linear(xi, w, av.Columns(yc, s.n).Rows(0, s.m), s.accumulate);
+    xc += s.k;
+    yc += s.n;
+  }
+  LinearGroup(products);
+  EXPECT_TRUE(grouped.GuardsIntact());
+  const std::vector<float> got = grouped.Values(), want = alone.Values();
+  for (int64_t e = 0; e < kRows * y_cols; ++e) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[e]), std::bit_cast<uint32_t>(want[e]))
+        << "row " << e / y_cols << " col " << e % y_cols;
   }
 }
 
@@ -675,6 +733,21 @@ TEST(LinearDeathTest, EntryPointRefusesWrongShapeDtypeDeviceAndOverlap) {
   EXPECT_DEATH(Linear(xv, w_mxfp4, yv), "w: mxfp4 needs cols a multiple of 32 and scales");
   EXPECT_DEATH(Linear(xv, wv, MutableTensor::F32(y.data(), 4, 5, 4)), "y: row stride 4");
   EXPECT_DEATH(Linear(Tensor::F32(x.data(), 2, 6), wv, MutableTensor::F32(x.data() + 6, 2, 5)),
+               "Overlaps");
+  // A group checks each product as Linear does, and that no product writes
+  // what another reads or writes.
+  std::vector<float> y2(4 * 5);
+  const MutableTensor y2v = MutableTensor::F32(y2.data(), 4, 5);
+  LinearGroup(std::vector<LinearProduct>{{xv, wv, yv}, {xv, wv, y2v}});
+  EXPECT_DEATH(LinearGroup(std::vector<LinearProduct>{
+                   {xv, wv, yv}, {xv, wv, y2v.Rows(0, 3)}, {Tensor::F32(x.data(), 4, 5), wv, y2v}}),
+               "x: shape");
+  EXPECT_DEATH(
+      LinearGroup(std::vector<LinearProduct>{{xv, wv, yv}, {xv.Rows(0, 3), wv, yv.Rows(1, 3)}}),
+      "Overlaps");
+  EXPECT_DEATH(LinearGroup(std::vector<LinearProduct>{
+                   {xv, wv, yv},
+                   {Tensor::F32(y.data(), 1, 5), Tensor::F32(w.data(), 5, 5), y2v.Rows(0, 1)}}),
                "Overlaps");
 }
 
