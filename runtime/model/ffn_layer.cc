@@ -62,14 +62,17 @@ absl::Status FfnForward(const ModelConfig& config, const FfnWeights& w, const ke
   const Temp logits(dev, kernels::DType::kF32, rows, E),
       weights(dev, kernels::DType::kF32, rows, k);
   const Temp idx(dev, kernels::DType::kI32, rows, k);
-  Linear(x, w.router, logits);
-  MoeRoute(logits, w.router_bias.view(), k, config.moe_renormalize, config.routed_scaling_factor,
-           idx, weights);
-
+  // K3's latent MoE: the routed experts take x projected down to z.
   const bool latent = !w.latent_down.empty();
   const int64_t din = latent ? config.routed_expert_hidden_size : config.hidden_size;
   const Temp z(dev, kernels::DType::kF32, latent ? rows : 0, din);
-  if (latent) Linear(x, w.latent_down, z);
+  if (latent) {
+    LinearGroup(std::vector<LinearProduct>{{x, w.router, logits}, {x, w.latent_down, z}});
+  } else {
+    Linear(x, w.router, logits);
+  }
+  MoeRoute(logits, w.router_bias.view(), k, config.moe_renormalize, config.routed_scaling_factor,
+           idx, weights);
   // Experts held by other TP ranks stay empty: their selections add nothing.
   std::vector<MoeExpert> experts(E);
   for (int64_t e = 0; e < E; ++e) {

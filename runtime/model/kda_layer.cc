@@ -1,5 +1,6 @@
 // The KDA mixer (MODEL.md, "KDA layer").
 #include <cmath>
+#include <vector>
 
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -29,10 +30,22 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   const int64_t HD = H * d, width = config.kda.conv_kernel_size;
   const int64_t rank_f = w.f_a.rows();
 
-  // q, k, v projections and their causal convolution (+SiLU), per sequence.
+  // The projections of x: q, k and v, the decay gate's first (low-rank) half,
+  // beta, and the output gate's first half where it is low-rank, as one group
+  // (on the CPU, one parallel region in decode instead of one each).
   const Temp qkv(dev, kernels::DType::kF32, rows, 3 * HD),
       conv(dev, kernels::DType::kF32, rows, 3 * HD);
-  Linear(x, w.qkv_proj, qkv);
+  const Temp fa(dev, kernels::DType::kF32, rows, rank_f), g(dev, kernels::DType::kF32, rows, HD),
+      beta(dev, kernels::DType::kF32, rows, H);
+  const bool low_rank_gate = !config.kda.full_rank_gate;
+  const Temp ga(dev, kernels::DType::kF32, low_rank_gate ? rows : 0,
+                low_rank_gate ? w.g_a.rows() : 0);
+  std::vector<LinearProduct> projections = {
+      {x, w.qkv_proj, qkv}, {x, w.f_a, fa}, {x, w.b_proj, beta}};
+  if (low_rank_gate) projections.push_back({x, w.g_a, ga});
+  LinearGroup(projections);
+
+  // The causal convolution of q, k and v (+SiLU), per sequence.
   for (int64_t b = 0; b < batch.sequences(); ++b) {
     const int64_t r0 = batch.Begin(b), t = batch.Count(b);
     ShortConv(qkv.view().Rows(r0, t), w.qkv_conv.view(3 * HD, width), /*silu=*/true,
@@ -48,16 +61,12 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   L2Norm(k.view().Reshaped(rows * H, d), kL2NormEps, 1.0f, k.view().Reshaped(rows * H, d));
 
   // Decay gate g [rows, H*d] and beta [rows, H].
-  const Temp fa(dev, kernels::DType::kF32, rows, rank_f), g(dev, kernels::DType::kF32, rows, HD),
-      beta(dev, kernels::DType::kF32, rows, H);
-  Linear(x, w.f_a, fa);
   Linear(fa, w.f_b, g);
   if (config.kda.has_lower_bound) {
     KdaGateLowerBound(g, w.dt_bias.view(), w.a_log.view(), H, d, config.kda.gate_lower_bound, g);
   } else {
     KdaGateSoftplus(g, w.dt_bias.view(), w.a_log.view(), H, d, g);
   }
-  Linear(x, w.b_proj, beta);
   Sigmoid(beta, beta);
 
   // The recurrence, per sequence, carrying its state.
@@ -80,12 +89,10 @@ absl::Status KdaForward(const ModelConfig& config, const KdaWeights& w, int64_t 
   RmsNorm(o.view().Reshaped(rows * H, d), w.o_norm.view(), config.rms_norm_eps,
           o.view().Reshaped(rows * H, d));
   const Temp& gate = q;  // q is dead: reuse its storage
-  if (config.kda.full_rank_gate) {
-    Linear(x, w.g_proj, gate);
-  } else {
-    const Temp ga(dev, kernels::DType::kF32, rows, w.g_a.rows());
-    Linear(x, w.g_a, ga);
+  if (low_rank_gate) {
     Linear(ga, w.g_b, gate);
+  } else {
+    Linear(x, w.g_proj, gate);
   }
   SigmoidGate(o, gate, o);
   Linear(o, w.o_proj, out);

@@ -4,6 +4,7 @@
 // attending over the cached latents directly (whichever costs less).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/convert.h"
 #include "kernels/elementwise.h"
@@ -81,10 +82,13 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, const
   const Temp q_latent(dev, kernels::DType::kF32, t, m.n * m.C),
       q_rope(dev, kernels::DType::kF32, t, m.n * m.R);
   const Temp o_latent(dev, kernels::DType::kF32, t, m.n * m.C);
+  // Each head's product, all heads as one group (so below).
+  std::vector<LinearProduct> heads;
   for (int64_t h = 0; h < m.n; ++h) {
-    Linear(q.Columns(h * m.QkDim(), m.P), w.w_uk_t.tensor().Rows(h * m.C, m.C),
-           q_latent.view().Columns(h * m.C, m.C));
+    heads.push_back({q.Columns(h * m.QkDim(), m.P), w.w_uk_t.tensor().Rows(h * m.C, m.C),
+                     q_latent.view().Columns(h * m.C, m.C)});
   }
+  LinearGroup(heads);
   // q_rope [t * n, R]: the last R values of each head's query.
   Convert(q.Reshaped(t * m.n, m.QkDim()).Columns(m.P, m.R), q_rope.view().Reshaped(t * m.n, m.R));
   MlaAbsorbedArgs args;
@@ -101,10 +105,12 @@ void AttendAbsorbed(const MlaWeights& w, const MlaDims& m, int64_t prefix, const
   args.scale = scale;
   args.o_latent = o_latent;
   MlaAbsorbedAttention(args);
+  heads.clear();
   for (int64_t h = 0; h < m.n; ++h) {
     const Tensor w_uv = w.kv_b.tensor().Rows(h * (m.P + m.Vd) + m.P, m.Vd);  // [Vd, C]
-    Linear(o_latent.view().Columns(h * m.C, m.C), w_uv, o.Columns(h * m.Vd, m.Vd));
+    heads.push_back({o_latent.view().Columns(h * m.C, m.C), w_uv, o.Columns(h * m.Vd, m.Vd)});
   }
+  LinearGroup(heads);
 }
 
 // Which form costs fewer multiply-adds for t new tokens after `prefix`:
@@ -131,19 +137,19 @@ absl::Status MlaForward(const ModelConfig& config, const MlaWeights& w, int64_t 
   const Device dev = x.device;
   const int64_t rows = batch.rows();
 
-  // Queries [rows, n, P + R].
+  // Queries [rows, n, P + R] (through the q-LoRA latent qa where there is
+  // one), and new cache rows [rows, C + R]: normalised latent c, then the
+  // shared key part. The projections of x as one group.
+  const bool q_lora = config.q_lora_rank > 0;
   const Temp q(dev, kernels::DType::kF32, rows, m.n * m.QkDim());
-  if (config.q_lora_rank > 0) {
-    const Temp qa(dev, kernels::DType::kF32, rows, config.q_lora_rank);
-    Linear(x, w.q_a, qa);
+  const Temp qa(dev, kernels::DType::kF32, q_lora ? rows : 0, config.q_lora_rank);
+  const Temp ckr(dev, kernels::DType::kF32, rows, m.CacheWidth());
+  LinearGroup(std::vector<LinearProduct>{
+      q_lora ? LinearProduct{x, w.q_a, qa} : LinearProduct{x, w.q_proj, q}, {x, w.kv_a, ckr}});
+  if (q_lora) {
     RmsNorm(qa, w.q_a_norm.view(), kLatentNormEps, qa);
     Linear(qa, w.q_b, q);
-  } else {
-    Linear(x, w.q_proj, q);
   }
-  // New cache rows [rows, C + R]: normalised latent c, then the shared key part.
-  const Temp ckr(dev, kernels::DType::kF32, rows, m.CacheWidth());
-  Linear(x, w.kv_a, ckr);
   RmsNorm(ckr.view().Columns(0, m.C), w.kv_a_norm.view(), kLatentNormEps,
           ckr.view().Columns(0, m.C));
 
