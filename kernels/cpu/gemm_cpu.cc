@@ -340,9 +340,9 @@ constexpr ScaledTables kScaledTables = MakeScaledTables();
 // are broadcast to every 64-bit lane, and lane L shifted right by 4 * (L / 2),
 // so that its low nibble is the code of column 8 * (L % 2) + L / 2 of the 16
 // the eight bytes hold. x comes with its columns in that order
-// (PermuteForMxfp4), once per call. A row has four accumulators (the two
-// halves of even and of odd groups), enough independent multiply-adds to
-// cover their latency at one row.
+// (PermuteForMxfp4), once per product (SkinnyProducts). A row has four
+// accumulators (the two halves of even and of odd groups), enough
+// independent multiply-adds to cover their latency at one row.
 constexpr __mmask16 kAll = 0xffff;
 
 // Columns of x as the kernel reads them: all k.
@@ -638,25 +638,11 @@ void SkinnyBlockRows(const float* x, int64_t ldx, const Tensor& w, int64_t m, in
   if (i < m) SkinnyRows<D, 1>(x + i * ldx, ldx, w, j0, j1, y + i * ldy, ldy, accumulate);
 }
 
-// SkinnyBlockRows, with x's columns in the order the MXFP4 decode produces
-// values (PermuteForMxfp4).
-template <DType D>
-void SkinnyBlock(const float* x, int64_t ldx, const Tensor& w, int64_t m, int64_t j0, int64_t j1,
-                 float* y, int64_t ldy, bool accumulate) {
-#if DELTASERVE_CPU_AVX2
-  if constexpr (D == DType::kMxfp4) {
-    const int64_t kp = PermutedColumns(w.cols);
-    const ScratchFloats xp(m * kp);
-    PermuteForMxfp4(x, ldx, m, w.cols, xp.data());
-    return SkinnyBlockRows<D>(xp.data(), kp, w, m, j0, j1, y, ldy, accumulate);
-  }
-#endif
-  SkinnyBlockRows<D>(x, ldx, w, m, j0, j1, y, ldy, accumulate);
-}
-
 // Rows [j0, j1) of product p's W, on the calling thread: x four rows at a
 // time (then two, then one) over the block, so that the block is read from
-// memory once and from cache for the other rows of x.
+// memory once and from cache for the other rows of x. An MXFP4 product's x
+// comes with its columns in the order the decode produces values
+// (PermuteForMxfp4, SkinnyProducts).
 void SkinnyBlockOf(const LinearPtrs& p, int64_t j0, int64_t j1) {
   const Tensor& w = *p.w;
   if (w.cols == 0) {
@@ -668,11 +654,11 @@ void SkinnyBlockOf(const LinearPtrs& p, int64_t j0, int64_t j1) {
   }
   switch (w.dtype) {
     case DType::kF32:
-      return SkinnyBlock<DType::kF32>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
+      return SkinnyBlockRows<DType::kF32>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
     case DType::kBF16:
-      return SkinnyBlock<DType::kBF16>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
+      return SkinnyBlockRows<DType::kBF16>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
     case DType::kMxfp4:
-      return SkinnyBlock<DType::kMxfp4>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
+      return SkinnyBlockRows<DType::kMxfp4>(p.x, p.ldx, w, p.m, j0, j1, p.y, p.ldy, p.accumulate);
     case DType::kI32:
     case DType::kF64:
       break;  // not weight dtypes: the entry points refuse them
@@ -880,10 +866,34 @@ void SkinnyProducts(const LinearPtrs* products, int64_t count) {
     first[i + 1] = first[i] + (n + rows[i] - 1) / rows[i];
     work += n * p.w->cols * p.m;
   }
+  // The products as their blocks read them.
+  const Scratch<LinearPtrs> ready(count);
+  for (int64_t i = 0; i < count; ++i) ready[i] = products[i];
+#if DELTASERVE_CPU_AVX2
+  // At the vector levels an MXFP4 product's x permuted (PermuteForMxfp4),
+  // once for all its blocks.
+  const auto permutes = [&](int64_t i) {
+    return ready[i].w->dtype == DType::kMxfp4 && first[i + 1] > first[i] && ready[i].w->cols > 0;
+  };
+  int64_t permuted = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (permutes(i)) permuted += ready[i].m * PermutedColumns(ready[i].w->cols);
+  }
+  const ScratchFloats xp(permuted);
+  float* next = xp.data();
+  for (int64_t i = 0; i < count; ++i) {
+    if (!permutes(i)) continue;
+    LinearPtrs& p = ready[i];
+    PermuteForMxfp4(p.x, p.ldx, p.m, p.w->cols, next);
+    p.x = next;
+    p.ldx = PermutedColumns(p.w->cols);
+    next += p.m * p.ldx;
+  }
+#endif
   ForEachBlockBalanced(first[count], work >= (1 << 15), [&](int64_t b) {
     const int64_t i = std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1;
     const int64_t j0 = (b - first[i]) * rows[i];
-    SkinnyBlockOf(products[i], j0, std::min(products[i].w->rows, j0 + rows[i]));
+    SkinnyBlockOf(ready[i], j0, std::min(ready[i].w->rows, j0 + rows[i]));
   });
 }
 
