@@ -8,8 +8,9 @@
 // the hardware prefetchers follow a thread's stream only while it stays
 // sequential. A static schedule keeps the streams but lets the threads end
 // apart: on a 2-core KVM guest, equal shares of 17 us of the same work ended
-// 2.5-4 us apart, and every region waits for its slowest thread. A dynamic schedule balances the
-// threads but hands out blocks in turn, so no thread's blocks are contiguous; measured 4-7% slower.
+// 2.5-4 us apart, and every region waits for its slowest thread. A dynamic
+// schedule balances the threads but hands out blocks in turn, so no thread's
+// blocks are contiguous; measured 4-7% slower.
 // Here thread t works its static share from the front and, done with it,
 // takes blocks one at a time from the back of the other shares, so the
 // streams stay contiguous until the last few blocks.

@@ -23,7 +23,7 @@
 // table of the 16 E2M1 values already multiplied by its group's scale. Its
 // decoding, not its reading, is the limit where a core has much read
 // bandwidth: on a 2-core Xeon guest with AVX-512 it decodes W held in cache
-// at 85% of the machine's read bandwidth (bench/skinny_bench --mxfp4).
+// at 85-103% of the machine's read bandwidth (bench/skinny_bench --mxfp4).
 #include "kernels/cpu/gemm_cpu.h"
 
 #include <dnnl.h>
