@@ -48,31 +48,6 @@ constexpr int kAcceptsPerRound = 64;
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
-// The peer for the log ("host:port"), and in *source who it counts as for
-// the caps on connections without a request: its IPv4 address, or its IPv6
-// /64 (one host's usual share, so that its addresses do not count apart).
-std::string PeerName(const sockaddr_storage& addr, std::string* source) {
-  char text[INET6_ADDRSTRLEN] = "";
-  if (addr.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
-    *source = text;
-    return HostPort(text, ntohs(in->sin_port));
-  }
-  if (addr.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
-    in6_addr prefix = in6->sin6_addr;
-    if (!IN6_IS_ADDR_V4MAPPED(&prefix)) std::memset(prefix.s6_addr + 8, 0, 8);
-    char prefix_text[INET6_ADDRSTRLEN] = "";
-    inet_ntop(AF_INET6, &prefix, prefix_text, sizeof(prefix_text));
-    *source = IN6_IS_ADDR_V4MAPPED(&prefix) ? prefix_text : absl::StrCat(prefix_text, "/64");
-    return HostPort(text, ntohs(in6->sin6_port));
-  }
-  *source = "";
-  return "an unknown peer";
-}
-
 // The socket under a connection's TLS: OpenSSL's own socket BIO writes with
 // write(2), and a write to a client that has gone would raise SIGPIPE and
 // end the server; this one sends with MSG_NOSIGNAL, as the plaintext relay

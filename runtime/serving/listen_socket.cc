@@ -1,11 +1,13 @@
 #include "runtime/serving/listen_socket.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "absl/status/status.h"
@@ -100,6 +102,28 @@ absl::StatusOr<ListeningSocket> ListenTcp(const std::string& host, int port,
     socket.port = ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port);
   }
   return socket;
+}
+
+std::string PeerName(const sockaddr_storage& addr, std::string* source) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+    *source = text;
+    return HostPort(text, ntohs(in->sin_port));
+  }
+  if (addr.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    in6_addr prefix = in6->sin6_addr;
+    if (!IN6_IS_ADDR_V4MAPPED(&prefix)) std::memset(prefix.s6_addr + 8, 0, 8);
+    char prefix_text[INET6_ADDRSTRLEN] = "";
+    inet_ntop(AF_INET6, &prefix, prefix_text, sizeof(prefix_text));
+    *source = IN6_IS_ADDR_V4MAPPED(&prefix) ? prefix_text : absl::StrCat(prefix_text, "/64");
+    return HostPort(text, ntohs(in6->sin6_port));
+  }
+  *source = "";
+  return "an unknown peer";
 }
 
 }  // namespace deltaserve

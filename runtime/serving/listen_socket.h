@@ -1,7 +1,10 @@
 // A TCP listening socket, for the servers of this folder that accept their
-// connections themselves: the metrics endpoint (http_server.h) and the HTTP/2
-// guard in front of gRPC's plaintext ports (h2_guard.h).
+// connections themselves: the metrics endpoint (http_server.h), the OpenAI
+// HTTP API (http_api.h) and the HTTP/2 guard in front of gRPC's ports
+// (h2_guard.h).
 #pragma once
+
+#include <sys/socket.h>
 
 #include <string>
 
@@ -24,6 +27,13 @@ absl::StatusOr<ListeningSocket> ListenTcp(const std::string& host, int port, abs
 
 // "host:port", with brackets around an IPv6 host and "*" for an empty one.
 std::string HostPort(const std::string& host, int port);
+
+// The peer at `addr` for the log ("host:port"), and in *source whom it
+// counts as for the per-address caps on connections of the servers that
+// accept their own: its IPv4 address, or its IPv6 /64 (one host's usual
+// share, so that its addresses do not count apart; an IPv4-mapped one
+// whole).
+std::string PeerName(const sockaddr_storage& addr, std::string* source);
 
 // errno `err` as a Status with `what` in front: EACCES/EPERM are
 // PERMISSION_DENIED, EADDRINUSE UNAVAILABLE, EADDRNOTAVAIL/EINVAL
