@@ -134,7 +134,8 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            "the model's name in the HTTP API (/v1/models, requests' `model`); default: the "
            "model directory's name"},
           {"http-max-connections", "N",
-           "HTTP connections open at once; past it a connection gets 503",
+           "HTTP connections open at once; connections that wait for a request give way to new "
+           "ones (docs/security.md), and when none does a new connection gets 503",
            absl::StrCat(o.http_max_connections)},
           {"metrics-host", "ADDR", "the address /metrics listens on", o.metrics_host},
           {"metrics-port", "N", "serve Prometheus /metrics on this port (-1: none; 0: any free)",

@@ -20,7 +20,10 @@
 #include <list>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/common/log.h"
 #include "runtime/common/random_bytes.h"
@@ -40,6 +43,12 @@ constexpr auto kPollInterval = std::chrono::milliseconds(20);
 // A request head: the request line and headers, which a bearer token and a
 // client's usual headers fit well within.
 constexpr uint32_t kMaxHeadBytes = 16 << 10;
+// What a connection's read buffer holds at most: a head, or a chunk header
+// line, or a chunked body's trailer section (which Beast's parser takes
+// whole, with no limit of its own), with what the client sent after it. A
+// body passes through it without staying: the parser moves it out as it
+// comes.
+constexpr size_t kMaxBufferBytes = 2 * kMaxHeadBytes;
 
 // An unseeded request's seed; a fixed one if the kernel gives no random
 // bytes (sampling still works).
@@ -54,9 +63,16 @@ uint64_t RandomSeed() {
 // which ends that read or write with an error.
 struct Connection {
   int fd = -1;
+  std::string source;  // whom it counts as for the per-address caps (PeerName)
   std::atomic<int64_t> deadline_ns{INT64_MAX};  // SteadyClock; INT64_MAX: none
   std::atomic<bool> cut{false};
   std::atomic<bool> done{false};
+  // Guarded by the server's mu_: waiting for a head (from its first byte,
+  // its TLS handshake included, or idle between requests); a whole head
+  // has come; a request of it has authenticated.
+  bool waiting = true;
+  bool requested = false;
+  bool authenticated = false;
   std::thread thread;
 
   void Arm(std::chrono::milliseconds timeout) {
@@ -107,7 +123,12 @@ class HttpApi::Impl {
                                      "HTTP API requests answered (any status).")),
         refused_(metrics.AddCounter(
             "deltaserve_http_connections_refused_total",
-            "HTTP API connections answered 503 and closed: --http-max-connections were open.")),
+            "HTTP API connections refused (503, or closed on a TLS port): every one of "
+            "--http-max-connections served a request or an authenticated client.")),
+        reclaimed_(metrics.AddCounter(
+            "deltaserve_http_connections_reclaimed_total",
+            "HTTP API connections closed while they waited for a request head, to make room "
+            "for a new one (too many such connections, in all or from one address).")),
         created_(std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count()) {}
@@ -174,29 +195,34 @@ class HttpApi::Impl {
       if (fds[1].revents != 0) break;
       JoinFinished();
       if ((fds[0].revents & POLLIN) == 0) continue;
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage addr{};
+      socklen_t addr_length = sizeof(addr);
+      const int fd =
+          ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &addr_length, SOCK_CLOEXEC);
       if (fd < 0) continue;  // the peer gave up, or descriptors ran out for now
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::string source;
+      PeerName(addr, &source);
       std::lock_guard<std::mutex> lock(mu_);
-      if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-        refused_.Add();
-        static const std::string busy = [] {
-          const std::string body =
-              ErrorResponse(absl::UnavailableError("too many open connections; try again")).body;
-          return absl::StrCat(
-              "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-              "Connection: close\r\nContent-Length: ",
-              body.size(), "\r\n\r\n", body);
-        }();
-        (void)!::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        ::close(fd);
+      if (!MakeRoom(source)) {
+        Refuse(fd);
         continue;
       }
       Connection& c = connections_.emplace_back();
       c.fd = fd;
+      c.source = std::move(source);
+      c.Arm(options_.head_timeout);
       c.thread = std::thread([this, &c] {
-        Serve(c);
+        // Nothing thrown on a connection's thread may end the process: the
+        // connection closes, the server goes on.
+        try {
+          Serve(c);
+        } catch (const std::exception& e) {
+          log::Warning("http", absl::StrCat("closed a connection after an error: ", e.what()));
+        } catch (...) {
+          log::Warning("http", "closed a connection after an unknown error");
+        }
         // The reaper and Stop shut sockets down by this descriptor: it is
         // closed, and forgotten, under their lock, so that they never reach
         // a descriptor number the system has given to another file.
@@ -208,6 +234,103 @@ class HttpApi::Impl {
         c.done = true;
       });
     }
+  }
+
+  // The connection slots, under mu_. Connections that wait for a head give
+  // way to new ones, oldest first: those that have sent no whole head yet
+  // (the unrequested), then those that have authenticated no request (the
+  // unauthenticated: a health check, a refused key), each with a cap in all
+  // and per address (HttpApiOptions); of the new connection's own address
+  // when that has its share, else of the address with the most. A
+  // connection serving a request, or an authenticated one waiting for its
+  // next, never gives way. False when there is no room for one more.
+  enum class Tier { kUnrequested, kUnauthenticated };
+  bool InTier(const Connection& c, Tier tier) const {
+    if (c.cut || c.done || !c.waiting) return false;
+    return tier == Tier::kUnrequested ? !c.requested : !c.authenticated;
+  }
+  // How many of the tier's connections there are from `source` (all: empty).
+  int CountInTier(Tier tier, const std::string& source) const {
+    int n = 0;
+    for (const Connection& c : connections_) {
+      n += InTier(c, tier) && (source.empty() || c.source == source);
+    }
+    return n;
+  }
+  // Closes the oldest of the tier's connections from `source` (empty: the
+  // source with the most): whether there was one.
+  bool Reclaim(Tier tier, std::string source) {
+    if (source.empty()) {
+      std::unordered_map<std::string, int> by_source;
+      int most = 0;
+      for (const Connection& c : connections_) {
+        if (!InTier(c, tier)) continue;
+        const int n = ++by_source[c.source];
+        if (n > most) {
+          most = n;
+          source = c.source;
+        }
+      }
+      if (most == 0) return false;
+    }
+    for (Connection& c : connections_) {
+      if (!InTier(c, tier) || c.source != source) continue;
+      c.cut = true;
+      if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
+      reclaimed_.Add();
+      return true;
+    }
+    return false;
+  }
+  bool MakeRoom(const std::string& source) {
+    const int max = options_.max_connections;
+    const int max_unrequested = std::max(1, max / 4),
+              unrequested_per_source = std::max(1, max / 16);
+    const int max_unauthenticated = std::max(1, max / 2);
+    const int unauthenticated_per_source = std::max(1, max / 8);
+    if (CountInTier(Tier::kUnrequested, source) >= unrequested_per_source) {
+      Reclaim(Tier::kUnrequested, source);
+    }
+    if (CountInTier(Tier::kUnrequested, "") >= max_unrequested) Reclaim(Tier::kUnrequested, "");
+    if (CountInTier(Tier::kUnauthenticated, source) >= unauthenticated_per_source) {
+      Reclaim(Tier::kUnauthenticated, source);
+    }
+    if (CountInTier(Tier::kUnauthenticated, "") >= max_unauthenticated) {
+      Reclaim(Tier::kUnauthenticated, "");
+    }
+    int open = 0;
+    for (const Connection& c : connections_) open += !c.cut && !c.done;
+    return open < max || Reclaim(Tier::kUnrequested, "") || Reclaim(Tier::kUnauthenticated, "");
+  }
+
+  // Every slot serves a request or an authenticated client: 503 on a
+  // plaintext port; on a TLS port (whose client expects a handshake, not
+  // an HTTP response) the connection is closed.
+  void Refuse(int fd) {
+    refused_.Add();
+    if (ssl_ == nullptr) {
+      static const std::string busy = [] {
+        const std::string body =
+            ErrorResponse(absl::UnavailableError("too many open connections; try again")).body;
+        return absl::StrCat(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            "Connection: close\r\nContent-Length: ",
+            body.size(), "\r\n\r\n", body);
+      }();
+      (void)!::send(fd, busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    ::close(fd);
+  }
+
+  // Marks the connection's state for the slots (MakeRoom).
+  void SetWaiting(Connection& c, bool waiting) {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.waiting = waiting;
+    if (!waiting) c.requested = true;
+  }
+  void SetAuthenticated(Connection& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.authenticated = true;
   }
 
   // Joins the threads of connections that have ended.
@@ -271,7 +394,8 @@ class HttpApi::Impl {
       ::close(own);
       return;
     }
-    c.Arm(options_.request_timeout);
+    // Under the deadline armed at accept: the handshake and the head that
+    // follows share it.
     stream.handshake(asio::ssl::stream_base::server, ec);
     if (ec) return;
     std::optional<std::string> identity;
@@ -285,9 +409,15 @@ class HttpApi::Impl {
 
   template <typename Stream>
   void ServeStream(Stream& stream, Connection& c, const std::optional<std::string>& identity) {
-    beast::flat_buffer buffer;
-    while (!c.cut) {
-      c.Arm(options_.request_timeout);
+    beast::flat_buffer buffer(kMaxBufferBytes);
+    for (bool first = true; !c.cut; first = false) {
+      // A head within head_timeout: of connecting (armed at accept, the TLS
+      // handshake included) for the first, of the last response for the
+      // next.
+      if (!first) {
+        SetWaiting(c, true);
+        c.Arm(options_.head_timeout);
+      }
       http::request_parser<http::string_body> parser;
       parser.header_limit(kMaxHeadBytes);
       // The head's Content-Length is checked below, once the caller is
@@ -304,6 +434,8 @@ class HttpApi::Impl {
         return;
       }
       if (ec) return;  // closed, timed out, or not HTTP
+      SetWaiting(c, false);
+      c.Arm(options_.request_timeout);
       const auto& head = parser.get();
       const std::string path(head.target().substr(0, head.target().find('?')));
       if (path == "/health") {
@@ -315,6 +447,10 @@ class HttpApi::Impl {
         if (!head.keep_alive()) return;
         continue;
       }
+      if (absl::Status framing = CheckFraming(head, parser.chunked()); !framing.ok()) {
+        Error(stream, c, framing, absl::IsUnimplemented(framing) ? 501 : 400, false);
+        return;
+      }
       std::optional<absl::string_view> authorization;
       if (auto it = head.find(http::field::authorization); it != head.end()) {
         authorization = absl::string_view(it->value().data(), it->value().size());
@@ -324,6 +460,7 @@ class HttpApi::Impl {
         Error(stream, c, principal.status(), 0, false);
         return;
       }
+      SetAuthenticated(c);
       const int64_t declared = static_cast<int64_t>(
           parser.content_length().value_or(static_cast<uint64_t>(options_.max_body_bytes)));
       if (declared > options_.max_body_bytes) {
@@ -346,17 +483,63 @@ class HttpApi::Impl {
         http::write(stream, proceed, ec);
         if (ec) return;
       }
+      const size_t head_fields = FieldCount(head);
       http::read(stream, buffer, parser, ec);
       if (ec == http::error::body_limit) {
         Error(stream, c, BodyTooLarge(options_.max_body_bytes + 1), 413, false);
         return;
       }
+      if (ec == http::error::buffer_overflow) {
+        Error(
+            stream, c,
+            absl::InvalidArgumentError(absl::StrCat(
+                "a chunk header or the trailer is over the limit of ", kMaxBufferBytes, " bytes")),
+            400, false);
+        return;
+      }
       if (ec) return;
       c.Disarm();
       const http::request<http::string_body>& req = parser.get();
+      // Trailer fields (after a chunked body) join the head's: none is
+      // taken, as no endpoint here reads one.
+      if (FieldCount(req) != head_fields) {
+        Error(stream, c,
+              absl::InvalidArgumentError("trailer fields after a chunked body are not accepted"),
+              400, false);
+        return;
+      }
       const bool keep = Handle(stream, c, req, path, *principal) && req.keep_alive();
       if (!keep) return;
     }
+  }
+
+  template <typename Fields>
+  static size_t FieldCount(const Fields& fields) {
+    return static_cast<size_t>(std::distance(fields.begin(), fields.end()));
+  }
+
+  // What the head says of its body's framing, and of itself, that this
+  // server does not take: a Transfer-Encoding other than exactly `chunked`
+  // (whose body would otherwise be read as none, and with keep-alive as the
+  // next request); more than one Authorization (which of them counts would
+  // be a guess).
+  static absl::Status CheckFraming(const http::request_header<>& head, bool chunked) {
+    const auto encodings = head.equal_range(http::field::transfer_encoding);
+    if (encodings.first != encodings.second) {
+      const auto value = encodings.first->value();
+      const bool exactly_chunked =
+          std::next(encodings.first) == encodings.second && chunked &&
+          absl::EqualsIgnoreCase(
+              absl::StripAsciiWhitespace(absl::string_view(value.data(), value.size())), "chunked");
+      if (!exactly_chunked) {
+        return absl::UnimplementedError(
+            "Transfer-Encoding: only `chunked` is taken (or a Content-Length)");
+      }
+    }
+    if (head.count(http::field::authorization) > 1) {
+      return absl::InvalidArgumentError("more than one Authorization header");
+    }
+    return absl::OkStatus();
   }
 
   absl::Status BodyTooLarge(int64_t bytes) const {
@@ -594,6 +777,7 @@ class HttpApi::Impl {
   const ChatFormat* const chat_;  // null: no chat format (the validator refuses chats)
   Counter& requests_;
   Counter& refused_;
+  Counter& reclaimed_;
   const int64_t created_;
   std::atomic<bool> serving_{false};
   std::atomic<int64_t> body_bytes_{0};

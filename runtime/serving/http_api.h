@@ -8,14 +8,31 @@
 //
 // Transport: Boost.Beast (Debian's libboost-dev) parses and writes HTTP;
 // each connection has a thread of its own doing blocking reads and
-// writes, up to max_connections (past it a connection gets 503 and is
-// closed). Every read and write runs under a deadline that a reaper thread
-// enforces by shutting the socket down, so a slow or silent peer holds its
-// thread no longer than its timeout. A request is authenticated from its
-// head, before its body is read; a body may not exceed max_body_bytes, and
-// the bodies being read at once may not exceed body_memory_bytes in all
-// (503 past it), so that no one, authenticated or not, can make the server
-// hold more. A client that closes its connection cancels its request.
+// writes, up to max_connections. Every read and write runs under a deadline
+// that a reaper thread enforces by shutting the socket down, so a slow or
+// silent peer holds its thread no longer than its timeout: a TLS handshake
+// and the head after it, or the next head of a keep-alive connection,
+// within head_timeout; the body within request_timeout of its head.
+//
+// Connections waiting for a head give way to new ones, as the gRPC guard's
+// do (h2_guard.h): those that have sent no whole head yet may hold a
+// quarter of max_connections, a sixteenth from one address (an IPv4
+// address, an IPv6 /64), and those that have authenticated no request
+// (health checks, refused keys, new connections) half of them, an eighth
+// from one address; a new connection past a cap closes the oldest of its
+// own address's, or of the address with the most. When every slot serves a
+// request or an authenticated client, a new connection gets 503 (on a TLS
+// port, a close). So sockets that send nothing, or a health check and then
+// nothing, cannot lock callers out.
+//
+// A request is authenticated from its head, before its body is read; a
+// body may not exceed max_body_bytes, and the bodies being read at once may
+// not exceed body_memory_bytes in all (503 past it), so that no one,
+// authenticated or not, can make the server hold more. A chunked body's
+// chunk headers and trailer section share a bounded read buffer, and
+// trailer fields are refused. Nothing thrown while serving a connection
+// ends the server: the connection is logged and closed. A client that
+// closes its connection cancels its request.
 #pragma once
 
 #include <chrono>
@@ -39,8 +56,11 @@ struct HttpApiOptions {
   std::shared_ptr<const ServerTlsContext> tls;  // null: plaintext; made with TlsProtocol::kHttp11
   std::string model_name;                       // what /v1/models lists and requests name
   int max_connections = 512;
-  // A request's head and body, from its first byte (or the previous
-  // response) on; an idle keep-alive connection is closed after it too.
+  // A request's head, from the connection's first byte (its TLS handshake
+  // included) or from the previous response: an idle keep-alive connection
+  // is closed after it too. A client sends its head within a round trip.
+  std::chrono::milliseconds head_timeout{10000};
+  // A request's body, from its head on.
   std::chrono::milliseconds request_timeout{30000};
   int64_t max_body_bytes = (64 << 20) + (1 << 20);
   int64_t body_memory_bytes = int64_t{4} << 30;

@@ -270,6 +270,137 @@ TEST(HttpApiTest, BadRequestsGetOpenAiErrorsAndTheServerHoldsNothing) {
   EXPECT_NE(two.find("{\"status\":\"ok\"}"), std::string::npos) << two;
 }
 
+// A chunked body's trailer, and framing the server does not take: each
+// request is refused with a status naming it, and the server goes on (a
+// trailer field of 64 KiB once made Beast throw on the connection's thread,
+// which ended the process; smaller ones had no limit at all).
+TEST(HttpApiTest, TrailersAndUnknownFramingAreRefusedAndTheServerGoesOn) {
+  const std::string token = "test-token-0123456789abcdef";
+  auto server = testing::StartServer("serve --model " + testing::GoldenPath("model/" + kModel) +
+                                     " --http-port 0 --client-tokens-file " + TokenFile(token));
+  ASSERT_GE(server.http_port, 0);
+  const pid_t pid = server.process->pid();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                           token + "\r\nConnection: close\r\n";
+  const std::string body = R"({"model": "k3-tiny", "prompt": [1, 2], "max_tokens": 1})";
+  const std::string chunked = absl::StrCat(head, "Transfer-Encoding: chunked\r\n\r\n",
+                                           absl::Hex(body.size()), "\r\n", body, "\r\n0\r\n");
+  auto alive = [&] {
+    const std::string health = RawExchange(
+        server.http_port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    return health.rfind("HTTP/1.1 200", 0) == 0;
+  };
+  auto expect = [](const std::string& response, const std::string& status,
+                   const std::string& part) {
+    EXPECT_EQ(response.rfind("HTTP/1.1 " + status, 0), 0u) << response.substr(0, 300);
+    EXPECT_NE(response.find(part), std::string::npos) << response.substr(0, 300);
+  };
+  // The same body chunked with no trailer is served.
+  expect(RawExchange(server.http_port, chunked + "\r\n"), "200", "text_completion");
+  const int64_t rss_before = testing::RssBytes(pid);
+  // One trailer field of 64 KiB.
+  const std::string big =
+      RawExchange(server.http_port, chunked + "X-Big: " + std::string(64 << 10, 'a') + "\r\n\r\n");
+  EXPECT_TRUE(big.empty() || big.rfind("HTTP/1.1 400", 0) == 0) << big.substr(0, 300);
+  ASSERT_TRUE(alive()) << server.process->Log();
+  // 32 MiB of 60 KB fields.
+  std::string many = chunked;
+  for (int i = 0; i < 560; ++i)
+    absl::StrAppend(&many, "X-", i, ": ", std::string(60000, 'b'), "\r\n");
+  many += "\r\n";
+  RawExchange(server.http_port, many);
+  ASSERT_TRUE(alive()) << server.process->Log();
+  EXPECT_LT(testing::RssBytes(pid) - rss_before, int64_t{16} << 20);
+  // A small trailer is refused by name.
+  expect(RawExchange(server.http_port, chunked + "X-Checksum: 1\r\n\r\n"), "400",
+         "trailer fields after a chunked body are not accepted");
+  // A chunk extension longer than the read buffer.
+  expect(
+      RawExchange(server.http_port,
+                  absl::StrCat(head, "Transfer-Encoding: chunked\r\n\r\n", absl::Hex(body.size()),
+                               ";ext=", std::string(40000, 'c'), "\r\n", body, "\r\n0\r\n\r\n")),
+      "400", "over the limit of 32768 bytes");
+  // A Transfer-Encoding other than chunked: its body is not read as the
+  // next request.
+  const std::string inner = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+                            "\r\nConnection: close\r\n\r\n";
+  const std::string gzip =
+      RawExchange(server.http_port,
+                  absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ",
+                               token, "\r\nTransfer-Encoding: gzip\r\n\r\n", inner));
+  expect(gzip, "501", "only `chunked`");
+  EXPECT_EQ(gzip.find("\"object\":\"list\""), std::string::npos) << gzip;
+  expect(RawExchange(server.http_port,
+                     absl::StrCat(head, "Transfer-Encoding: gzip, chunked\r\n\r\n",
+                                  absl::Hex(body.size()), "\r\n", body, "\r\n0\r\n\r\n")),
+         "501", "only `chunked`");
+  // Two keys: which counts is not guessed.
+  expect(RawExchange(server.http_port,
+                     "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                     "Bearer " +
+                         token +
+                         "\r\nAuthorization: Bearer other\r\n"
+                         "Connection: close\r\n\r\n"),
+         "400", "more than one Authorization header");
+  ASSERT_TRUE(alive()) << server.process->Log();
+}
+
+// Sockets that send nothing, or a health check and then nothing, from one
+// address or several, cannot lock authenticated clients out: they give way
+// to new connections (they once held every one of --http-max-connections,
+// and each new connection got 503).
+TEST(HttpApiTest, IdleSocketsDoNotLockClientsOut) {
+  const std::string token = "test-token-0123456789abcdef";
+  auto server = testing::StartServer("serve --model " + testing::GoldenPath("model/" + kModel) +
+                                     " --http-port 0 --http-max-connections 64"
+                                     " --client-tokens-file " +
+                                     TokenFile(token) + " --metrics-port 0");
+  ASSERT_GE(server.http_port, 0);
+  // A connection from 127.0.0.`host`, holding `send` unanswered or answered.
+  auto open = [&](int host, const std::string& send) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + static_cast<uint32_t>(host - 1));
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(server.http_port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+    if (!send.empty()) (void)!::send(fd, send.data(), send.size(), MSG_NOSIGNAL);
+    return fd;
+  };
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<int> idle;
+  for (int round = 0; round < 3; ++round) {
+    for (int host = 1; host <= 5; ++host) {
+      for (int i = 0; i < 40; ++i) idle.push_back(open(host, i % 2 == 0 ? "" : health));
+    }
+  }
+  const std::string models = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                             token + "\r\nConnection: close\r\n\r\n";
+  for (int i = 0; i < 5; ++i) {
+    const std::string got = RawExchange(server.http_port, models);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+    idle.push_back(open(1 + i, ""));
+  }
+  const std::string alive =
+      RawExchange(server.http_port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(alive.rfind("HTTP/1.1 200", 0), 0u) << alive;
+  // The server said what it did: connections reclaimed, none refused.
+  std::string metrics;
+  ASSERT_EQ(
+      testing::RunCommand(
+          absl::StrCat("curl -s http://127.0.0.1:", server.metrics_port, "/metrics"), &metrics),
+      0);
+  EXPECT_NE(metrics.find("deltaserve_http_connections_refused_total 0\n"), std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find("deltaserve_http_connections_reclaimed_total 0\n"), std::string::npos)
+      << metrics;
+  for (int fd : idle) ::close(fd);
+}
+
 // A K3-shaped model with the tokenizer fixture of tests/data/tokenizer and
 // Kimi Linear's chat tokens: /v1/chat/completions renders with that format. The reply is what the
 // gRPC API generates from the rendered prompt's ids, stopping at the format's end tokens, as the
