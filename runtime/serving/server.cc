@@ -1,7 +1,6 @@
 #include "runtime/serving/server.h"
 
 #include <grpcpp/ext/health_check_service_server_builder_option.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
@@ -463,16 +462,6 @@ class WorkerLinkService final : public v1::WorkerLink::Service {
   const Authenticator& auth_;
 };
 
-// Keeps the globally registered plugins (v1alpha server reflection) off a builder:
-// the worker port serves WorkerLink alone.
-class NoPlugins final : public grpc::ServerBuilderOption {
- public:
-  void UpdateArguments(grpc::ChannelArguments*) override {}
-  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
-    plugins->clear();
-  }
-};
-
 absl::StatusOr<std::optional<TokenSet>> TokensFrom(const std::string& path) {
   if (path.empty()) return std::optional<TokenSet>();
   auto entries = ReadTokenFile(path);
@@ -748,7 +737,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ResourceQuota quota("deltaserve");
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   const GuardCounters counters{
       impl->metrics.AddCounter(
           "deltaserve_http2_connections_cut_total",
@@ -763,7 +751,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   Configure(builder, options, quota);
   builder.RegisterService(impl->generation.get());
-  builder.SetOption(ReflectionV1Option());
+  builder.SetOption(ReflectionOption());
   DELTASERVE_ASSIGN_OR_RETURN(
       impl->client, StartPort(builder, options, options.port, client_tls, "the client port",
                               counters, *impl->client_auth));
@@ -772,7 +760,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     grpc::ServerBuilder worker_builder;
     Configure(worker_builder, options, quota);
     worker_builder.SetMaxReceiveMessageSize(WorkerMessageLimit(options));
-    worker_builder.SetOption(std::make_unique<NoPlugins>());
     worker_builder.SetOption(
         std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
     worker_builder.RegisterService(impl->worker_link.get());

@@ -16,7 +16,7 @@ WriteWatchdog::~WriteWatchdog() {
   thread_.join();
 }
 
-WriteWatchdog::Watch::Watch(WriteWatchdog& dog, grpc::ServerContext& context) : dog_(dog) {
+WriteWatchdog::Watch::Watch(WriteWatchdog& dog, grpc::ServerContextBase& context) : dog_(dog) {
   std::lock_guard<std::mutex> lock(dog_.mu_);
   id_ = dog_.next_id_++;
   dog_.writes_.emplace(id_, Entry{&context, std::chrono::steady_clock::now() + dog_.timeout_});

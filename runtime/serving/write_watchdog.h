@@ -1,9 +1,12 @@
-// Cancels a streaming RPC whose client has stopped reading. A synchronous
-// ServerWriter::Write blocks once the client's flow-control window is full,
-// which holds the RPC's thread and its request's state for as long as the
-// client likes; a Watch around each Write lets one background thread
-// TryCancel() the RPC after `timeout`, so that Write returns false and the
-// service ends the request (GenerationService::Generate).
+// Cancels a streaming RPC whose client has stopped reading (or, for a
+// callback-API stream, sending). A synchronous ServerWriter::Write blocks
+// once the client's flow-control window is full, which holds the RPC's
+// thread and its request's state for as long as the client likes; a Watch
+// around each Write lets one background thread TryCancel() the RPC after
+// `timeout`, so that Write returns false and the service ends the request
+// (GenerationService::Generate). A callback stream holds a Watch over each
+// read or write it has started (reflection.cc): the cancel fails that
+// operation, and the stream finishes.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -29,7 +32,7 @@ class WriteWatchdog {
   // Alive for the duration of one Write on `context`'s stream.
   class Watch {
    public:
-    Watch(WriteWatchdog& dog, grpc::ServerContext& context);
+    Watch(WriteWatchdog& dog, grpc::ServerContextBase& context);
     ~Watch();
     Watch(const Watch&) = delete;
     Watch& operator=(const Watch&) = delete;
@@ -44,7 +47,7 @@ class WriteWatchdog {
 
  private:
   struct Entry {
-    grpc::ServerContext* context;
+    grpc::ServerContextBase* context;
     std::chrono::steady_clock::time_point deadline;
     bool fired = false;
   };

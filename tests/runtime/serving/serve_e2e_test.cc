@@ -6,11 +6,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "kernels/scratch.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine/step_executor.h"
@@ -448,6 +450,90 @@ TEST(ServeLimitsTest, OverloadAnswersResourceExhaustedAndCancellationFreesState)
   ASSERT_TRUE(server.stub->Abort(&context, abort, &reply).ok());
   EXPECT_FALSE(reply.found());
   EXPECT_TRUE(GenerateAll(*server.stub, TokensRequest({1, 2}, 3)).status.ok());
+}
+
+// Reflection streams need no credentials, so they must cost the server no
+// thread while they last, be bounded in number, and end when idle: 400
+// streams that send nothing, on two connections, leave the thread count
+// flat and authenticated calls served; the 144 past the cap of 256 are
+// refused at once, and the rest are cancelled after their 10 s of idleness,
+// after which reflection answers again.
+TEST(ServeApiTest, IdleReflectionStreamsHoldNoThreadsAndEnd) {
+  namespace refl = grpc::reflection::v1;
+  auto server = testing::StartServer("serve --model " + K3Tiny());
+  ASSERT_TRUE(testing::WaitForStatus(
+      *server.stub, [](const v1::ServerStatus& s) { return s.worker_attached(); },
+      std::chrono::seconds(10)));
+  const pid_t pid = server.process->pid();
+  const int64_t threads_before = testing::ProcStatus(pid, "Threads");
+  constexpr int kChannels = 2, kPerChannel = 200, kCap = 256;
+  grpc::CompletionQueue cq;
+  struct Held {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncReaderWriter<refl::ServerReflectionRequest,
+                                                  refl::ServerReflectionResponse>>
+        stream;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<refl::ServerReflection::Stub>> stubs;
+  std::vector<std::unique_ptr<Held>> held;
+  for (int c = 0; c < kChannels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("deltaserve.test.channel", c);  // a connection of its own
+    stubs.push_back(refl::ServerReflection::NewStub(
+        grpc::CreateCustomChannel(server.address, grpc::InsecureChannelCredentials(), args)));
+    for (int i = 0; i < kPerChannel; ++i) {
+      auto h = std::make_unique<Held>();
+      // Tags: 2i the start, 2i + 1 the finish.
+      const intptr_t index = static_cast<intptr_t>(held.size());
+      h->stream = stubs.back()->AsyncServerReflectionInfo(&h->context, &cq,
+                                                          reinterpret_cast<void*>(2 * index));
+      h->stream->Finish(&h->status, reinterpret_cast<void*>(2 * index + 1));
+      held.push_back(std::move(h));
+    }
+  }
+  // Counts the streams that finished, by their code, until `until` or all
+  // have.
+  std::map<grpc::StatusCode, int> finished;
+  int total_finished = 0;
+  auto collect = [&](std::chrono::steady_clock::time_point until, int want) {
+    void* tag = nullptr;
+    bool ok = false;
+    while (total_finished < want &&
+           cq.AsyncNext(&tag, &ok,
+                        std::chrono::system_clock::now() +
+                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                until - std::chrono::steady_clock::now())) ==
+               grpc::CompletionQueue::GOT_EVENT) {
+      const intptr_t t = reinterpret_cast<intptr_t>(tag);
+      if (t % 2 == 1) {
+        ++finished[held[t / 2]->status.error_code()];
+        ++total_finished;
+      }
+    }
+  };
+  const auto opened = std::chrono::steady_clock::now();
+  collect(opened + std::chrono::seconds(5), kChannels * kPerChannel - kCap);
+  EXPECT_EQ(finished[grpc::StatusCode::RESOURCE_EXHAUSTED], kChannels * kPerChannel - kCap);
+  EXPECT_EQ(total_finished, kChannels * kPerChannel - kCap);
+  // The held streams cost no thread each (a thread per stream was 256 more).
+  EXPECT_LT(testing::ProcStatus(pid, "Threads"), threads_before + 32);
+  // Authenticated calls go on.
+  const Streamed generated = GenerateAll(*server.stub, TokensRequest({1, 2, 3}, 4), 30);
+  EXPECT_TRUE(generated.status.ok()) << generated.status.error_message();
+  EXPECT_EQ(generated.ids.size(), 4u);
+  // Idle for 10 s, the held streams are cancelled.
+  collect(opened + std::chrono::seconds(25), kChannels * kPerChannel);
+  EXPECT_EQ(total_finished, kChannels * kPerChannel);
+  EXPECT_EQ(finished[grpc::StatusCode::CANCELLED], kCap);
+  EXPECT_GE(std::chrono::steady_clock::now() - opened, std::chrono::seconds(9));
+  EXPECT_NE(testing::Probe("services " + server.address + " v1").find("deltaserve.v1.Generation"),
+            std::string::npos);
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST(ServeApiTest, HealthReflectionModelInfoAndStopStrings) {
