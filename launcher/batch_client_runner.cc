@@ -101,8 +101,10 @@ struct Call {
 // `has_text`: the server has a tokenizer, so its tokens carry text.
 Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
               const OnProgress& on_progress) {
+  // Fail-fast: while the server is unreachable the call fails at once
+  // (UNAVAILABLE) and the caller's retries, bounded by --retry-s, wait; a
+  // call waiting for readiness would wait for ever.
   grpc::ClientContext context;
-  context.set_wait_for_ready(true);
   auto reader = stub.Generate(&context, ToProto(unit.request));
   v1::GenerateResponse response;
   GenerateOutcome o;
@@ -138,8 +140,7 @@ Call Generate(v1::Generation::Stub& stub, const BatchUnit& unit, bool has_text,
 }
 
 Call Score(v1::Generation::Stub& stub, const BatchUnit& unit, const OnProgress& on_progress) {
-  grpc::ClientContext context;
-  context.set_wait_for_ready(true);
+  grpc::ClientContext context;  // fail-fast, as Generate's
   auto reader = stub.ScoreStream(&context, ToProto(ScoreInput{"", unit.request.prompt}));
   v1::ScoreStreamResponse message;
   v1::ScoreResponse response;
@@ -239,10 +240,14 @@ absl::Status RunBatchOnServer(const BatchClientOptions& options, BatchSource& so
         backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
       }
       if (!call.status.ok() && !RequestsFault(call.status.error_code())) {
-        return fail(absl::UnavailableError(
-            absl::StrCat("the server at ", options.server, " failed a request (",
-                         FromGrpc(call.status).ToString(),
-                         "); stopping: rerun with the same --output to resume")));
+        const std::string retried =
+            Transient(call.status.error_code())
+                ? absl::StrCat(" and did not come back within --retry-s ", options.retry_s, " s")
+                : "";
+        return fail(absl::UnavailableError(absl::StrCat(
+            "the server at ", options.server, " failed a request (",
+            FromGrpc(call.status).ToString(), ")", retried,
+            "; stopping: the records written are kept, rerun with the same --output to resume")));
       }
       const bool error = !call.status.ok();
       if (error) {

@@ -279,5 +279,48 @@ TEST(BatchServeTest, KilledClientResumesAndAServerThatIsGoneStopsTheJob) {
   EXPECT_TRUE(testing::ReadRecords(dir + "/gone.jsonl").size() <= 2u);
 }
 
+// The server dies in the middle of a job: the job retries for --retry-s,
+// then stops saying why, with the records it wrote kept, and a rerun with
+// the same --output against a new server finishes it (a call that waited
+// for the server's readiness once waited for ever, whatever --retry-s said).
+TEST(BatchServeTest, AServerThatDiesMidJobStopsItAfterRetrySAndARerunResumes) {
+  const std::string dir = testing::TempDir("batch_server_dies");
+  testing::WriteFile(dir + "/in.jsonl", testing::MixedInput(/*scale=*/8, /*max_tokens=*/48));
+  Server server = StartServe("--max-running 2");
+  const std::string output = dir + "/out.jsonl";
+  auto batch = [&](const std::string& address) {
+    return absl::StrCat(testing::Deltaserve(), " batch --server ", address, " --model ",
+                        testing::K3Tiny(), " --concurrency 2 --retry-s 3 --quiet --input ", dir,
+                        "/in.jsonl --output ", output);
+  };
+  auto job = testing::ChildProcess::Start(batch(server.address), dir + "/job.log");
+  // Once a record is out, the server is killed.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (testing::ReadFile(output).find('\n') == std::string::npos &&
+         std::chrono::steady_clock::now() < end && !job->Wait(std::chrono::milliseconds(20))) {
+  }
+  server.process->Signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  const std::optional<int> code = job->Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(code.has_value()) << "the job did not stop: " << job->Log();
+  EXPECT_EQ(*code, 1) << job->Log();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(30));
+  EXPECT_NE(job->Log().find("did not come back within --retry-s 3 s"), std::string::npos)
+      << job->Log();
+  EXPECT_NE(job->Log().find("rerun with the same --output to resume"), std::string::npos)
+      << job->Log();
+  const size_t kept = testing::ReadRecords(output).size();
+  EXPECT_GE(kept, 1u);
+
+  const Server again = StartServe("");
+  std::string log;
+  ASSERT_EQ(testing::Run(batch(again.address), &log), 0) << log;
+  std::map<std::string, int> counts;
+  const auto records = testing::ReadRecords(output, &counts);
+  RunEmbedded(dir);
+  testing::ExpectSameRecords(records, testing::ReadRecords(dir + "/embedded.jsonl"));
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << key;
+}
+
 }  // namespace
 }  // namespace deltaserve
