@@ -38,23 +38,14 @@ namespace {
 // With mutual TLS on both ports, a certificate of the client CA must not be
 // enough to attach as a worker (a worker reads every prompt and writes every
 // output): the worker port needs a CA of its own, or worker tokens as well.
-// The CAs are compared by content, so a copy of one file counts as the same.
+// The CA files are parsed and compared certificate by certificate and key
+// (CheckCaFilesShareNoCa): a copy, a re-encoding or a bundle counts too.
 absl::Status CheckWorkerRole(const ServerOptions& options) {
   if (options.tls.client_ca_file.empty() || options.worker_ca_file.empty() ||
       !options.worker_tokens_file.empty()) {
     return absl::OkStatus();
   }
-  constexpr int64_t kMaxCaBytes = 1 << 20;
-  DELTASERVE_ASSIGN_OR_RETURN(std::string client_ca,
-                              ReadRegularFile(options.tls.client_ca_file, kMaxCaBytes));
-  DELTASERVE_ASSIGN_OR_RETURN(std::string worker_ca,
-                              ReadRegularFile(options.worker_ca_file, kMaxCaBytes));
-  if (client_ca != worker_ca) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--tls-client-ca ", options.tls.client_ca_file, " and --tls-worker-ca ",
-      options.worker_ca_file,
-      " are the same CA: any client certificate it signs could attach as a worker and read every "
-      "prompt; give workers a CA of their own, or a --worker-token-file as well"));
+  return CheckCaFilesShareNoCa(options.tls.client_ca_file, options.worker_ca_file);
 }
 
 constexpr auto kPollInterval = std::chrono::milliseconds(20);

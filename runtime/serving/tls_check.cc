@@ -11,14 +11,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/log.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/serving/auth.h"
 
 namespace deltaserve {
@@ -46,7 +49,62 @@ std::string TimeText(const ASN1_TIME* time) {
   return std::string(data, static_cast<size_t>(length));
 }
 
+// Every certificate of a PEM bundle (a CA file), in order; an error naming
+// `flag` and `path` when it cannot be read or holds none.
+absl::StatusOr<std::vector<std::unique_ptr<X509, X509Free>>> ReadCertificates(
+    const std::string& path, const std::string& flag) {
+  DELTASERVE_ASSIGN_OR_RETURN(std::string pem, ReadRegularFile(path, kMaxPemBytes));
+  auto bio = Memory(pem);
+  std::vector<std::unique_ptr<X509, X509Free>> certs;
+  while (bio != nullptr) {
+    X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
+    if (cert == nullptr) break;
+    certs.emplace_back(cert);
+  }
+  ERR_clear_error();
+  if (certs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, ": holds no PEM certificate"));
+  }
+  return certs;
+}
+
+// "CN=..., O=..." of a certificate's subject, for a message.
+std::string SubjectText(const X509* cert) {
+  std::unique_ptr<BIO, BioFree> out(BIO_new(BIO_s_mem()));
+  if (out == nullptr ||
+      X509_NAME_print_ex(out.get(), X509_get_subject_name(cert), 0, XN_FLAG_RFC2253) < 0) {
+    return "?";
+  }
+  char* data = nullptr;
+  const long length = BIO_get_mem_data(out.get(), &data);
+  return std::string(data, static_cast<size_t>(std::min<long>(length, 256)));
+}
+
 }  // namespace
+
+absl::Status CheckCaFilesShareNoCa(const std::string& client_ca_file,
+                                   const std::string& worker_ca_file) {
+  DELTASERVE_ASSIGN_OR_RETURN(auto clients, ReadCertificates(client_ca_file, "--tls-client-ca"));
+  DELTASERVE_ASSIGN_OR_RETURN(auto workers, ReadCertificates(worker_ca_file, "--tls-worker-ca"));
+  for (const auto& client : clients) {
+    const EVP_PKEY* client_key = X509_get0_pubkey(client.get());
+    for (const auto& worker : workers) {
+      const EVP_PKEY* worker_key = X509_get0_pubkey(worker.get());
+      const bool same = X509_cmp(client.get(), worker.get()) == 0 ||
+                        (client_key != nullptr && worker_key != nullptr &&
+                         EVP_PKEY_eq(client_key, worker_key) == 1);
+      ERR_clear_error();
+      if (!same) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-client-ca ", client_ca_file, " and --tls-worker-ca ", worker_ca_file,
+          " share a CA (", SubjectText(client.get()),
+          "; the same certificate or key): any client certificate it signs could attach as a "
+          "worker and read every prompt; give workers a CA of their own, or a "
+          "--worker-token-file as well"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckServerCertificate(const ServerTls& tls) {
   if (tls.cert_file.empty()) return absl::OkStatus();

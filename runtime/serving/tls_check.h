@@ -17,6 +17,16 @@ namespace deltaserve {
 // certificate's, are MakeServerTls's errors, which name them.
 absl::Status CheckServerCertificate(const ServerTls& tls);
 
+// Refused, naming both files and the CA, when the client CA file and the
+// worker CA file share a CA: a certificate in both (however each file
+// encodes it) or two with the same public key (a CA reissued with its key),
+// under which one client certificate would verify on both ports. Parsed,
+// not compared as bytes: a bundle that holds the other file's CA among
+// others is caught too. Errors name a file that cannot be read or holds no
+// certificate.
+absl::Status CheckCaFilesShareNoCa(const std::string& client_ca_file,
+                                   const std::string& worker_ca_file);
+
 // Whether the server at gRPC target `target` (host:port) answers a TLS
 // ClientHello as a TLS server does (a handshake or alert record), within
 // `timeout`: for a plaintext client whose connection keeps failing, to say

@@ -434,21 +434,35 @@ TEST_F(SecurityTest, MutualTlsOnBothPortsRefusesEveryPeerWithoutATrustedCertific
 // a worker and read every prompt: the server refuses to start that way (the
 // same file, or a copy) unless workers also need a token.
 TEST_F(SecurityTest, OneCaForClientsAndWorkersNeedsWorkerTokens) {
+  // The same CA as a copy, re-encoded (with its text dump before it), in a
+  // bundle after the worker CA, and reissued with its key under another
+  // name: each would let a client certificate attach as a worker, and each
+  // but the copy was once taken, not being byte for byte the client CA file.
   std::filesystem::copy_file(File("ca.pem"), File("ca-copy.pem"),
                              std::filesystem::copy_options::overwrite_existing);
+  const std::string& d = *dir_;
+  Shell("cd " + d + " && openssl x509 -in ca.pem -text -out ca-text.pem 2>&1");
+  Shell("cd " + d + " && cat worker-ca.pem ca.pem > bundle.pem");
+  Shell("cd " + d +
+        " && openssl req -x509 -key ca.key -days 2 -subj /CN=deltaserve-test-ca-reissued "
+        "-out ca-reissued.pem 2>&1");
   const std::string tls = " --tls-cert " + File("server.pem") + " --tls-key " + File("server.key") +
                           " --tls-client-ca " + File("ca.pem");
-  for (const std::string& worker_ca : {File("ca.pem"), File("ca-copy.pem")}) {
+  for (const std::string& worker_ca : {File("ca.pem"), File("ca-copy.pem"), File("ca-text.pem"),
+                                       File("bundle.pem"), File("ca-reissued.pem")}) {
     std::string output;
-    EXPECT_EQ(testing::RunCommand(testing::BinPath("deltaserve") + " coordinator --model " +
-                                      K3Tiny() + tls + " --tls-worker-ca " + worker_ca,
+    // A coordinator that starts would serve until killed: `timeout` ends it.
+    EXPECT_EQ(testing::RunCommand("timeout 60 " + testing::BinPath("deltaserve") +
+                                      " coordinator --model " + K3Tiny() + tls +
+                                      " --tls-worker-ca " + worker_ca,
                                   &output),
               1)
-        << output;
-    EXPECT_NE(output.find("are the same CA: any client certificate it signs could attach as a "
-                          "worker and read every prompt"),
+        << worker_ca << ": " << output;
+    EXPECT_NE(output.find("share a CA (CN=deltaserve-test-ca; the same certificate or key): any "
+                          "client certificate it signs could attach as a worker and read every "
+                          "prompt"),
               std::string::npos)
-        << output;
+        << worker_ca << ": " << output;
   }
   auto coordinator =
       testing::StartServer("coordinator --model " + K3Tiny() + tls + " --tls-worker-ca " +
