@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <openssl/sha.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -220,14 +222,39 @@ absl::StatusOr<std::string> Authenticator::Check(
           "this server requires a client certificate, and the call's connection has no "
           "verified one");
     }
-    const std::string& name = *identity;
-    // Kept to the principal alphabet, so that it is safe in a log line and
-    // contains no '/' (ScopedRequestId's separator).
-    std::string principal = "x509:";
-    for (char c : name.substr(0, kMaxPrincipalBytes)) principal += IsPrincipalChar(c) ? c : '_';
-    return principal;
+    return CertificatePrincipal(*identity);
   }
   return std::string();
+}
+
+std::string CertificatePrincipal(absl::string_view identity) {
+  // Escaped reversibly, so that it is safe in a log line and holds no '/'
+  // (ScopedRequestId's separator); '_' is the escape, and '#' (which no
+  // escaped identity holds) marks a hashed one.
+  std::string escaped;
+  for (const char c : identity) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (absl::ascii_isalnum(byte) || c == '-' || c == '.' || c == '@' || c == ':') {
+      escaped += c;
+    } else {
+      absl::StrAppend(&escaped, "_", absl::Hex(byte, absl::kZeroPad2));
+    }
+  }
+  constexpr absl::string_view kPrefix = "x509:";
+  if (kPrefix.size() + escaped.size() <= kMaxCertificatePrincipalBytes) {
+    return absl::StrCat(kPrefix, escaped);
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(identity.data()), identity.size(), digest);
+  const std::string hash =
+      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 16));
+  size_t keep = kMaxCertificatePrincipalBytes - kPrefix.size() - 1 - hash.size();
+  // Not into the middle of an escape.
+  if (const size_t escape = escaped.rfind('_', keep - 1);
+      escape != std::string::npos && escape + 3 > keep) {
+    keep = escape;
+  }
+  return absl::StrCat(kPrefix, escaped.substr(0, keep), "#", hash);
 }
 
 std::string ScopedRequestId(const std::string& principal, const std::string& request_id) {

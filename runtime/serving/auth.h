@@ -78,8 +78,8 @@ class Authenticator {
   Authenticator(std::optional<TokenSet> tokens, bool client_certs);
 
   // The principal the call runs as: the token's, else the certificate's
-  // identity ("x509:" and its common name or first SAN), else "" when this
-  // listener authenticates no one. UNAUTHENTICATED, saying what is missing,
+  // (CertificatePrincipal), else "" when this listener authenticates no
+  // one. UNAUTHENTICATED, saying what is missing,
   // when tokens are required and the call has none that matches.
   // Each call that passes is also reported to the hook, if set.
   absl::StatusOr<std::string> Authenticate(const grpc::ServerContext& context) const;
@@ -119,6 +119,15 @@ class Authenticator {
   std::function<void(const std::string& peer)> on_authenticated_;
   std::function<std::optional<std::string>(const std::string& peer)> peer_identity_;
 };
+
+// The principal a verified client certificate's identity
+// (CertificateIdentity, with its kind) runs as: "x509:" and the identity,
+// every byte other than letters, digits and `-.@:` written `_xx` (its lower-case hex),
+// so that distinct identities never share a principal and none holds '/'.
+// An identity that would make it longer than kMaxCertificatePrincipalBytes
+// keeps its start, then `#` and 32 hex digits of its SHA-256.
+inline constexpr size_t kMaxCertificatePrincipalBytes = 128;
+std::string CertificatePrincipal(absl::string_view identity);
 
 // The request id the coordinator knows a client's request by: the id within
 // its principal's namespace, so that one principal can neither abort nor

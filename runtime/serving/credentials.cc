@@ -238,7 +238,9 @@ std::string CertificateIdentity(const x509_st* cert) {
     const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
     if (name->type == GEN_DNS || name->type == GEN_URI || name->type == GEN_EMAIL) {
       const ASN1_IA5STRING* text = name->d.ia5;
-      identity.assign(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
+      if (ASN1_STRING_length(text) <= 0) continue;
+      identity = name->type == GEN_DNS ? "dns:" : name->type == GEN_URI ? "uri:" : "email:";
+      identity.append(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
                       static_cast<size_t>(ASN1_STRING_length(text)));
     } else if (name->type == GEN_IPADD) {
       const ASN1_OCTET_STRING* ip = name->d.iPAddress;
@@ -247,7 +249,7 @@ std::string CertificateIdentity(const x509_st* cert) {
       if ((length == 4 || length == 16) &&
           inet_ntop(length == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(ip), text,
                     sizeof(text)) != nullptr) {
-        identity = text;
+        identity = absl::StrCat("ip:", text);
       }
     }
   }
@@ -259,7 +261,10 @@ std::string CertificateIdentity(const x509_st* cert) {
   const ASN1_STRING* cn = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
   unsigned char* utf8 = nullptr;
   const int length = ASN1_STRING_to_UTF8(&utf8, cn);
-  if (length > 0) identity.assign(reinterpret_cast<const char*>(utf8), static_cast<size_t>(length));
+  if (length > 0) {
+    identity = "cn:";
+    identity.append(reinterpret_cast<const char*>(utf8), static_cast<size_t>(length));
+  }
   OPENSSL_free(utf8);
   return identity;
 }

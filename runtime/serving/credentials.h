@@ -61,10 +61,13 @@ class ServerTlsContext {
 absl::StatusOr<std::shared_ptr<const ServerTlsContext>> MakeServerTls(
     const ServerTls& tls, TlsProtocol protocol = TlsProtocol::kHttp2);
 
-// The identity gRPC would give a verified client certificate
+// The name that identifies a verified client certificate, as gRPC picks it
 // (grpc::AuthContext::GetPeerIdentity): its first subject alternative name
-// (DNS, URI, e-mail or IP address), else its subject's common name; "" when
-// it has neither. `cert` is an OpenSSL X509.
+// (DNS, URI, e-mail or IP address), else its subject's common name; with
+// the kind in front ("dns:", "uri:", "email:", "ip:", "cn:"), so that a
+// common name and a SAN of the same text name different peers; "" when it
+// has neither. Whole: `CertificatePrincipal` (auth.h) makes a principal of
+// it. `cert` is an OpenSSL X509.
 std::string CertificateIdentity(const x509_st* cert);
 
 // How a client reaches a server.

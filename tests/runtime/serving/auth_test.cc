@@ -10,7 +10,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "gtest/gtest.h"
 #include "runtime/serving/credentials.h"
 #include "tests/test_util.h"
@@ -149,14 +152,66 @@ std::string IdentityOf(const std::string& subject, const std::string& san) {
 // The first subject alternative name of the kinds gRPC reads (DNS, URI,
 // e-mail, IP address), in the certificate's order, else the common name.
 TEST(CertificateIdentityTest, IsTheFirstSubjectAltNameElseTheCommonName) {
-  EXPECT_EQ(IdentityOf("/CN=alice", ""), "alice");
-  EXPECT_EQ(IdentityOf("/O=org/CN=alice", "DNS:worker-1.example,IP:10.0.0.1"), "worker-1.example");
-  EXPECT_EQ(IdentityOf("/CN=alice", "IP:10.0.0.1,DNS:worker-1.example"), "10.0.0.1");
-  EXPECT_EQ(IdentityOf("/CN=alice", "IP:2001:db8::1"), "2001:db8::1");
-  EXPECT_EQ(IdentityOf("/CN=alice", "URI:spiffe://example/worker"), "spiffe://example/worker");
-  EXPECT_EQ(IdentityOf("/CN=alice", "email:alice@example.org"), "alice@example.org");
+  EXPECT_EQ(IdentityOf("/CN=alice", ""), "cn:alice");
+  EXPECT_EQ(IdentityOf("/O=org/CN=alice", "DNS:worker-1.example,IP:10.0.0.1"),
+            "dns:worker-1.example");
+  EXPECT_EQ(IdentityOf("/CN=alice", "IP:10.0.0.1,DNS:worker-1.example"), "ip:10.0.0.1");
+  EXPECT_EQ(IdentityOf("/CN=alice", "IP:2001:db8::1"), "ip:2001:db8::1");
+  EXPECT_EQ(IdentityOf("/CN=alice", "URI:spiffe://example/worker"), "uri:spiffe://example/worker");
+  EXPECT_EQ(IdentityOf("/CN=alice", "email:alice@example.org"), "email:alice@example.org");
+  // A common name and a SAN of the same text are different peers.
+  EXPECT_EQ(IdentityOf("/CN=alice.example", ""), "cn:alice.example");
+  EXPECT_EQ(IdentityOf("/CN=other", "DNS:alice.example"), "dns:alice.example");
   EXPECT_EQ(IdentityOf("/O=only-an-organisation", ""), "");
   EXPECT_EQ(CertificateIdentity(nullptr), "");
+}
+
+// Certificate identities as principals never collide: not when they differ
+// only in a character outside the principal alphabet, nor past a length
+// limit, nor across kinds of name (each once ran as the same principal and
+// could see and abort the other's requests).
+TEST(CertificatePrincipalTest, DistinctIdentitiesAreDistinctPrincipals) {
+  EXPECT_EQ(CertificatePrincipal("cn:alice"), "x509:cn:alice");
+  EXPECT_EQ(CertificatePrincipal("cn:alice cert"), "x509:cn:alice_20cert");
+  EXPECT_EQ(CertificatePrincipal("cn:alice_cert"), "x509:cn:alice_5fcert");
+  EXPECT_EQ(CertificatePrincipal("uri:spiffe://example/w"), "x509:uri:spiffe:_2f_2fexample_2fw");
+  const std::string spiffe =
+      "uri:spiffe://cluster.example/ns/production/sa/" + std::string(80, 'x');
+  std::vector<std::string> identities = {"cn:alice cert",
+                                         "cn:alice_cert",
+                                         "cn:alice/cert",
+                                         "cn:alice_2Fcert",
+                                         "cn:alice.example",
+                                         "dns:alice.example",
+                                         "cn:Alice",
+                                         "cn:alice#",
+                                         spiffe + "-one",
+                                         spiffe + "-two",
+                                         spiffe + "/one",
+                                         spiffe + "_2Fone",
+                                         "cn:" + std::string(200, '/'),
+                                         "cn:" + std::string(201, '/'),
+                                         std::string("cn:\xff\0z", 6)};
+  std::set<std::string> principals;
+  for (const std::string& identity : identities) {
+    const std::string principal = CertificatePrincipal(identity);
+    EXPECT_LE(principal.size(), kMaxCertificatePrincipalBytes) << identity;
+    EXPECT_EQ(principal.find('/'), std::string::npos) << principal;
+    for (const char c : principal) {
+      EXPECT_TRUE(absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                  absl::string_view("-.@:_#").find(c) != absl::string_view::npos)
+          << principal;
+    }
+    EXPECT_TRUE(principals.insert(principal).second) << identity << " -> " << principal;
+  }
+  // A long one keeps its start, then a hash.
+  const std::string long_one = CertificatePrincipal(spiffe + "-one");
+  EXPECT_EQ(long_one.rfind("x509:uri:spiffe:_2f_2fcluster.example_2fns", 0), 0u) << long_one;
+  EXPECT_EQ(long_one.size(), kMaxCertificatePrincipalBytes);
+  EXPECT_EQ(long_one[long_one.size() - 33], '#') << long_one;
+  // The authenticator runs a certificate's call as it.
+  const Authenticator auth(std::nullopt, /*client_certs=*/true);
+  EXPECT_EQ(*auth.Authenticate(std::nullopt, std::string("cn:alice cert")), "x509:cn:alice_20cert");
 }
 
 }  // namespace
