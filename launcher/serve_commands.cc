@@ -185,6 +185,11 @@ std::vector<FlagSpec> ServerFlags(bool worker_port) {
            "state each worker's prefix cache may hold on a rank, for prompts that begin alike "
            "(0: no cache)",
            absl::StrCat(c.prefix_cache_bytes)},
+          {"prefix-cache-principal-bytes", "N",
+           "of that, what one principal's entries may hold (default: a quarter; 0: all)"},
+          {"prefix-cache-shared", "",
+           "principals start from each other's cached prefixes too (by default each only from "
+           "its own: a hit would tell another what was sent; docs/security.md)"},
           {"progress-interval", "S",
            "seconds between the prefill progress messages of a request's stream (0: none)",
            absl::StrCat(c.progress_interval_s)},
@@ -330,6 +335,14 @@ absl::StatusOr<ServerOptions> ServerOptionsFrom(const Flags& flags, bool worker_
   if (c.prefix_cache_bytes < 0) {
     return absl::InvalidArgumentError("--prefix-cache-bytes must be >= 0");
   }
+  c.prefix_cache_principal_bytes = c.prefix_cache_bytes / 4;
+  DELTASERVE_ASSIGN_OR_RETURN(
+      c.prefix_cache_principal_bytes,
+      flags.GetInt("prefix-cache-principal-bytes", c.prefix_cache_principal_bytes));
+  if (c.prefix_cache_principal_bytes < 0) {
+    return absl::InvalidArgumentError("--prefix-cache-principal-bytes must be >= 0");
+  }
+  c.prefix_cache_shared = flags.Has("prefix-cache-shared");
   DELTASERVE_ASSIGN_OR_RETURN(c.step_timeout_s, flags.GetDouble("step-timeout", c.step_timeout_s));
   if (!(c.step_timeout_s > 0) || c.step_timeout_s > 1e6) {
     return absl::InvalidArgumentError("--step-timeout must be in (0, 1e6] seconds");

@@ -50,8 +50,16 @@ void Scheduler::UseCache(const SequencePtr& s) {
   const int64_t pages = (static_cast<int64_t>(r.prompt.size()) - 1) / kCachePageTokens;
   if (pages <= 0) return;
   ++cache_stats_.lookups;
+  PrefixCacheStats& account = account_stats_[r.cache_account];
+  ++account.lookups;
   std::vector<uint64_t> hashes(pages);
+  // The namespace leads the key: another namespace's entries hash apart
+  // (and are told apart below when they collide).
   uint64_t h = kHashSeed;
+  for (const char c : r.cache_namespace) {
+    const int32_t byte = static_cast<unsigned char>(c);
+    h = HashTokens(h, std::span<const int32_t>(&byte, 1));
+  }
   for (int64_t k = 0; k < pages; ++k) {
     h = HashTokens(h, std::span(r.prompt).subspan(k * kCachePageTokens, kCachePageTokens));
     hashes[k] = h;
@@ -63,7 +71,8 @@ void Scheduler::UseCache(const SequencePtr& s) {
     auto [begin, end] = cache_index_.equal_range(hashes[k - 1]);
     for (auto it = begin; it != end; ++it) {
       const std::vector<int32_t>& t = it->second->cache_tokens;
-      if (t.size() == tokens && std::equal(t.begin(), t.end(), r.prompt.begin())) {
+      if (it->second->request.cache_namespace == r.cache_namespace && t.size() == tokens &&
+          std::equal(t.begin(), t.end(), r.prompt.begin())) {
         hit = it->second;
         hit_pages = k;
         break;
@@ -76,6 +85,7 @@ void Scheduler::UseCache(const SequencePtr& s) {
   // hits), and at the prompt's last full page.
   int64_t shared_pages = hit_pages;
   for (const auto& [hash, e] : cache_index_) {
+    if (e->request.cache_namespace != r.cache_namespace) continue;
     const int64_t limit = std::min<int64_t>(pages, e->page_hashes.size());
     int64_t k = 0;
     while (k < limit && e->page_hashes[k] == hashes[k]) ++k;
@@ -93,13 +103,24 @@ void Scheduler::UseCache(const SequencePtr& s) {
     if (end <= from_pages) continue;
     const int64_t cost = options_.slot_bytes + (end - from_pages) * options_.page_bytes;
     if (from != nullptr) ++from->forks_left;  // not evicted for its own extension
+    const int64_t account_limit =
+        !r.cache_account.empty() && options_.prefix_cache_account_bytes > 0
+            ? options_.prefix_cache_account_bytes
+            : options_.prefix_cache_bytes;
+    while (account.bytes + cost > account_limit && EvictOne(&r.cache_account)) {
+    }
     while (cache_stats_.bytes + cost > options_.prefix_cache_bytes && EvictOne()) {
     }
     if (from != nullptr) --from->forks_left;
-    if (cache_stats_.bytes + cost > options_.prefix_cache_bytes) break;
+    if (cache_stats_.bytes + cost > options_.prefix_cache_bytes ||
+        account.bytes + cost > account_limit) {
+      break;
+    }
     auto c = std::make_shared<Sequence>();
     c->request.id = next_cache_id_++;
     c->request.kind = SequenceKind::kPrefix;
+    c->request.cache_namespace = r.cache_namespace;
+    c->request.cache_account = r.cache_account;
     c->request.prompt.assign(r.prompt.begin() + from_pages * kCachePageTokens,
                              r.prompt.begin() + end * kCachePageTokens);
     if (from != nullptr) {
@@ -115,6 +136,8 @@ void Scheduler::UseCache(const SequencePtr& s) {
     cache_index_.emplace(hashes[end - 1], c);
     ++cache_stats_.entries;
     cache_stats_.bytes += cost;
+    ++account.entries;
+    account.bytes += cost;
     waiting_.push_back(c);
     from = c;
     from_pages = end;
@@ -123,6 +146,8 @@ void Scheduler::UseCache(const SequencePtr& s) {
   if (hit != nullptr) {
     ++cache_stats_.hits;
     cache_stats_.cached_tokens += hit_pages * kCachePageTokens;
+    ++account.hits;
+    account.cached_tokens += hit_pages * kCachePageTokens;
   }
   // Most recently used: the entry and every entry it extends.
   for (SequencePtr e = from; e != nullptr;
@@ -137,10 +162,16 @@ void Scheduler::UseCache(const SequencePtr& s) {
   ++from->forks_left;
 }
 
-Scheduler::SequencePtr Scheduler::EvictionVictim() const {
+PrefixCacheStats Scheduler::prefix_cache(const std::string& account) const {
+  const auto it = account_stats_.find(account);
+  return it == account_stats_.end() ? PrefixCacheStats{} : it->second;
+}
+
+Scheduler::SequencePtr Scheduler::EvictionVictim(const std::string* account) const {
   SequencePtr victim;
   for (const auto& [hash, e] : cache_index_) {
     if (e->prompt_left() || e->forks_left > 0 || e->extensions > 0) continue;
+    if (account != nullptr && e->request.cache_account != *account) continue;
     if (victim == nullptr || e->last_used < victim->last_used) victim = e;
   }
   return victim;
@@ -150,10 +181,11 @@ bool Scheduler::MayEvictToAdmit() const {
   return !waiting_.empty() && Occupied() < options_.max_running && EvictionVictim() != nullptr;
 }
 
-bool Scheduler::EvictOne() {
-  const SequencePtr victim = EvictionVictim();
+bool Scheduler::EvictOne(const std::string* account) {
+  const SequencePtr victim = EvictionVictim(account);
   if (victim == nullptr) return false;
   ++cache_stats_.evictions;
+  ++account_stats_[victim->request.cache_account].evictions;
   Drop(*victim);
   return true;
 }
@@ -223,6 +255,9 @@ void Scheduler::Drop(const Sequence& s) {
       cache_index_.erase(it);
       --cache_stats_.entries;
       cache_stats_.bytes -= s.cost;
+      PrefixCacheStats& account = account_stats_[s.request.cache_account];
+      --account.entries;
+      account.bytes -= s.cost;
       break;
     }
     if (s.request.fork_from) {
@@ -890,6 +925,7 @@ Scheduler::Abandoned Scheduler::Abandon() {
   cache_index_.clear();
   cache_stats_.entries = 0;
   cache_stats_.bytes = 0;
+  for (auto& [name, account] : account_stats_) account.entries = account.bytes = 0;
   reserved_pages_ = 0;
   pending_release_.clear();
   in_flight_.clear();

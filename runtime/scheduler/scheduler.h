@@ -42,7 +42,12 @@
 // first tokens as a prefix others will share (cache_prefix): an entry is
 // made at the last page within them as well, so the first question about a
 // document leaves it for the rest. Entries are found by a hash of the
-// tokens of their pages and checked token by token. An entry costs a
+// tokens of their pages and checked token by token, within the request's
+// cache namespace only: a request never starts from, extends or learns of
+// an entry made for another namespace (the coordinator's: each principal
+// its own, unless it shares them). Each account (the principal) may hold at
+// most prefix_cache_account_bytes of entries; past it, its own least
+// recently used entry goes first (but for the account ""). An entry costs a
 // KDA slot and its own pages (those past the entry it extends); the cache
 // holds at most prefix_cache_bytes of them, counted with page_bytes and
 // slot_bytes, and evicts the least recently used entry that no request
@@ -107,6 +112,9 @@ struct SchedulerOptions {
   // rank, counted as page_bytes per MLA page and slot_bytes per KDA slot (a
   // rank's pool: StatePool::page_bytes, slot_bytes); 0: no cache.
   int64_t prefix_cache_bytes = 0;
+  // Of that, what one account's entries may hold (0: all of it); the
+  // account "" (a caller that tells no accounts apart) may hold all of it.
+  int64_t prefix_cache_account_bytes = 0;
   int64_t page_bytes = 0;
   int64_t slot_bytes = 0;
 };
@@ -169,6 +177,10 @@ struct SequenceRequest {
   // share (a document its questions follow); an entry is made at the last
   // page boundary within them too. 0: none named.
   int64_t cache_prefix = 0;
+  // The cache namespace it looks in and makes entries in, and the account
+  // its cache activity counts to (prefix_cache(account)).
+  std::string cache_namespace;
+  std::string cache_account;
 };
 
 enum class FinishReason { kLength, kStop, kContext };
@@ -285,6 +297,9 @@ class Scheduler {
   double ExpectedSeconds(uint64_t step_id) const;
   const SchedulerOptions& options() const { return options_; }
   const PrefixCacheStats& prefix_cache() const { return cache_stats_; }
+  // One account's part of it: its entries and its requests' lookups, hits
+  // and the evictions of its entries.
+  PrefixCacheStats prefix_cache(const std::string& account) const;
   // Drops every prefix cache entry that no request needs; their state is
   // released with the next step (so a replica left to another scheduler
   // holds none of this one's).
@@ -392,10 +407,11 @@ class Scheduler {
   // none); rewrites the events of the cache's own sequences as those of the
   // requests they are made for.
   void UseCache(const SequencePtr& s);
-  SequencePtr EvictionVictim() const;  // null: none may go
+  // Of `account`'s entries when given.
+  SequencePtr EvictionVictim(const std::string* account = nullptr) const;  // null: none may go
   // Whether the next in line waits while an entry could go for it.
   bool MayEvictToAdmit() const;
-  bool EvictOne();
+  bool EvictOne(const std::string* account = nullptr);
   void MapCacheEvents(std::vector<SchedulerEvent>* events, size_t from);
   std::optional<FinishReason> Ends(const Sequence& s, int32_t token, std::string* stop) const;
 
@@ -415,6 +431,7 @@ class Scheduler {
   // The prefix cache's entries by the hash of their tokens.
   std::multimap<uint64_t, SequencePtr> cache_index_;
   PrefixCacheStats cache_stats_;
+  std::map<std::string, PrefixCacheStats> account_stats_;  // by cache_account
   uint64_t next_cache_id_ = kCacheSequenceIds;
   uint64_t cache_clock_ = 0;
 };

@@ -318,6 +318,11 @@ absl::StatusOr<RequestHandle> Coordinator::SubmitGenerate(
   s.max_tokens = params.max_tokens;
   s.stop_ids = std::move(params.stop_ids);
   s.cache_prefix = params.cache_prefix_tokens;
+  // '\n' stands in no principal, so a principal and a salt cannot run into
+  // another pair's.
+  s.cache_namespace =
+      absl::StrCat(options_.prefix_cache_shared ? "" : r->principal, "\n", params.cache_salt);
+  s.cache_account = r->principal;
   s.deadline = deadline;
   if (tokenizer_ != nullptr) {
     r->text = std::make_unique<TextStream>(*tokenizer_, std::move(params.stop));
@@ -422,7 +427,7 @@ bool Coordinator::Abort(const std::string& request_id) {
   return true;
 }
 
-ServerStatusData Coordinator::Status() const {
+ServerStatusData Coordinator::Status(const std::string* account) const {
   std::lock_guard<std::mutex> lock(mu_);
   ServerStatusData s;
   s.worker_attached = !workers_.empty();
@@ -434,7 +439,7 @@ ServerStatusData Coordinator::Status() const {
     s.kda_state_bytes += w->scheduler.held().kda_bytes;
     s.mla_cache_bytes += w->scheduler.held().mla_bytes;
     s.mla_cache_tokens += w->scheduler.held_tokens();
-    s.prefix_cache += w->scheduler.prefix_cache();
+    s.prefix_cache += account ? w->scheduler.prefix_cache(*account) : w->scheduler.prefix_cache();
   }
   s.steps = steps_;
   s.requests_finished = finished_;
@@ -461,7 +466,7 @@ ServerStatusData Coordinator::Status() const {
     e.steps = w->steps;
     e.cost_per_token_s = w->scheduler.cost().a();
     e.cost_per_pair_s = w->scheduler.cost().b();
-    e.prefix_cache = w->scheduler.prefix_cache();
+    e.prefix_cache = account ? w->scheduler.prefix_cache(*account) : w->scheduler.prefix_cache();
   }
   if (!workers_.empty()) {
     const WorkerInfo& info = workers_.begin()->second->info;
@@ -599,6 +604,7 @@ absl::StatusOr<uint64_t> Coordinator::AttachWorker(const WorkerInfo& info,
   options.slot_bytes = info.unit_bytes.slot;
   if (info.unit_bytes.page + info.unit_bytes.slot > 0) {
     options.prefix_cache_bytes = options_.prefix_cache_bytes;
+    options.prefix_cache_account_bytes = options_.prefix_cache_principal_bytes;
   }
   options.step_tokens = options_.step_tokens;
   options.pipeline_stages = info.pipeline_stages;

@@ -67,6 +67,15 @@ struct CoordinatorOptions {
   // Each worker's prefix cache (Scheduler, "Prefix cache"): the bytes of
   // state its entries may hold on a rank; 0: none. `--prefix-cache-bytes`.
   int64_t prefix_cache_bytes = int64_t{1} << 30;
+  // Who may start from whose entries: by default each principal only from
+  // its own requests' (another's hit would tell it what it sent); shared,
+  // every principal from every one's (`--prefix-cache-shared`). A request's
+  // cache_salt narrows either to the requests with the same salt. And what
+  // one principal's entries may hold of prefix_cache_bytes (0: all of it;
+  // `--prefix-cache-principal-bytes`, a quarter by default); a server that
+  // authenticates no one has one principal, "", which may hold all of it.
+  bool prefix_cache_shared = false;
+  int64_t prefix_cache_principal_bytes = 0;
 };
 
 struct GenerateParams {
@@ -80,6 +89,9 @@ struct GenerateParams {
   bool ignore_eos = false;
   // SequenceRequest::cache_prefix: prompt tokens later requests will share.
   int64_t cache_prefix_tokens = 0;
+  // The prefix cache namespace within the principal's (or the shared one),
+  // as vLLM's cache_salt: only requests with the same salt share entries.
+  std::string cache_salt;
 };
 
 struct TokenEvent {
@@ -245,7 +257,9 @@ class Coordinator {
   // not ended; its state is released with the next step.
   void Cancel(const RequestHandle& handle, const absl::Status& reason);
   bool Abort(const std::string& request_id);
-  ServerStatusData Status() const;
+  // With `account` (a principal), every prefix cache figure is that
+  // principal's part alone (Scheduler::prefix_cache(account)).
+  ServerStatusData Status(const std::string* account = nullptr) const;
 
   // The worker link. Each attached worker is a replica with its own
   // scheduler thread; new requests go to the least loaded. Attach refuses a

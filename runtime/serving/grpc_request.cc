@@ -117,6 +117,7 @@ GenerateInput FromProto(const v1::GenerateRequest& req) {
   in.top_logprobs = req.top_logprobs();
   in.ignore_eos = req.ignore_eos();
   in.cache_prefix_tokens = req.cache_prefix_tokens();
+  in.cache_salt = req.cache_salt();
   return in;
 }
 
@@ -149,6 +150,7 @@ v1::GenerateRequest ToProto(const GenerateInput& in) {
   req.set_top_logprobs(Int32(in.top_logprobs));
   req.set_ignore_eos(in.ignore_eos);
   req.set_cache_prefix_tokens(Int32(in.cache_prefix_tokens));
+  req.set_cache_salt(in.cache_salt);
   return req;
 }
 

@@ -65,7 +65,7 @@ void ReadPrompt(const json* v, JsonFields& f, PromptInput* out) {
 }
 
 // OpenAI's parameters of each endpoint, and this server's extensions (top_k,
-// ignore_eos, stop_token_ids, return_tokens_as_token_ids), as vLLM and
+// ignore_eos, stop_token_ids, return_tokens_as_token_ids, cache_salt), as vLLM and
 // SGLang take them: those both endpoints share (ReadCommon reads them), and
 // each one's own.
 bool KnownField(OpenAiEndpoint endpoint, const std::string& key) {
@@ -86,7 +86,8 @@ bool KnownField(OpenAiEndpoint endpoint, const std::string& key) {
                                                "top_k",
                                                "ignore_eos",
                                                "stop_token_ids",
-                                               "return_tokens_as_token_ids"};
+                                               "return_tokens_as_token_ids",
+                                               "cache_salt"};
   static const std::set<std::string> completions = {"prompt", "echo", "best_of", "suffix"};
   static const std::set<std::string> chat = {
       "messages",    "max_completion_tokens", "top_logprobs",    "tools",
@@ -119,6 +120,7 @@ void ReadCommon(const json& o, JsonFields& f, uint64_t random_seed, OpenAiReques
   if (const json* u = f.Get("user"); u != nullptr && !u->is_string()) {
     f.Fail("user", "must be a string");
   }
+  if (auto salt = f.String("cache_salt")) in.cache_salt = *salt;
   req->stream = f.Bool("stream").value_or(false);
   if (const json* so = f.Get("stream_options")) {
     if (!req->stream) {

@@ -66,7 +66,12 @@ struct GenerateInput {
   // The prompt's first tokens that later requests will share: the prefix
   // cache keeps the state at the last page boundary within them too.
   int64_t cache_prefix_tokens = 0;
+  // Only requests of the same salt (and principal) share prefix cache
+  // entries; at most kMaxCacheSaltBytes.
+  std::string cache_salt;
 };
+
+inline constexpr size_t kMaxCacheSaltBytes = 256;
 
 struct ScoreInput {
   std::string request_id;

@@ -256,6 +256,11 @@ absl::StatusOr<ValidGenerate> RequestValidator::Generate(const GenerateInput& re
                                                        prompt_tokens, "] (the prompt's tokens)"));
   }
   params->cache_prefix_tokens = req.cache_prefix_tokens;
+  if (req.cache_salt.size() > kMaxCacheSaltBytes) {
+    return Invalid("cache_salt", absl::StrCat(req.cache_salt.size(), " bytes, over the limit of ",
+                                              kMaxCacheSaltBytes));
+  }
+  params->cache_salt = req.cache_salt;
   return ValidGenerate{std::move(*prompt), std::move(*params)};
 }
 

@@ -266,7 +266,9 @@ class GenerationService final : public v1::Generation::Service {
                                v1::ServerStatus* status) override {
     auto principal = auth_.Authenticate(*context);
     if (!principal.ok()) return ToGrpc(principal.status());
-    const ServerStatusData s = coordinator_.Status();
+    // The prefix cache's activity is the caller's own: another's hits and
+    // entries would tell it what others sent.
+    const ServerStatusData s = coordinator_.Status(&*principal);
     status->set_worker_attached(s.worker_attached);
     status->set_waiting_requests(static_cast<int32_t>(s.waiting_requests));
     status->set_waiting_tokens(s.waiting_tokens);

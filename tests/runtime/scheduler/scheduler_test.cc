@@ -1046,6 +1046,56 @@ int64_t CachedTokensOf(const Harness& h, uint64_t id) {
   return -1;
 }
 
+// Namespaces: the same prompt from another namespace misses and makes an
+// entry of its own, and nothing of another namespace's is extended or
+// counted to it; within a namespace it hits. An account past its quota
+// gives up its own least recently used entry, not another's.
+TEST(SchedulerTest, EntriesServeOnlyTheirNamespaceAndAnAccountEvictsItsOwnFirst) {
+  SchedulerOptions options = CacheOptions();
+  options.prefix_cache_account_bytes = 2 * (100 + 3 * 10);  // two entries of three pages
+  Harness h(options);
+  const std::vector<int32_t> secret = Tokens(200);
+  auto request = [](uint64_t id, std::vector<int32_t> prompt, const std::string& ns,
+                    const std::string& account) {
+    SequenceRequest r = GenerateTokens(id, std::move(prompt));
+    r.cache_namespace = ns;
+    r.cache_account = account;
+    return r;
+  };
+  h.scheduler.Add(request(1, secret, "alice\n", "alice"));
+  h.RunToEnd();
+  h.scheduler.Add(request(2, secret, "bob\n", "bob"));
+  h.RunToEnd();
+  EXPECT_EQ(CachedTokensOf(h, 2), 0) << "bob found alice's prompt";
+  h.scheduler.Add(request(3, secret, "alice\nsalt", "alice"));
+  h.RunToEnd();
+  EXPECT_EQ(CachedTokensOf(h, 3), 0) << "another salt found the prompt";
+  h.scheduler.Add(request(4, Tokens(230, secret, 4), "alice\n", "alice"));
+  h.RunToEnd();
+  EXPECT_EQ(CachedTokensOf(h, 4), 192);
+  EXPECT_EQ(CacheIds(h).size(), 3u);  // alice's, bob's, alice's salted
+  const PrefixCacheStats alice = h.scheduler.prefix_cache("alice");
+  const PrefixCacheStats bob = h.scheduler.prefix_cache("bob");
+  EXPECT_EQ(alice.lookups, 3);
+  EXPECT_EQ(alice.hits, 1);
+  EXPECT_EQ(alice.entries, 2);
+  EXPECT_EQ(bob.lookups, 1);
+  EXPECT_EQ(bob.hits, 0);
+  EXPECT_EQ(bob.entries, 1);
+  EXPECT_EQ(h.scheduler.prefix_cache("carol").lookups, 0);
+  EXPECT_EQ(h.scheduler.prefix_cache().entries, 3);
+  // Alice's third entry is over her quota: her oldest goes, bob's stays.
+  h.scheduler.Add(request(5, Tokens(200, {}, 5), "alice\n", "alice"));
+  h.RunToEnd();
+  EXPECT_EQ(h.scheduler.prefix_cache("alice").entries, 2);
+  EXPECT_EQ(h.scheduler.prefix_cache("alice").evictions, 1);
+  EXPECT_EQ(h.scheduler.prefix_cache("bob").entries, 1);
+  EXPECT_EQ(h.scheduler.prefix_cache("bob").evictions, 0);
+  h.scheduler.Add(request(6, Tokens(230, secret, 6), "bob\n", "bob"));
+  h.RunToEnd();
+  EXPECT_EQ(CachedTokensOf(h, 6), 192) << "bob's entry went for alice's";
+}
+
 // A miss prefills the prompt's last full page into an entry and forks the
 // request from it; a request sharing those pages then prefills only its own
 // tokens. No event names the cache's sequences, and the requests' progress

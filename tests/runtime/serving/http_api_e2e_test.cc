@@ -345,6 +345,74 @@ TEST(HttpApiTest, TrailersAndUnknownFramingAreRefusedAndTheServerGoesOn) {
   ASSERT_TRUE(alive()) << server.process->Log();
 }
 
+// The prefix cache is each principal's own: another principal's identical
+// prompt misses (a hit, or its shorter time to first token, would confirm a
+// guess of what was sent), another cache_salt misses, and status shows a
+// principal only its own cache activity. --prefix-cache-shared shares it.
+TEST(HttpApiTest, ThePrefixCacheIsEachPrincipalsOwnUnlessShared) {
+  const std::string dir = testing::TempDir("cache_tokens");
+  const std::string tokens = dir + "/tokens";
+  std::ofstream(tokens) << "alice:alice-0123456789abcdef\nbob:bob-0123456789abcdef0\n";
+  std::filesystem::permissions(
+      tokens, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string prompt = absl::StrJoin(testing::RandomTokens(145, 9), ",");
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared" : "per principal");
+    auto server = testing::StartServer("serve --model " + testing::GoldenPath("model/" + kModel) +
+                                       " --http-port 0 --client-tokens-file " + tokens +
+                                       (shared ? " --prefix-cache-shared" : ""));
+    ASSERT_GE(server.http_port, 0);
+    // The prompt's tokens the cache supplied, for `who` with `salt`.
+    auto cached = [&](const std::string& who, const std::string& salt) -> int64_t {
+      const std::string body =
+          absl::StrCat(R"({"model": "k3-tiny", "max_tokens": 1, "prompt": [)", prompt, "]",
+                       salt.empty() ? "" : absl::StrCat(R"(, "cache_salt": ")", salt, "\""), "}");
+      const std::string response = RawExchange(
+          server.http_port,
+          absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ", who,
+                       "-0123456789abcdef", who == "bob" ? "0" : "",
+                       "\r\nConnection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+      const size_t at = response.find("\r\n\r\n");
+      const json r =
+          json::parse(response.substr(at == std::string::npos ? 0 : at + 4), nullptr, false);
+      if (r.is_discarded() || !r.contains("usage")) {
+        ADD_FAILURE() << response;
+        return -1;
+      }
+      return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    };
+    EXPECT_EQ(cached("alice", ""), 0);
+    EXPECT_EQ(cached("alice", ""), 128);
+    EXPECT_EQ(cached("bob", ""), shared ? 128 : 0);
+    EXPECT_EQ(cached("alice", "s1"), 0);
+    EXPECT_EQ(cached("alice", "s1"), 128);
+    EXPECT_EQ(cached("bob", "s1"), shared ? 128 : 0);
+    // Each sees its own lookups and hits.
+    auto status = [&](const std::string& who) {
+      ChannelSecurity security;
+      security.token_file = dir + "/" + who;
+      std::ofstream(security.token_file)
+          << who << "-0123456789abcdef" << (who == "bob" ? "0" : "") << "\n";
+      std::filesystem::permissions(security.token_file, std::filesystem::perms::owner_read |
+                                                            std::filesystem::perms::owner_write);
+      auto channel = OpenChannel(server.address, security, {});
+      EXPECT_TRUE(channel.ok()) << channel.status();
+      grpc::ClientContext context;
+      v1::ServerStatus s;
+      EXPECT_TRUE(v1::Generation::NewStub(*channel)
+                      ->GetServerStatus(&context, v1::GetServerStatusRequest(), &s)
+                      .ok());
+      return s.prefix_cache();
+    };
+    const v1::PrefixCacheStatus alice = status("alice"), bob = status("bob");
+    EXPECT_EQ(alice.lookups(), 4);
+    EXPECT_EQ(alice.hits(), 2);
+    EXPECT_EQ(bob.lookups(), 2);
+    EXPECT_EQ(bob.hits(), shared ? 2 : 0);
+    EXPECT_EQ(bob.entries(), shared ? 0 : 2);
+  }
+}
+
 // Sockets that send nothing, or a health check and then nothing, from one
 // address or several, cannot lock authenticated clients out: they give way
 // to new connections (they once held every one of --http-max-connections,
