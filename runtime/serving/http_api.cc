@@ -25,6 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "runtime/common/log.h"
 #include "runtime/common/random_bytes.h"
 #include "runtime/serving/listen_socket.h"
@@ -89,24 +90,90 @@ struct Connection {
   }
 };
 
-// A reservation of body memory, given back when it goes.
-class BodyReservation {
+// The memory request bodies (and their JSON trees while they are parsed)
+// may hold, all connections together, and one principal's share of it.
+class BodyBudget {
  public:
-  BodyReservation(std::atomic<int64_t>& in_use, int64_t bytes, int64_t limit) : in_use_(in_use) {
-    const int64_t before = in_use_.fetch_add(bytes);
-    if (before + bytes > limit) {
-      in_use_.fetch_sub(bytes);
-    } else {
-      bytes_ = bytes;
+  BodyBudget(int64_t limit, int64_t per_principal) : limit_(limit), per_principal_(per_principal) {}
+
+  // What one request holds: grown as its bytes arrive, given back whole
+  // when it goes. The principal "" (a server that authenticates no one) has
+  // no share of its own.
+  class Reservation {
+   public:
+    Reservation(BodyBudget& budget, std::string principal)
+        : budget_(budget), principal_(std::move(principal)) {}
+    ~Reservation() { GrowTo(0); }
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    // Holds `bytes` in all from now on: false (and unchanged) when that
+    // would pass the budget or the principal's share.
+    bool GrowTo(int64_t bytes) {
+      if (!budget_.Move(principal_, bytes - held_)) return false;
+      held_ = bytes;
+      return true;
     }
-  }
-  ~BodyReservation() { in_use_.fetch_sub(bytes_); }
-  bool held() const { return bytes_ > 0; }
+    int64_t held() const { return held_; }
+    // The most it could ever hold.
+    int64_t cap() const {
+      return principal_.empty() ? budget_.limit_ : std::min(budget_.limit_, budget_.per_principal_);
+    }
+
+   private:
+    BodyBudget& budget_;
+    const std::string principal_;
+    int64_t held_ = 0;
+  };
 
  private:
-  std::atomic<int64_t>& in_use_;
-  int64_t bytes_ = 0;
+  bool Move(const std::string& principal, int64_t delta) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t& mine = by_principal_[principal];
+    if (delta > 0 &&
+        (in_use_ + delta > limit_ || (!principal.empty() && mine + delta > per_principal_))) {
+      if (mine == 0) by_principal_.erase(principal);
+      return false;
+    }
+    in_use_ += delta;
+    mine += delta;
+    if (mine == 0) by_principal_.erase(principal);
+    return true;
+  }
+
+  const int64_t limit_, per_principal_;
+  std::mutex mu_;
+  int64_t in_use_ = 0;                                     // guarded by mu_
+  std::unordered_map<std::string, int64_t> by_principal_;  // guarded by mu_
 };
+
+// What parsing a JSON body costs beyond its bytes, estimated from the
+// values it holds (a SAX pass that builds nothing, refusing nesting past
+// the parser's limit on the way): nlohmann's tree takes 16 bytes a value,
+// up to twice that in a grown array, and a map node and key per member; a
+// body of token ids ("1,") grew a server by 18 to 24 times its size.
+constexpr int64_t kTreeBytesPerValue = 48;
+int64_t JsonValues(const std::string& body) {
+  struct Counter : nlohmann::json_sax<nlohmann::json> {
+    int64_t values = 0;
+    bool null() override { return ++values, true; }
+    bool boolean(bool) override { return ++values, true; }
+    bool number_integer(number_integer_t) override { return ++values, true; }
+    bool number_unsigned(number_unsigned_t) override { return ++values, true; }
+    bool number_float(number_float_t, const string_t&) override { return ++values, true; }
+    bool string(string_t&) override { return ++values, true; }
+    bool binary(binary_t&) override { return ++values, true; }
+    bool start_object(std::size_t) override { return ++values, true; }
+    bool key(string_t&) override { return ++values, true; }
+    bool end_object() override { return true; }
+    bool start_array(std::size_t) override { return ++values, true; }
+    bool end_array() override { return true; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+      return false;
+    }
+  } counter;
+  nlohmann::json::sax_parse(body, &counter, nlohmann::json::input_format_t::json, false);
+  return counter.values;  // those before a syntax error, which the parse proper names
+}
 
 }  // namespace
 
@@ -467,15 +534,9 @@ class HttpApi::Impl {
         Error(stream, c, BodyTooLarge(declared), 413, false);
         return;
       }
-      const BodyReservation reservation(body_bytes_, std::max<int64_t>(declared, 1),
-                                        options_.body_memory_bytes);
-      if (!reservation.held()) {
-        Error(stream, c,
-              absl::UnavailableError("the server is reading too many request bodies at once; "
-                                     "try again"),
-              0, false);
-        return;
-      }
+      // The body's bytes are held as they come (not as the head declares
+      // them: a stalled upload holds what it sent).
+      BodyBudget::Reservation reservation(body_budget_, *principal);
       parser.body_limit(static_cast<uint64_t>(options_.max_body_bytes));
       if (auto it = head.find(http::field::expect);
           it != head.end() && beast::iequals(it->value(), "100-continue")) {
@@ -484,7 +545,17 @@ class HttpApi::Impl {
         if (ec) return;
       }
       const size_t head_fields = FieldCount(head);
-      http::read(stream, buffer, parser, ec);
+      bool over_budget = false;
+      while (!parser.is_done() && !ec) {
+        http::read_some(stream, buffer, parser, ec);
+        over_budget =
+            !reservation.GrowTo(static_cast<int64_t>(parser.get().body().size() + buffer.size()));
+        if (over_budget) break;
+      }
+      if (over_budget) {
+        Error(stream, c, BodyBudgetFull(), 0, false);
+        return;
+      }
       if (ec == http::error::body_limit) {
         Error(stream, c, BodyTooLarge(options_.max_body_bytes + 1), 413, false);
         return;
@@ -508,7 +579,7 @@ class HttpApi::Impl {
               400, false);
         return;
       }
-      const bool keep = Handle(stream, c, req, path, *principal) && req.keep_alive();
+      const bool keep = Handle(stream, c, req, path, *principal, reservation) && req.keep_alive();
       if (!keep) return;
     }
   }
@@ -542,6 +613,12 @@ class HttpApi::Impl {
     return absl::OkStatus();
   }
 
+  static absl::Status BodyBudgetFull() {
+    return absl::UnavailableError(
+        "the server is reading too many request bodies at once (or this caller's share of "
+        "them); try again");
+  }
+
   absl::Status BodyTooLarge(int64_t bytes) const {
     return absl::InvalidArgumentError(
         absl::StrCat("the body: ", bytes, " bytes, over the limit of ", options_.max_body_bytes,
@@ -551,7 +628,8 @@ class HttpApi::Impl {
   // Answers one request; false when the connection cannot go on.
   template <typename Stream>
   bool Handle(Stream& stream, Connection& c, const http::request<http::string_body>& req,
-              const std::string& path, const std::string& principal) {
+              const std::string& path, const std::string& principal,
+              BodyBudget::Reservation& reservation) {
     const bool keep_alive = req.keep_alive();
     const bool completions = path == "/v1/completions";
     const bool chat = path == "/v1/chat/completions";
@@ -570,7 +648,8 @@ class HttpApi::Impl {
     }
     if (req.method() != http::verb::post) return MethodNotAllowed(stream, c, "POST", keep_alive);
     return Generate(stream, c, req,
-                    completions ? OpenAiEndpoint::kCompletions : OpenAiEndpoint::kChat, principal);
+                    completions ? OpenAiEndpoint::kCompletions : OpenAiEndpoint::kChat, principal,
+                    reservation);
   }
 
   template <typename Stream>
@@ -582,13 +661,29 @@ class HttpApi::Impl {
 
   template <typename Stream>
   bool Generate(Stream& stream, Connection& c, const http::request<http::string_body>& req,
-                OpenAiEndpoint endpoint, const std::string& principal) {
+                OpenAiEndpoint endpoint, const std::string& principal,
+                BodyBudget::Reservation& reservation) {
     const bool keep_alive = req.keep_alive();
     // A token id is at least two bytes of JSON ("1,"): the body holds at
     // most half its size in values, and the rest of a request far fewer.
     const int64_t max_values = static_cast<int64_t>(req.body().size()) / 2 + 4096;
+    // Its tree counts against the budget while it is parsed.
+    const int64_t body_bytes = reservation.held();
+    const int64_t values = JsonValues(req.body());
+    if (body_bytes + kTreeBytesPerValue * values > reservation.cap()) {
+      return Error(stream, c,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "the body: ", values, " JSON values, whose parse would take ",
+                       kTreeBytesPerValue * values, " bytes, over what one request may hold (",
+                       reservation.cap(), ", --grpc-memory-bytes)")),
+                   0, keep_alive);
+    }
+    if (!reservation.GrowTo(body_bytes + kTreeBytesPerValue * values)) {
+      return Error(stream, c, BodyBudgetFull(), 0, keep_alive);
+    }
     absl::StatusOr<OpenAiRequest> parsed =
         ParseOpenAiRequest(endpoint, req.body(), RandomSeed(), max_values);
+    reservation.GrowTo(body_bytes);  // the tree is gone
     if (!parsed.ok()) return Error(stream, c, parsed.status(), 0, keep_alive);
     if (parsed->model != options_.model_name) {
       return Error(stream, c,
@@ -780,7 +875,7 @@ class HttpApi::Impl {
   Counter& reclaimed_;
   const int64_t created_;
   std::atomic<bool> serving_{false};
-  std::atomic<int64_t> body_bytes_{0};
+  BodyBudget body_budget_{options_.body_memory_bytes, options_.principal_body_memory_bytes};
 
   asio::io_context io_;  // sockets need one; all I/O here is blocking
   std::unique_ptr<asio::ssl::context> ssl_;

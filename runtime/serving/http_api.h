@@ -26,9 +26,11 @@
 // nothing, cannot lock callers out.
 //
 // A request is authenticated from its head, before its body is read; a
-// body may not exceed max_body_bytes, and the bodies being read at once may
-// not exceed body_memory_bytes in all (503 past it), so that no one,
-// authenticated or not, can make the server hold more. A chunked body's
+// body may not exceed max_body_bytes, and the bodies being read at once,
+// with the JSON trees being parsed from them, may not exceed
+// body_memory_bytes in all nor principal_body_memory_bytes for one caller
+// (503 past it), so that no one, authenticated or not, can make the server
+// hold more. A body is counted as its bytes arrive. A chunked body's
 // chunk headers and trailer section share a bounded read buffer, and
 // trailer fields are refused. Nothing thrown while serving a connection
 // ends the server: the connection is logged and closed. A client that
@@ -63,7 +65,12 @@ struct HttpApiOptions {
   // A request's body, from its head on.
   std::chrono::milliseconds request_timeout{30000};
   int64_t max_body_bytes = (64 << 20) + (1 << 20);
+  // What request bodies being read (and their JSON while it is parsed, at
+  // an estimated 48 bytes a value) may hold, all together and one
+  // principal's ("" has no share of its own); a body holds what has come
+  // of it, not what its head declares.
   int64_t body_memory_bytes = int64_t{4} << 30;
+  int64_t principal_body_memory_bytes = int64_t{1} << 30;
   // A response (or one event of a stream) the client has not taken for
   // this long cancels its request.
   std::chrono::milliseconds write_timeout{60000};

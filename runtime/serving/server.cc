@@ -773,6 +773,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     http.max_connections = options.http_max_connections;
     http.max_body_bytes = options.limits.max_request_bytes + (1 << 20);
     http.body_memory_bytes = options.grpc_memory_bytes;
+    http.principal_body_memory_bytes = options.grpc_memory_bytes / 4;
     http.write_timeout = std::chrono::milliseconds(
         static_cast<int64_t>(options.limits.client_write_timeout_s * 1e3));
     auto started = HttpApi::Start(http, *impl->coordinator, *impl->client_auth, *impl->validator,

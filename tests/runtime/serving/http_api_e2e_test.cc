@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -343,6 +344,62 @@ TEST(HttpApiTest, TrailersAndUnknownFramingAreRefusedAndTheServerGoesOn) {
                          "Connection: close\r\n\r\n"),
          "400", "more than one Authorization header");
   ASSERT_TRUE(alive()) << server.process->Log();
+}
+
+// Bodies count against the memory budget as their bytes arrive, not as
+// their heads declare them (a chunked upload once reserved the largest body
+// whatever it sent, so four stalled ones locked every other POST out), and
+// a JSON tree counts while it is parsed: a body too big to parse within the
+// budget is refused before its tree is built (a body of token ids once grew
+// the server by 18 to 24 times its size before it was refused).
+TEST(HttpApiTest, BodiesAndTheirJsonTreesCountAgainstTheBudgetAsTheyCome) {
+  auto server = testing::StartServer("serve --model " + testing::GoldenPath("model/" + kModel) +
+                                     " --http-port 0 --grpc-memory-bytes 67108864"
+                                     " --max-request-bytes 20000000");
+  ASSERT_GE(server.http_port, 0);
+  // Four uploads that send 100 KB of a chunked body and stall.
+  std::vector<int> stalled;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server.http_port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string part = absl::StrCat(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        absl::Hex(100000), "\r\n", std::string(100000, ' '));
+    ASSERT_EQ(::send(fd, part.data(), part.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(part.size()));
+    stalled.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // A body of 4.5 MB beside them is read and served (the three uploads that
+  // each reserved 21 MB once left it no room).
+  std::string body = R"({"model": "k3-tiny", "max_tokens": 1, "prompt": [1, 2, 3])";
+  body += std::string(4500000, ' ') + "}";
+  const std::string served = RawExchange(
+      server.http_port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+                                     "close\r\nContent-Length: ",
+                                     body.size(), "\r\n\r\n", body));
+  EXPECT_EQ(served.rfind("HTTP/1.1 200", 0), 0u) << served.substr(0, 400);
+  for (int fd : stalled) ::close(fd);
+
+  // 8 MB of token ids: 4M values, whose tree would take far more than the
+  // 64 MiB budget.
+  const int64_t peak_before = testing::PeakRssBytes(server.process->pid());
+  std::string ids = R"({"model": "k3-tiny", "max_tokens": 1, "prompt": [1)";
+  ids.reserve(8 << 20);
+  for (int i = 0; i < (4 << 20) - 1; ++i) ids += ",1";
+  ids += "]}";
+  const std::string refused = RawExchange(
+      server.http_port, absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+                                     "close\r\nContent-Length: ",
+                                     ids.size(), "\r\n\r\n", ids));
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused.substr(0, 400);
+  EXPECT_NE(refused.find("JSON values, whose parse would take"), std::string::npos)
+      << refused.substr(0, 400);
+  EXPECT_LT(testing::PeakRssBytes(server.process->pid()) - peak_before, int64_t{48} << 20);
 }
 
 // The prefix cache is each principal's own: another principal's identical
