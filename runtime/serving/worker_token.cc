@@ -24,6 +24,30 @@ std::string Errno(const std::string& path, const char* what) {
   return absl::StrCat(path, ": ", what, ": ", std::strerror(errno));
 }
 
+// A directory only this user may change: owned by it, writable by no group
+// or other (a file in one another user can write could be replaced or
+// read through a link of theirs).
+absl::Status CheckPrivateDirectory(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::PermissionDeniedError(Errno(dir, "cannot inspect the directory"));
+  }
+  if (!S_ISDIR(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": not a directory"));
+  if (st.st_uid != ::geteuid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(dir, ": owned by uid ", st.st_uid, ", not by this user (uid ", ::geteuid(),
+                     "): a worker token is written only into a directory of its own user"));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        dir, ": mode ", absl::Hex(st.st_mode & 07777),
+        " lets others write it: a worker token is written only into a directory no one else "
+        "can change (chmod go-w, or 700)"));
+  }
+  return absl::OkStatus();
+}
+
 bool IsDirectory(const char* path) {
   struct stat st {};
   return path != nullptr && *path != '\0' && ::stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -70,6 +94,7 @@ absl::Status WriteWorkerTokenFile(const std::string& path, const std::string& to
   if (make_dir && !dir.empty() && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::PermissionDeniedError(Errno(dir, "cannot create the directory"));
   }
+  if (absl::Status s = CheckPrivateDirectory(dir.empty() ? "." : dir); !s.ok()) return s;
   if (absl::Status s = CheckOutputPath(path); !s.ok()) return s;
   const std::string tmp = path + ".tmp";
   // A file left by an interrupted write is ours to replace; O_EXCL and

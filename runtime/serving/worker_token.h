@@ -30,8 +30,9 @@ std::optional<int> TargetPort(const std::string& target);
 
 // Writes `token` as the file's one line, mode 600 whatever the umask,
 // atomically (a worker never reads half a token), never through a symbolic
-// link. `make_dir`: create the file's directory (mode 700) when it is
-// missing.
+// link, and only into a directory of this user's that no group or other may
+// write (refused, naming the directory, its owner or mode). `make_dir`:
+// create the file's directory (mode 700) when it is missing.
 absl::Status WriteWorkerTokenFile(const std::string& path, const std::string& token, bool make_dir);
 
 // Removes `path` if it still holds `token` (a later coordinator on the same

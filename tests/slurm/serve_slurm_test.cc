@@ -6,10 +6,15 @@
 // job attaches more replicas; SIGTERM to the script alone stops the job
 // cleanly.
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "tests/slurm/slurm_cluster.h"
 
@@ -169,6 +174,37 @@ TEST_F(ServeSlurmTest, ReplicasServeGenerateTokensAndScancelStopsEverything) {
   // A replica step may end before the script has taken the signal; it is
   // not started again.
   EXPECT_EQ(Count(log, ": started (srun pid"), 2) << log;
+}
+
+// In a directory others share, a secrets directory or an address file
+// another user made first is refused, by name, before anything serves (the
+// job once wrote its tokens into the first and left the second in place,
+// sending clients where that user said).
+TEST_F(ServeSlurmTest, ASecretsDirectoryOrAddressFileOfAnotherUserStopsTheJob) {
+  const std::string theirs = dir_ + "/theirs.secrets";
+  ASSERT_EQ(::mkdir(theirs.c_str(), 0777), 0);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  const std::string planted = dir_ + "/planted.address";
+  std::ofstream(planted) << "198.51.100.7:50051\n";
+  ASSERT_EQ(::chown(planted.c_str(), 65534, 65534), 0);
+  const std::string script = std::string("--ntasks=2 --overcommit ") + DELTASERVE_SOURCE_DIR +
+                             "/deploy/slurm/serve.sbatch --model " + Model() + " --bin " +
+                             Deltaserve() + " --pp 2";
+  for (const auto& [flags, refusal] : std::vector<std::pair<std::string, std::string>>{
+           {" --address-file " + dir_ + "/mine.address --secrets-dir " + theirs,
+            "the secrets directory " + theirs + " is not this user's"},
+           {" --address-file " + planted + " --secrets-dir " + dir_ + "/mine.secrets",
+            "the address file " + planted + " exists and is not this user's"}}) {
+    const std::string job = Submit(script + flags);
+    ASSERT_FALSE(job.empty());
+    EXPECT_TRUE(WaitUntil([&] { return QueueState(job).empty(); }, std::chrono::seconds(60)))
+        << JobLog(job);
+    EXPECT_NE(JobLog(job).find(refusal), std::string::npos) << JobLog(job);
+    EXPECT_EQ(FinalState(job), "FAILED") << JobLog(job);
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/mine.address")) << JobLog(job);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(theirs));
+  EXPECT_EQ(testing::ReadWholeFile(planted), "198.51.100.7:50051\n");
 }
 
 // Two serving jobs on one node: each takes free ports and publishes them,
