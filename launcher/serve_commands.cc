@@ -47,6 +47,10 @@ std::vector<FlagSpec> LimitFlags() {
       {"client-write-timeout", "S",
        "cancel a stream whose client has not read for S seconds, freeing its sequence",
        absl::StrCat(l.client_write_timeout_s)},
+      {"max-prompt-tokens", "N",
+       "a request's prompt tokens, a conversation's as its chat template renders them "
+       "(0: the model's context)",
+       "0"},
   };
 }
 
@@ -63,6 +67,8 @@ absl::StatusOr<RequestLimits> LimitsFrom(const Flags& flags) {
       flags.GetInt("max-concurrent-tokenizations", l.max_concurrent_tokenizations));
   DELTASERVE_ASSIGN_OR_RETURN(l.client_write_timeout_s,
                               flags.GetDouble("client-write-timeout", l.client_write_timeout_s));
+  DELTASERVE_ASSIGN_OR_RETURN(l.max_prompt_tokens,
+                              flags.GetInt("max-prompt-tokens", l.max_prompt_tokens));
   auto at_least = [](int64_t value, int64_t min, const char* flag) {
     return value >= min ? absl::OkStatus()
                         : absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= ", min));
@@ -70,6 +76,7 @@ absl::StatusOr<RequestLimits> LimitsFrom(const Flags& flags) {
   DELTASERVE_RETURN_IF_ERROR(at_least(l.max_request_bytes, 1, "max-request-bytes"));
   DELTASERVE_RETURN_IF_ERROR(at_least(l.max_text_bytes_per_token, 1, "max-text-bytes-per-token"));
   DELTASERVE_RETURN_IF_ERROR(at_least(l.max_stop_token_ids, 0, "max-stop-token-ids"));
+  DELTASERVE_RETURN_IF_ERROR(at_least(l.max_prompt_tokens, 0, "max-prompt-tokens"));
   DELTASERVE_RETURN_IF_ERROR(
       at_least(l.max_concurrent_tokenizations, 1, "max-concurrent-tokenizations"));
   if (!(l.client_write_timeout_s > 0 && l.client_write_timeout_s <= 86400)) {

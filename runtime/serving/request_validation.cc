@@ -119,6 +119,14 @@ absl::StatusOr<std::vector<int32_t>> RequestValidator::Tokens(const PromptInput&
     return Invalid(field, absl::StrCat(tokens.size(), " tokens, longer than the context of ",
                                        config_.max_position_embeddings));
   }
+  if (limits_.max_prompt_tokens > 0 &&
+      static_cast<int64_t>(tokens.size()) > limits_.max_prompt_tokens) {
+    return Invalid(
+        field, absl::StrCat(
+                   tokens.size(), " tokens",
+                   input.form == PromptInput::Form::kChat ? " as the chat template renders it" : "",
+                   ", over the limit of ", limits_.max_prompt_tokens, " (--max-prompt-tokens)"));
+  }
   return tokens;
 }
 

@@ -40,6 +40,10 @@ struct RequestLimits {
   // A Generate stream whose client has not read for this long is cancelled
   // and its sequence freed (--client-write-timeout).
   double client_write_timeout_s = 60;
+  // A request's prompt tokens, a conversation's as its chat template
+  // renders them (a message of one character renders to about thirty),
+  // counted before admission (--max-prompt-tokens); 0: the model's context.
+  int64_t max_prompt_tokens = 0;
 };
 
 // Fixed limits: they bound what a client can make the server hold, and no

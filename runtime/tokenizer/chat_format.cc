@@ -324,6 +324,34 @@ absl::StatusOr<std::optional<std::string>> ToolsJson(std::string_view tools_json
         absl::StrCat("tools: must be a JSON array, not ", JsonType(tools)));
   }
   if (tools.empty()) return std::nullopt;
+  // What the templates declare to the model: functions with names, as
+  // OpenAI's API takes them, and no more of them than it takes.
+  if (static_cast<int64_t>(tools.size()) > kMaxChatTools) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tools: ", tools.size(), " tools, over the limit of ", kMaxChatTools));
+  }
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& tool = tools[i];
+    const std::string name = absl::StrCat("tools[", i, "]");
+    if (!tool.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": must be an object, not ", JsonType(tool)));
+    }
+    const auto type = tool.find("type");
+    if (type == tool.end() || *type != "function") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ".type: must be \"function\" (the only kind of tool)"));
+    }
+    const auto function = tool.find("function");
+    if (function == tool.end() || !function->is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ".function: required, an object"));
+    }
+    const auto fname = function->find("name");
+    if (fname == function->end() || !fname->is_string() || fname->get<std::string>().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ".function.name: required, a non-empty string"));
+    }
+  }
   std::string out;
   Dump(tools, style, &out);
   return out;

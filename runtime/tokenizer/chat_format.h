@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<ChatFormat>> NewChatFormat(std::string_view name)
 
 // Bounds on ParseChatMessages' input.
 inline constexpr int64_t kMaxChatMessages = 4096;
+inline constexpr int64_t kMaxChatTools = 128;                    // OpenAI's limit
 inline constexpr int64_t kMaxChatTextBytes = int64_t{64} << 20;  // all strings together
 inline constexpr int64_t kMaxChatJsonBytes = int64_t{128} << 20;
 

@@ -69,6 +69,27 @@ TEST(RequestValidationTest, StopTokenIdsAreLimitedAndChecked) {
   EXPECT_TRUE(Contains(validator.Generate(FromProto(req)).status(), "stop_token_ids[0]"));
 }
 
+// --max-prompt-tokens bounds a prompt as it will run, after tokenizing (a
+// conversation's after its template renders it, which the text limits do
+// not see), before admission.
+TEST(RequestValidationTest, PromptTokensAreBoundedAfterTokenizing) {
+  Fixture f;
+  RequestLimits limits;
+  limits.max_prompt_tokens = 10;
+  const RequestValidator validator(f.config, f.tokenizer.get(), limits);
+  v1::GenerateRequest req;
+  req.set_max_tokens(1);
+  for (int i = 0; i < 10; ++i) req.mutable_tokens()->add_ids(i);
+  ASSERT_TRUE(validator.Generate(FromProto(req)).ok());
+  req.mutable_tokens()->add_ids(10);
+  auto over = validator.Generate(FromProto(req));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      Contains(over.status(), "prompt: 11 tokens, over the limit of 10 (--max-prompt-tokens)"));
+  req.set_text(std::string(400, 'a') + " b c d e f g h i j k l");
+  EXPECT_TRUE(Contains(validator.Generate(FromProto(req)).status(), "(--max-prompt-tokens)"));
+}
+
 TEST(RequestValidationTest, TextIsBoundedByTheContextBeforeTokenizing) {
   Fixture f;
   f.config.max_position_embeddings = 5000;

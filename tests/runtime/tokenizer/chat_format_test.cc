@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -196,6 +197,29 @@ TEST(ChatFormatTest, RefusesWhatTheTemplatesRefuse) {
       rendered = format->Render(request);
       ASSERT_FALSE(rendered.ok());
       EXPECT_TRUE(Contains(std::string(rendered.status().message()), "tools: "));
+    }
+  }
+  // Tools the templates would declare to the model as something else: not
+  // functions, without a name, or more than OpenAI's API takes (each was
+  // once rendered as given: 5,000 tools made 388,258 prompt tokens).
+  std::string many = "[";
+  for (int i = 0; i <= kMaxChatTools; ++i) {
+    absl::StrAppend(&many, i > 0 ? "," : "", R"({"type": "function", "function": {"name": "f"}})");
+  }
+  many += "]";
+  for (const auto& [tools, why] : std::vector<std::pair<std::string, std::string>>{
+           {R"([{"type": "function", "function": {"name": "f"}}, 3])",
+            "tools[1]: must be an object"},
+           {R"([{"type": "retrieval"}])", "tools[0].type: must be \"function\""},
+           {R"([{"type": "function"}])", "tools[0].function: required"},
+           {R"([{"type": "function", "function": {"description": "x"}}])",
+            "tools[0].function.name: required, a non-empty string"},
+           {many, "tools: 129 tools, over the limit of 128"}}) {
+    request.tools_json = tools;
+    for (const auto* format : {k3.get(), linear.get()}) {
+      rendered = format->Render(request);
+      ASSERT_FALSE(rendered.ok()) << tools.substr(0, 80);
+      EXPECT_TRUE(Contains(std::string(rendered.status().message()), why)) << rendered.status();
     }
   }
   request.tools_json = "[]";  // no declaration, as the templates
