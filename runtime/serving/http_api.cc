@@ -21,8 +21,11 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -147,14 +150,17 @@ class BodyBudget {
 };
 
 // What parsing a JSON body costs beyond its bytes, estimated from the
-// values it holds (a SAX pass that builds nothing, refusing nesting past
-// the parser's limit on the way): nlohmann's tree takes 16 bytes a value,
-// up to twice that in a grown array, and a map node and key per member; a
-// body of token ids ("1,") grew a server by 18 to 24 times its size.
+// values it holds (a SAX pass that builds nothing): nlohmann's tree takes
+// 16 bytes a value, up to twice that in a grown array, and a map node and
+// key per member; a body of token ids ("1,") grew a server by 18 to 24
+// times its size. The pass also refuses a key given twice in one object,
+// which the tree would resolve silently (the last wins).
 constexpr int64_t kTreeBytesPerValue = 48;
-int64_t JsonValues(const std::string& body) {
+absl::StatusOr<int64_t> JsonValues(const std::string& body) {
   struct Counter : nlohmann::json_sax<nlohmann::json> {
     int64_t values = 0;
+    std::vector<std::unordered_set<std::string>> keys;  // of each open object (or array)
+    std::string duplicate;
     bool null() override { return ++values, true; }
     bool boolean(bool) override { return ++values, true; }
     bool number_integer(number_integer_t) override { return ++values, true; }
@@ -162,16 +168,38 @@ int64_t JsonValues(const std::string& body) {
     bool number_float(number_float_t, const string_t&) override { return ++values, true; }
     bool string(string_t&) override { return ++values, true; }
     bool binary(binary_t&) override { return ++values, true; }
-    bool start_object(std::size_t) override { return ++values, true; }
-    bool key(string_t&) override { return ++values, true; }
-    bool end_object() override { return true; }
-    bool start_array(std::size_t) override { return ++values, true; }
-    bool end_array() override { return true; }
+    bool start_object(std::size_t) override {
+      keys.emplace_back();
+      return ++values, true;
+    }
+    bool key(string_t& key) override {
+      ++values;
+      if (keys.empty() || keys.back().insert(key).second) return true;
+      duplicate = key;
+      return false;
+    }
+    bool end_object() override {
+      keys.pop_back();
+      return true;
+    }
+    bool start_array(std::size_t) override {
+      keys.emplace_back();
+      return ++values, true;
+    }
+    bool end_array() override {
+      keys.pop_back();
+      return true;
+    }
     bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
       return false;
     }
   } counter;
   nlohmann::json::sax_parse(body, &counter, nlohmann::json::input_format_t::json, false);
+  if (!counter.duplicate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body: the key \"", absl::CHexEscape(counter.duplicate.substr(0, 128)),
+                     "\" is given twice in one object"));
+  }
   return counter.values;  // those before a syntax error, which the parse proper names
 }
 
@@ -669,7 +697,9 @@ class HttpApi::Impl {
     const int64_t max_values = static_cast<int64_t>(req.body().size()) / 2 + 4096;
     // Its tree counts against the budget while it is parsed.
     const int64_t body_bytes = reservation.held();
-    const int64_t values = JsonValues(req.body());
+    const absl::StatusOr<int64_t> counted = JsonValues(req.body());
+    if (!counted.ok()) return Error(stream, c, counted.status(), 0, keep_alive);
+    const int64_t values = *counted;
     if (body_bytes + kTreeBytesPerValue * values > reservation.cap()) {
       return Error(stream, c,
                    absl::InvalidArgumentError(absl::StrCat(

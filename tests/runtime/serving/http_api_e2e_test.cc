@@ -239,6 +239,10 @@ TEST(HttpApiTest, BadRequestsGetOpenAiErrorsAndTheServerHoldsNothing) {
   expect(post("/v1/completions", std::string(40, '[') + std::string(40, ']')), "400",
          "nested deeper than the limit of 32");
   expect(post("/v1/completions", R"({"model": "k3-tiny"})"), "400", "prompt: missing");
+  // A key twice is not resolved silently (the last once won).
+  expect(post("/v1/completions",
+              R"({"model": "k3-tiny", "prompt": [1], "max_tokens": 1, "max_tokens": 9})"),
+         "400", R"(the key \"max_tokens\" is given twice in one object)");
   expect(post("/v1/completions", R"({"model": "k3-tiny", "prompt": [1], "echo": true})"), "400",
          "\"param\":\"echo\"");
   expect(post("/v1/completions", R"({"model": "k3-tiny", "prompt": [1], "max_tokens": 1e400})"),
