@@ -153,10 +153,13 @@ TEST(ScoreCliTest, WindowsAreScoredAsIndependentDocuments) {
   }
   // Scored together, the windows share steps, so the GEMMs block their rows
   // otherwise than alone: float32 rounding, which k3-tiny's random weights
-  // amplify (docs/numerics.md), measured up to 6.2e-5. A window that read
-  // another's state would be off by far more.
+  // amplify (docs/numerics.md), measured up to 6.2e-5 on an Intel Xeon and
+  // 6.3e-4 on an AMD EPYC (Zen 4), whose kernels block differently. A window
+  // that read the one before's state would be off by far more: scoring the
+  // second window after the first moved its log-probs by 0.21 at the median
+  // and up to 2.0.
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-4) << "position " << i;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-3) << "position " << i;
 
   for (const char* bad : {"--window -1 --logprobs-out", "--window 8 --logits-out",
                           "--window 8 --decode-from 4 --logprobs-out"}) {

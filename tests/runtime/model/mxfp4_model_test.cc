@@ -71,9 +71,12 @@ TEST(Mxfp4ModelTest, MakeModelMxfp4EqualsItsDequantisedTwin) {
   const auto tokens = testing::RandomTokens(200, 3);
   const std::vector<float> want = testing::OneShotLogits(**bf16, tokens);
   const std::vector<float> got = testing::OneShotLogits(**mxfp4, tokens);
-  // The same float32 values reach the same GEMMs: equal up to the order of
-  // additions, which the two forms share.
-  EXPECT_LE(testing::RelL2(got, testing::ToDouble(want)), 1e-6);
+  // The same float32 values reach the same GEMMs: equal up to float32
+  // rounding of the sums. On an Intel Xeon the two forms add in the same
+  // order (under 1e-6 in relative L2); on an AMD EPYC (Zen 4) the MXFP4 and
+  // bf16 kernels differ by 1.03e-6. A value decoded wrong moves the logits by
+  // orders of magnitude more.
+  EXPECT_LE(testing::RelL2(got, testing::ToDouble(want)), 4e-6);
   for (size_t chunk : {1, 7, 64}) {
     std::vector<size_t> pieces(tokens.size() / chunk, chunk);
     if (tokens.size() % chunk != 0) pieces.push_back(tokens.size() % chunk);
