@@ -11,6 +11,7 @@
 #include <system_error>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
 #include "runtime/comm/mpi_runtime.h"
@@ -215,8 +216,11 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   const size_t pp = static_cast<size_t>(replica.layout().pp);
   while (status.ok() && inbox.Pop(&message)) {
     if (message.has_refused()) {
+      // The peer's text: escaped and cut short, as a coordinator logs a
+      // worker's (a rogue one's could hold terminal escapes).
       status = absl::FailedPreconditionError(
-          absl::StrCat("the coordinator refused this worker: ", message.refused()));
+          absl::StrCat("the coordinator refused this worker: \"",
+                       absl::CHexEscape(message.refused().substr(0, 512)), "\""));
       break;
     }
     if (message.step().shutdown()) {
@@ -262,13 +266,16 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   leave.Close();
   const bool left = leave.said();
   DELTASERVE_RETURN_IF_ERROR(replica.Stop());
+  // A coordinator that refused this worker, or sent what it cannot run,
+  // need not end the stream: it is cancelled rather than waited on.
+  if (!status.ok()) context.TryCancel();
   stream->WritesDone();
   inbox.Close(std::chrono::seconds(5));
   const grpc::Status finish = stream->Finish();
   if (finish.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     return absl::UnauthenticatedError(
         absl::StrCat("the coordinator refused this worker's credentials (--worker-token-file): ",
-                     finish.error_message()));
+                     absl::CHexEscape(finish.error_message().substr(0, 512))));
   }
   if (!status.ok()) return status;
   if (left) {
@@ -277,7 +284,8 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   }
   if (!finish.ok() && !told_to_stop) {
     return absl::UnavailableError(
-        absl::StrCat("the link to the coordinator ended: ", finish.error_message()));
+        absl::StrCat("the link to the coordinator ended: ",
+                     absl::CHexEscape(finish.error_message().substr(0, 512))));
   }
   return absl::OkStatus();
 }
