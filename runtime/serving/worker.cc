@@ -11,7 +11,6 @@
 #include <system_error>
 #include <thread>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "deltaserve/v1/worker.grpc.pb.h"
 #include "runtime/comm/mpi_runtime.h"
@@ -72,6 +71,21 @@ void LeaveSignal::SayLocked() {
 }
 
 namespace {
+
+// A peer's text for the log: every control byte written \xNN, the rest as
+// it is (so that its words read as they were).
+std::string EscapeControls(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(byte, absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 using Link = grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
 
@@ -216,11 +230,11 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   const size_t pp = static_cast<size_t>(replica.layout().pp);
   while (status.ok() && inbox.Pop(&message)) {
     if (message.has_refused()) {
-      // The peer's text: escaped and cut short, as a coordinator logs a
-      // worker's (a rogue one's could hold terminal escapes).
+      // The peer's text: its control bytes escaped (a rogue one's could
+      // hold terminal escapes), and cut short.
       status = absl::FailedPreconditionError(
           absl::StrCat("the coordinator refused this worker: \"",
-                       absl::CHexEscape(message.refused().substr(0, 512)), "\""));
+                       EscapeControls(message.refused().substr(0, 512)), "\""));
       break;
     }
     if (message.step().shutdown()) {
@@ -275,7 +289,7 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   if (finish.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     return absl::UnauthenticatedError(
         absl::StrCat("the coordinator refused this worker's credentials (--worker-token-file): ",
-                     absl::CHexEscape(finish.error_message().substr(0, 512))));
+                     EscapeControls(finish.error_message().substr(0, 512))));
   }
   if (!status.ok()) return status;
   if (left) {
@@ -285,7 +299,7 @@ absl::Status RunLeader(Replica& replica, const ModelConfig& config, const Worker
   if (!finish.ok() && !told_to_stop) {
     return absl::UnavailableError(
         absl::StrCat("the link to the coordinator ended: ",
-                     absl::CHexEscape(finish.error_message().substr(0, 512))));
+                     EscapeControls(finish.error_message().substr(0, 512))));
   }
   return absl::OkStatus();
 }
